@@ -1,0 +1,82 @@
+// swift-tools-version:6.0
+import Foundation
+import PackageDescription
+
+// librdkafka ≥ 2.2 is built by scripts/setup into a prefix the project owns (Debian bookworm ships 2.0.2, which
+// cannot talk to the Tansu broker used in tests). Keep this default in step with scripts/lib.sh.
+let environment = ProcessInfo.processInfo.environment
+let depsDirectory = environment["HERALD_DEPS"] ?? ((environment["HOME"] ?? "/root") + "/.cache/herald")
+let rdkafkaPrefix = depsDirectory + "/librdkafka"
+let rdkafkaSwift: [SwiftSetting] = [.unsafeFlags(["-Xcc", "-I\(rdkafkaPrefix)/include"])]
+let rdkafkaLinker: [LinkerSetting] = [
+    .unsafeFlags(["-L\(rdkafkaPrefix)/lib", "-Xlinker", "-rpath", "-Xlinker", "\(rdkafkaPrefix)/lib"]),
+]
+
+let package = Package(
+    name: "Herald",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "herald-ingest", targets: ["herald-ingest"]),
+        .executable(name: "herald-dispatcher", targets: ["herald-dispatcher"]),
+        .executable(name: "heraldctl", targets: ["heraldctl"]),
+        .executable(name: "herald-apns-sim", targets: ["herald-apns-sim"]),
+    ],
+    targets: [
+        // C libraries, one system-library target each, and one C target of wrappers for macros and variadics.
+        .systemLibrary(name: "CRdKafka", path: "Sources/CRdKafka"),
+        .systemLibrary(name: "CHiredis", path: "Sources/CHiredis"),
+        .systemLibrary(name: "COpenSSL", path: "Sources/COpenSSL"),
+        .systemLibrary(name: "CNghttp2", path: "Sources/CNghttp2"),
+        .systemLibrary(name: "CMicroHTTPD", path: "Sources/CMicroHTTPD"),
+        .target(name: "CHeraldShims", linkerSettings: [.linkedLibrary("ssl"), .linkedLibrary("crypto"),
+                                                       .linkedLibrary("microhttpd")]),
+
+        // Logging, metrics, configuration from the environment, service lifecycle: used by everything.
+        .target(name: "HeraldRuntime"),
+        // Domain model and validation: apps, keys, subscriptions, registrations, jobs. No I/O.
+        .target(name: "HeraldCore", dependencies: ["HeraldCrypto"]),
+        // SHA-256, random ids, ES256 signing, ES256/RS256 verification (OpenSSL).
+        .target(name: "HeraldCrypto", dependencies: ["COpenSSL", "CHeraldShims"]),
+        // Redis client over hiredis: pool, pipelining, scripts.
+        .target(name: "HeraldRedis", dependencies: ["CHiredis", "HeraldRuntime"]),
+        // Kafka producer, consumer and admin over librdkafka.
+        .target(name: "HeraldKafka", dependencies: ["CRdKafka", "HeraldRuntime"],
+                swiftSettings: rdkafkaSwift, linkerSettings: rdkafkaLinker),
+        // HTTP/1.1 server over libmicrohttpd with a small router.
+        .target(name: "HeraldHTTP", dependencies: ["CMicroHTTPD", "CHeraldShims", "HeraldRuntime"]),
+        // HTTP/2 APNs client (nghttp2 + OpenSSL) with provider tokens.
+        .target(name: "HeraldAPNs", dependencies: ["CNghttp2", "COpenSSL", "CHeraldShims", "HeraldCrypto",
+                                                   "HeraldRuntime"]),
+        // The strict APNs stand-in used by tests, benchmarks and the local stack.
+        .target(name: "HeraldAPNsSimulator", dependencies: ["CNghttp2", "COpenSSL", "CHeraldShims",
+                                                            "HeraldCrypto", "HeraldRuntime"]),
+        // herald-ingest's HTTP API.
+        .target(name: "HeraldIngest", dependencies: ["HeraldCore", "HeraldHTTP", "HeraldRedis", "HeraldKafka",
+                                                     "HeraldCrypto", "HeraldRuntime"],
+                swiftSettings: rdkafkaSwift),
+        // herald-dispatcher: jobs → APNs.
+        .target(name: "HeraldDispatcher", dependencies: ["HeraldCore", "HeraldRedis", "HeraldKafka", "HeraldAPNs",
+                                                         "HeraldHTTP", "HeraldRuntime"],
+                swiftSettings: rdkafkaSwift),
+
+        .executableTarget(name: "herald-ingest", dependencies: ["HeraldIngest", "HeraldRuntime"],
+                          swiftSettings: rdkafkaSwift),
+        .executableTarget(name: "herald-dispatcher", dependencies: ["HeraldDispatcher", "HeraldRuntime"],
+                          swiftSettings: rdkafkaSwift),
+        .executableTarget(name: "heraldctl", dependencies: ["HeraldCore", "HeraldKafka", "HeraldRedis",
+                                                            "HeraldCrypto", "HeraldRuntime"],
+                          swiftSettings: rdkafkaSwift),
+        .executableTarget(name: "herald-apns-sim", dependencies: ["HeraldAPNsSimulator", "HeraldRuntime"]),
+
+        .testTarget(name: "HeraldRuntimeTests", dependencies: ["HeraldRuntime"]),
+        .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
+        .testTarget(name: "HeraldCryptoTests", dependencies: ["HeraldCrypto"]),
+        .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldRedis"]),
+        .testTarget(name: "HeraldKafkaTests", dependencies: ["HeraldKafka", "CRdKafka"], swiftSettings: rdkafkaSwift),
+        .testTarget(name: "HeraldHTTPTests", dependencies: ["HeraldHTTP"]),
+        .testTarget(name: "HeraldAPNsTests", dependencies: ["HeraldAPNs", "HeraldAPNsSimulator"]),
+        .testTarget(name: "HeraldIngestTests", dependencies: ["HeraldIngest"], swiftSettings: rdkafkaSwift),
+        .testTarget(name: "HeraldDispatcherTests", dependencies: ["HeraldDispatcher"], swiftSettings: rdkafkaSwift),
+    ],
+    swiftLanguageModes: [.v6]
+)

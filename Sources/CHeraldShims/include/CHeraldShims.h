@@ -1,0 +1,6 @@
+#ifndef HERALD_SHIMS_H
+#define HERALD_SHIMS_H
+// Prefixed C wrappers for the macros and variadic functions Swift cannot call. One header per C library.
+#include "herald_openssl.h"
+#include "herald_microhttpd.h"
+#endif

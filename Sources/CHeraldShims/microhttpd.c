@@ -1,0 +1,1 @@
+#include "herald_microhttpd.h"

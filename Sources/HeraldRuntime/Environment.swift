@@ -1,0 +1,100 @@
+import Foundation
+
+/// A configuration value that is missing or malformed. Executables print it as a one-line reason and exit 2.
+public struct ConfigurationError: Error, CustomStringConvertible {
+    public var variable: String
+    public var message: String
+
+    public init(_ variable: String, _ message: String) {
+        self.variable = variable
+        self.message = message
+    }
+
+    public var description: String { "\(variable): \(message)" }
+}
+
+/// Reads typed `HERALD_*` settings. Only executables use it; libraries take configuration structs.
+public struct EnvironmentReader: Sendable {
+    public var values: [String: String]
+
+    public init(_ values: [String: String] = ProcessInfo.processInfo.environment) {
+        self.values = values
+    }
+
+    public func string(_ name: String, default fallback: String) -> String {
+        guard let value = values[name], !value.isEmpty else { return fallback }
+        return value
+    }
+
+    public func optionalString(_ name: String) -> String? {
+        guard let value = values[name], !value.isEmpty else { return nil }
+        return value
+    }
+
+    public func int(_ name: String, default fallback: Int, range: ClosedRange<Int> = 0...Int.max) throws -> Int {
+        guard let raw = optionalString(name) else { return fallback }
+        guard let value = Int(raw), range.contains(value) else {
+            throw ConfigurationError(name, "expected a whole number in \(range.lowerBound)...\(range.upperBound), got \"\(raw)\"")
+        }
+        return value
+    }
+
+    /// A duration given in seconds (fractions allowed), e.g. `HERALD_…_TIMEOUT_SECONDS=2.5`.
+    public func seconds(_ name: String, default fallback: Duration) throws -> Duration {
+        guard let raw = optionalString(name) else { return fallback }
+        guard let value = Double(raw), value >= 0, value.isFinite else {
+            throw ConfigurationError(name, "expected a number of seconds, got \"\(raw)\"")
+        }
+        return .milliseconds(Int64(value * 1000))
+    }
+
+    /// `host:port`, e.g. `HERALD_INGEST_ADDR=0.0.0.0:8080`.
+    public func address(_ name: String, default fallback: String) throws -> HostPort {
+        let raw = string(name, default: fallback)
+        guard let parsed = HostPort(raw) else {
+            throw ConfigurationError(name, "expected host:port, got \"\(raw)\"")
+        }
+        return parsed
+    }
+}
+
+/// A listening or connecting address.
+public struct HostPort: Sendable, Hashable, CustomStringConvertible {
+    public var host: String
+    public var port: UInt16
+
+    public init(host: String, port: UInt16) {
+        self.host = host
+        self.port = port
+    }
+
+    public init?(_ text: String) {
+        guard let colon = text.lastIndex(of: ":"), let port = UInt16(text[text.index(after: colon)...]) else {
+            return nil
+        }
+        var host = String(text[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty else { return nil }
+        self.init(host: host, port: port)
+    }
+
+    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+}
+
+/// What every executable does with its arguments: `--help` prints usage and exits 0; a configuration error
+/// prints one line and exits 2.
+public enum CommandLineTool {
+    public static func helpRequested(_ arguments: [String] = CommandLine.arguments) -> Bool {
+        arguments.dropFirst().contains { $0 == "--help" || $0 == "-h" || $0 == "help" }
+    }
+
+    public static func exitWithUsage(_ usage: String) -> Never {
+        print(usage)
+        exit(0)
+    }
+
+    public static func exitWithConfigurationError(_ tool: String, _ error: any Error) -> Never {
+        FileHandle.standardError.write(Data("\(tool): configuration error: \(error)\n".utf8))
+        exit(2)
+    }
+}

@@ -1,0 +1,139 @@
+import Dispatch
+import Foundation
+import Synchronization
+
+/// A long-running part of a process (a server, a consumer loop). `run()` returns when the task running it is
+/// cancelled, after finishing or handing back in-flight work.
+public protocol Service: Sendable {
+    func run() async throws
+}
+
+/// Runs services together and stops them on SIGTERM or SIGINT: the last one started is cancelled first, each
+/// given until `gracePeriod` (shared) to return. Modelled on swift-service-lifecycle's ServiceGroup.
+public struct ServiceGroup: Sendable {
+    public var services: [any Service]
+    public var gracePeriod: Duration
+    public var logger: Logger
+
+    public init(services: [any Service], gracePeriod: Duration = .seconds(25), logger: Logger) {
+        self.services = services
+        self.gracePeriod = gracePeriod
+        self.logger = logger
+    }
+
+    /// Runs until a signal arrives or a service fails; rethrows the first failure.
+    public func run() async throws {
+        let signals = SignalWaiter(signals: [SIGTERM, SIGINT])
+        let count = services.count
+        let result: (any Error)? = await withTaskGroup(of: (Int, (any Error)?).self) { group in
+            // One child task per service, each in its own task so it can be cancelled on its own.
+            let handles = Mutex<[Int: Task<Void, any Error>]>([:])
+            for (index, service) in services.enumerated() {
+                let task = Task { try await service.run() }
+                handles.withLock { $0[index] = task }
+                group.addTask {
+                    do { try await task.value; return (index, nil) } catch { return (index, error) }
+                }
+            }
+            group.addTask {
+                let signal = await signals.next()
+                return (-1, signal.map { SignalReceived(signal: $0) })
+            }
+            var firstError: (any Error)?
+            var finished = 0
+            while let (index, error) = await group.next() {
+                if index == -1 {
+                    if let error { logger.info("stopping", ["signal": "\((error as! SignalReceived).signal)"]) }
+                } else {
+                    finished += 1
+                    if let error, !(error is CancellationError), firstError == nil {
+                        firstError = error
+                        logger.error("service failed", ["error": "\(error)"])
+                    }
+                    if finished == count { break }
+                }
+                // A signal, or one service ended: stop the rest, newest first, within the grace period.
+                let deadline = ContinuousClock.now + gracePeriod
+                for i in (0..<count).reversed() {
+                    guard let task = handles.withLock({ $0[i] }) else { continue }
+                    task.cancel()
+                    let stopped = await waitUntil(deadline) { _ = try? await task.value }
+                    if !stopped { logger.warning("service did not stop within the grace period", ["service.index": "\(i)"]) }
+                }
+                signals.cancel()
+                group.cancelAll()
+                break
+            }
+            return firstError
+        }
+        signals.cancel()
+        if let result { throw result }
+    }
+
+    private func waitUntil(_ deadline: ContinuousClock.Instant, _ body: @escaping @Sendable () async -> Void) async -> Bool {
+        await withTaskGroup(of: Bool.self) { group in
+            group.addTask { await body(); return true }
+            group.addTask { try? await Task.sleep(until: deadline, clock: .continuous); return false }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+    }
+}
+
+struct SignalReceived: Error { let signal: Int32 }
+
+/// Turns POSIX signals into an async wait. The default action of each signal is ignored while it is watched.
+// @unchecked: `sources` is set once in init and dispatch sources are thread-safe; the rest is in a Mutex.
+public final class SignalWaiter: @unchecked Sendable {
+    private let sources: [any DispatchSourceSignal]
+    private let state = Mutex<(received: Int32?, waiters: [CheckedContinuation<Int32?, Never>], cancelled: Bool)>(
+        (nil, [], false))
+
+    public init(signals: [Int32]) {
+        let queue = DispatchQueue(label: "herald.signals")
+        var sources: [any DispatchSourceSignal] = []
+        for signalNumber in signals {
+            Foundation.signal(signalNumber, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: queue)
+            sources.append(source)
+        }
+        self.sources = sources
+        for source in sources {
+            let number = Int32(source.handle)
+            source.setEventHandler { [weak self] in self?.deliver(number) }
+            source.resume()
+        }
+    }
+
+    /// The next signal, or nil once cancelled. Signals repeat (SIGHUP): each call waits for a new one.
+    public func next() async -> Int32? {
+        await withCheckedContinuation { continuation in
+            let ready: Int32?? = state.withLock { s in
+                if s.cancelled { return .some(nil) }
+                if let received = s.received { s.received = nil; return .some(received) }
+                s.waiters.append(continuation)
+                return .none
+            }
+            if let ready { continuation.resume(returning: ready) }
+        }
+    }
+
+    public func cancel() {
+        let waiters = state.withLock { s in
+            s.cancelled = true
+            defer { s.waiters = [] }
+            return s.waiters
+        }
+        for waiter in waiters { waiter.resume(returning: nil) }
+        for source in sources { source.cancel() }
+    }
+
+    private func deliver(_ signal: Int32) {
+        let waiter = state.withLock { s -> CheckedContinuation<Int32?, Never>? in
+            if s.waiters.isEmpty { s.received = signal; return nil }
+            return s.waiters.removeFirst()
+        }
+        waiter?.resume(returning: signal)
+    }
+}

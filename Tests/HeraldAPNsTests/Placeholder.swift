@@ -1,0 +1,1 @@
+// HeraldAPNsTests: filled in by its issue.

@@ -1,0 +1,1 @@
+// HeraldCoreTests: filled in by its issue.

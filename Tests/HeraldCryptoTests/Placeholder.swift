@@ -1,0 +1,1 @@
+// HeraldCryptoTests: filled in by its issue.

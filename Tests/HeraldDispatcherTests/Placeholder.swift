@@ -1,0 +1,1 @@
+// HeraldDispatcherTests: filled in by its issue.

@@ -1,0 +1,1 @@
+// HeraldHTTPTests: filled in by its issue.

@@ -1,0 +1,1 @@
+// HeraldIngestTests: filled in by its issue.

@@ -1,0 +1,1 @@
+// HeraldKafkaTests: filled in by its issue.

@@ -1,0 +1,1 @@
+// HeraldRedisTests: filled in by its issue.

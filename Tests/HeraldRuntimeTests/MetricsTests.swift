@@ -1,0 +1,54 @@
+import Foundation
+import Testing
+@testable import HeraldRuntime
+
+@Suite struct MetricsTests {
+    @Test func countersRenderInPrometheusTextFormat() {
+        let registry = MetricsRegistry()
+        let requests = registry.counter("herald_test_requests_total", help: "Requests.", labels: ["route", "status"])
+        requests.labels("/v1/x", "200").increment()
+        requests.labels("/v1/x", "200").increment(by: 2)
+        requests.labels("/v1/x", "404").increment()
+        let text = registry.render()
+        #expect(text.contains("# TYPE herald_test_requests_total counter\n"))
+        #expect(text.contains("herald_test_requests_total{route=\"/v1/x\",status=\"200\"} 3\n"))
+        #expect(text.contains("herald_test_requests_total{route=\"/v1/x\",status=\"404\"} 1\n"))
+    }
+
+    @Test func histogramBucketsAreCumulative() {
+        let registry = MetricsRegistry()
+        let latency = registry.histogram("herald_test_seconds", help: "Latency.", buckets: [0.1, 1])
+        latency.observe(0.05)
+        latency.observe(0.5)
+        latency.observe(5)
+        let text = registry.render()
+        #expect(text.contains("herald_test_seconds_bucket{le=\"0.1\"} 1\n"))
+        #expect(text.contains("herald_test_seconds_bucket{le=\"1\"} 2\n"))
+        #expect(text.contains("herald_test_seconds_bucket{le=\"+Inf\"} 3\n"))
+        #expect(text.contains("herald_test_seconds_count 3\n"))
+    }
+}
+
+@Suite struct LoggerTests {
+    @Test func linesAreOneJSONObjectWithEscapedFields() throws {
+        let line = Logger.line(level: .info, label: "test", message: "say \"hi\"\n", fields: ["a.b": "tab\there"])
+        #expect(line.hasSuffix("}\n"))
+        #expect(line.filter { $0 == "\n" }.count == 1)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: String])
+        #expect(object["msg"] == "say \"hi\"\n")
+        #expect(object["a.b"] == "tab\there")
+        #expect(object["level"] == "info")
+    }
+}
+
+@Suite struct EnvironmentTests {
+    @Test func readsTypedValuesAndRejectsBadOnes() throws {
+        let env = EnvironmentReader(["N": "12", "BAD": "x", "ADDR": "0.0.0.0:8080", "S": "1.5"])
+        #expect(try env.int("N", default: 1) == 12)
+        #expect(try env.int("MISSING", default: 7) == 7)
+        #expect(throws: ConfigurationError.self) { try env.int("BAD", default: 1) }
+        #expect(try env.address("ADDR", default: "1.2.3.4:1") == HostPort(host: "0.0.0.0", port: 8080))
+        #expect(try env.seconds("S", default: .seconds(1)) == .milliseconds(1500))
+        #expect(HostPort("nohost") == nil)
+    }
+}
