@@ -36,7 +36,7 @@ let package = Package(
         // Domain model and validation: apps, keys, subscriptions, registrations, jobs. No I/O.
         .target(name: "HeraldCore", dependencies: ["HeraldCrypto"]),
         // SHA-256, random ids, ES256 signing, ES256/RS256 verification (OpenSSL).
-        .target(name: "HeraldCrypto", dependencies: ["COpenSSL", "CHeraldShims"]),
+        .target(name: "HeraldCrypto", dependencies: ["COpenSSL", "CHeraldShims", "HeraldRuntime"]),
         // Redis client over hiredis: pool, pipelining, scripts.
         .target(name: "HeraldRedis", dependencies: ["CHiredis", "HeraldRuntime"]),
         // Kafka producer, consumer and admin over librdkafka.
@@ -70,7 +70,7 @@ let package = Package(
 
         .testTarget(name: "HeraldRuntimeTests", dependencies: ["HeraldRuntime"]),
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
-        .testTarget(name: "HeraldCryptoTests", dependencies: ["HeraldCrypto"]),
+        .testTarget(name: "HeraldCryptoTests", dependencies: ["HeraldCrypto", "HeraldRuntime"]),
         .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldRedis"]),
         .testTarget(name: "HeraldKafkaTests", dependencies: ["HeraldKafka", "CRdKafka"], swiftSettings: rdkafkaSwift),
         .testTarget(name: "HeraldHTTPTests", dependencies: ["HeraldHTTP"]),

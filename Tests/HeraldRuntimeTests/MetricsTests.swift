@@ -52,3 +52,15 @@ import Testing
         #expect(HostPort("nohost") == nil)
     }
 }
+
+@Suite struct JSONValueTests {
+    @Test func decodesEveryKindAndKeepsIntegersIntegral() throws {
+        let text = #"{"a":true,"b":1,"c":1.5,"d":"x","e":null,"f":[1,"y"],"g":{"h":false}}"#
+        let value = try JSONDecoder().decode(JSONValue.self, from: Data(text.utf8))
+        #expect(value["a"] == .bool(true))
+        #expect(value["b"] == .number(1))
+        #expect(value["e"] == .null)
+        #expect(value["g"]?["h"] == .bool(false))
+        #expect(String(decoding: value.encoded(), as: UTF8.self) == text)
+    }
+}

@@ -1,0 +1,107 @@
+import Foundation
+internal import COpenSSL
+
+/// SHA-256 through OpenSSL.
+public enum SHA256 {
+    public static func hash(_ bytes: some Collection<UInt8>) -> [UInt8] {
+        var digest = [UInt8](repeating: 0, count: Int(SHA256_DIGEST_LENGTH))
+        let input = Array(bytes)
+        input.withUnsafeBufferPointer { buffer in
+            _ = COpenSSL.SHA256(buffer.baseAddress, buffer.count, &digest)
+        }
+        return digest
+    }
+
+    public static func hash(_ string: String) -> [UInt8] { hash(Array(string.utf8)) }
+
+    /// Lowercase hex of the digest, as stored in the apps file for API keys.
+    public static func hex(_ string: String) -> String { Hex.encode(hash(string)) }
+}
+
+/// Lowercase hexadecimal.
+public enum Hex {
+    public static func encode(_ bytes: some Collection<UInt8>) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var out = [UInt8]()
+        out.reserveCapacity(bytes.count * 2)
+        for byte in bytes {
+            out.append(digits[Int(byte >> 4)])
+            out.append(digits[Int(byte & 0xf)])
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Bytes of an even-length hex string (either case), or nil.
+    public static func decode(_ text: String) -> [UInt8]? {
+        let chars = Array(text.utf8)
+        guard chars.count % 2 == 0 else { return nil }
+        var out = [UInt8]()
+        out.reserveCapacity(chars.count / 2)
+        var index = 0
+        while index < chars.count {
+            guard let high = value(chars[index]), let low = value(chars[index + 1]) else { return nil }
+            out.append(high << 4 | low)
+            index += 2
+        }
+        return out
+    }
+
+    private static func value(_ c: UInt8) -> UInt8? {
+        switch c {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): c - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): c - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): c - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+}
+
+/// Cryptographically secure random bytes (OpenSSL's RAND_bytes).
+public enum SecureRandom {
+    public static func bytes(_ count: Int) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: count)
+        guard RAND_bytes(&out, Int32(count)) == 1 else { fatalError("RAND_bytes failed: no entropy source") }
+        return out
+    }
+
+    /// `count` random bytes as lowercase hex (2 × count characters).
+    public static func hex(_ count: Int) -> String { Hex.encode(bytes(count)) }
+}
+
+/// Comparison whose time does not depend on where two secrets first differ.
+public enum ConstantTime {
+    public static func equals(_ a: [UInt8], _ b: [UInt8]) -> Bool {
+        guard a.count == b.count else { return false }
+        if a.isEmpty { return true }
+        return CRYPTO_memcmp(a, b, a.count) == 0
+    }
+}
+
+/// What logs say instead of a credential: a short SHA-256 prefix, stable so lines about one token correlate.
+public enum Redaction {
+    public static func tag(_ secret: String) -> String {
+        "sha256:" + String(Hex.encode(SHA256.hash(secret)).prefix(12))
+    }
+}
+
+/// Base64url without padding (RFC 7515), as used by JWTs.
+public enum Base64URL {
+    public static func encode(_ bytes: some Collection<UInt8>) -> String {
+        Data(bytes).base64EncodedString()
+            .replacingOccurrences(of: "+", with: "-")
+            .replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+
+    public static func decode(_ text: some StringProtocol) -> [UInt8]? {
+        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        guard !base64.contains("=") else { return nil }
+        switch base64.count % 4 {
+        case 0: break
+        case 2: base64 += "=="
+        case 3: base64 += "="
+        default: return nil
+        }
+        return Data(base64Encoded: base64).map { Array($0) }
+    }
+}

@@ -1,1 +1,0 @@
-// HeraldCryptoTests: filled in by its issue.
