@@ -1,0 +1,196 @@
+import Foundation
+import HeraldCrypto
+
+/// The kind of an API key: public keys are for devices, secret keys for producers (and devices).
+public enum APIKeyKind: String, Sendable, Codable {
+    case `public`
+    case secret
+
+    /// The prefix of every key of this kind.
+    public var prefix: String { self == .public ? "hrd_pub_" : "hrd_sec_" }
+}
+
+/// An app Herald sends for: its API keys (as SHA-256 only), APNs provider key and optional OAuth issuer.
+public struct App: Sendable {
+    public struct Key: Sendable {
+        public var kind: APIKeyKind
+        /// Lowercase hex SHA-256 of the key.
+        public var sha256: String
+        /// The user a device key acts for (Live Activity registrations); `default` when absent.
+        public var user: String?
+    }
+
+    public struct APNs: Sendable {
+        public var teamId: String
+        public var keyId: String
+        public var bundleId: String
+        public var privateKey: PrivateKey
+    }
+
+    public struct OAuth: Sendable {
+        public var issuer: String
+        public var audience: String
+        public var publicKey: PublicKey
+    }
+
+    public var id: String
+    public var keys: [Key]
+    public var apns: APNs
+    public var oauth: OAuth?
+
+    /// True when `bundleID` is the app's bundle id or one of its extensions (`<bundleId>.<suffix>`).
+    public func owns(bundleID: String) -> Bool {
+        bundleID == apns.bundleId || bundleID.hasPrefix(apns.bundleId + ".")
+    }
+}
+
+/// An authenticated caller: the app whose key it presented, and the key's kind and user.
+public struct Principal: Sendable, Equatable {
+    public var appID: String
+    public var kind: APIKeyKind
+    public var user: String
+    /// What rate limits count against: the key's hash, or `oauth:<app>:<sub>` for bearer tokens.
+    public var rateLimitKey: String
+}
+
+/// The apps file (`HERALD_APPS_FILE`), parsed, checked and with its keys loaded.
+public struct AppDirectory: Sendable {
+    public let apps: [String: App]
+    private let keysByHash: [String: (appID: String, key: App.Key)]
+    private let appsByIssuer: [String: String]
+
+    /// Reads and checks the apps file; key paths are relative to the file's folder.
+    public static func load(path: String) throws -> AppDirectory {
+        let url = URL(fileURLWithPath: path)
+        let data: Data
+        do { data = try Data(contentsOf: url) } catch {
+            throw AppsFileError("cannot read \(path): \(error.localizedDescription)")
+        }
+        let folder = url.deletingLastPathComponent().path
+        return try parse(data) { relative in
+            let full = relative.hasPrefix("/") ? relative : folder + "/" + relative
+            guard let text = try? String(contentsOfFile: full, encoding: .utf8) else {
+                throw AppsFileError("cannot read key file \(relative)")
+            }
+            return text
+        }
+    }
+
+    /// Parses apps-file JSON; `readFile` returns the text of a key file named in it.
+    public static func parse(_ data: Data, readFile: (String) throws -> String) throws -> AppDirectory {
+        let file: AppsFile
+        do { file = try JSONDecoder().decode(AppsFile.self, from: data) } catch {
+            throw AppsFileError("not a valid apps file: \(describe(error))")
+        }
+        var apps: [String: App] = [:]
+        var keysByHash: [String: (appID: String, key: App.Key)] = [:]
+        var appsByIssuer: [String: String] = [:]
+        for entry in file.apps {
+            guard !entry.id.isEmpty, entry.id.utf8.count <= 64,
+                  entry.id.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || "-_.".contains($0)) }) else {
+                throw AppsFileError("app id \"\(entry.id)\" must be 1–64 letters, digits, '-', '_' or '.'")
+            }
+            guard apps[entry.id] == nil else { throw AppsFileError("app \(entry.id) appears twice") }
+            var keys: [App.Key] = []
+            for key in entry.keys {
+                let hash = key.sha256.lowercased()
+                guard hash.utf8.count == 64, hash.utf8.allSatisfy(\.isHexDigit) else {
+                    throw AppsFileError("app \(entry.id): key sha256 must be 64 hex digits")
+                }
+                guard keysByHash[hash] == nil else { throw AppsFileError("app \(entry.id): a key is listed twice") }
+                let parsed = App.Key(kind: key.kind, sha256: hash, user: key.user)
+                keysByHash[hash] = (entry.id, parsed)
+                keys.append(parsed)
+            }
+            for (name, value) in [("teamId", entry.apns.teamId), ("keyId", entry.apns.keyId)] {
+                guard value.utf8.count == 10, value.allSatisfy({ $0.isASCII && ($0.isUppercase || $0.isNumber) }) else {
+                    throw AppsFileError("app \(entry.id): apns.\(name) must be 10 upper-case letters or digits")
+                }
+            }
+            guard !entry.apns.bundleId.isEmpty, !entry.apns.bundleId.hasSuffix(".") else {
+                throw AppsFileError("app \(entry.id): apns.bundleId is required")
+            }
+            let privateKey: PrivateKey
+            do { privateKey = try PrivateKey(pem: readFile(entry.apns.privateKeyPath)) } catch {
+                throw AppsFileError("app \(entry.id): apns.privateKeyPath: \(error)")
+            }
+            guard privateKey.algorithm == .es256 else {
+                throw AppsFileError("app \(entry.id): the APNs key must be a P-256 (.p8) key")
+            }
+            var oauth: App.OAuth?
+            if let o = entry.oauth {
+                guard !o.issuer.isEmpty, !o.audience.isEmpty else {
+                    throw AppsFileError("app \(entry.id): oauth needs issuer and audience")
+                }
+                guard appsByIssuer[o.issuer] == nil else {
+                    throw AppsFileError("app \(entry.id): oauth issuer \(o.issuer) is used by another app")
+                }
+                do { oauth = App.OAuth(issuer: o.issuer, audience: o.audience, publicKey: try PublicKey(pem: readFile(o.publicKeyPath))) } catch {
+                    throw AppsFileError("app \(entry.id): oauth.publicKeyPath: \(error)")
+                }
+                appsByIssuer[o.issuer] = entry.id
+            }
+            apps[entry.id] = App(id: entry.id, keys: keys,
+                                 apns: .init(teamId: entry.apns.teamId, keyId: entry.apns.keyId,
+                                             bundleId: entry.apns.bundleId, privateKey: privateKey),
+                                 oauth: oauth)
+        }
+        return AppDirectory(apps: apps, keysByHash: keysByHash, appsByIssuer: appsByIssuer)
+    }
+
+    /// The app and key a presented API key belongs to, or nil. The key's SHA-256 is looked up, then compared in
+    /// constant time; the key itself is never stored.
+    public func authenticate(apiKey: String) -> Principal? {
+        guard apiKey.hasPrefix(APIKeyKind.public.prefix) || apiKey.hasPrefix(APIKeyKind.secret.prefix) else { return nil }
+        let digest = SHA256.hash(apiKey)
+        let hex = Hex.encode(digest)
+        guard let (appID, key) = keysByHash[hex], let stored = Hex.decode(key.sha256),
+              ConstantTime.equals(stored, digest) else { return nil }
+        return Principal(appID: appID, kind: key.kind, user: key.user ?? "default", rateLimitKey: "key:" + hex)
+    }
+
+    /// The app whose OAuth issuer is `issuer`.
+    public func app(forIssuer issuer: String) -> App? { appsByIssuer[issuer].flatMap { apps[$0] } }
+
+    private static func describe(_ error: any Error) -> String {
+        switch error {
+        case DecodingError.keyNotFound(let key, let context):
+            "missing \((context.codingPath + [key]).map(\.stringValue).joined(separator: "."))"
+        case DecodingError.typeMismatch(_, let context), DecodingError.valueNotFound(_, let context):
+            "\(context.codingPath.map(\.stringValue).joined(separator: ".")): \(context.debugDescription)"
+        case DecodingError.dataCorrupted(let context): context.debugDescription
+        default: "\(error)"
+        }
+    }
+}
+
+public struct AppsFileError: Error, CustomStringConvertible {
+    public var message: String
+    init(_ message: String) { self.message = message }
+    public var description: String { message }
+}
+
+/// A new API key and the apps-file entry that accepts it (`heraldctl keys new`).
+public struct NewAPIKey: Sendable {
+    public var key: String
+    public var sha256: String
+
+    public static func generate(kind: APIKeyKind) -> NewAPIKey {
+        let key = kind.prefix + Base64URL.encode(SecureRandom.bytes(24))
+        return NewAPIKey(key: key, sha256: SHA256.hex(key))
+    }
+}
+
+/// The apps file as written on disk.
+struct AppsFile: Decodable {
+    struct Entry: Decodable {
+        struct Key: Decodable { var kind: APIKeyKind; var sha256: String; var user: String? }
+        struct APNs: Decodable { var teamId: String; var keyId: String; var privateKeyPath: String; var bundleId: String }
+        struct OAuth: Decodable { var issuer: String; var audience: String; var publicKeyPath: String }
+        var id: String
+        var keys: [Key]
+        var apns: APNs
+        var oauth: OAuth?
+    }
+    var apps: [Entry]
+}

@@ -1,0 +1,295 @@
+import Foundation
+import HeraldRuntime
+
+/// One message on `herald.jobs` (schemas/push-job.schema.json, version 1): what to send, to whom.
+///
+/// Ingest builds jobs from events; any producer may write them directly, so the dispatcher decodes and calls
+/// `validate()` on every job before acting on it.
+public struct PushJob: Sendable, Codable, Equatable {
+    public static let currentVersion = 1
+
+    public struct Target: Sendable, Codable, Equatable {
+        public enum Kind: String, Sendable, Codable, CaseIterable { case channel, post, device }
+        public var kind: Kind
+        public var channel: String?
+        public var postIdHash: String?
+        public var deviceToken: String?
+        public var tokenType: TokenType?
+        public var environment: APNsEnvironment?
+        /// Device jobs only: the `apns-topic`, when not the app's bundle id (replays of Live Activity pushes).
+        public var topic: String?
+
+        public static func channel(_ name: String) -> Target { Target(kind: .channel, channel: name) }
+        public static func post(_ hash: String) -> Target { Target(kind: .post, postIdHash: hash) }
+        public static func device(_ token: String, tokenType: TokenType, environment: APNsEnvironment,
+                                  topic: String? = nil) -> Target {
+            Target(kind: .device, deviceToken: token, tokenType: tokenType, environment: environment, topic: topic)
+        }
+    }
+
+    /// A Live Activity `update` or `end`.
+    public struct LiveActivity: Sendable, Codable, Equatable {
+        public enum Event: String, Sendable, Codable, CaseIterable { case update, end }
+        public var event: Event
+        public var contentState: JSONValue
+        public var alert: JSONValue?
+        public var staleDate: Int64?
+        public var dismissalDate: Int64?
+        public var relevanceScore: Double?
+        /// Channel jobs: only `liveactivity-update` subscriptions with this activityID receive it.
+        public var activityID: String?
+
+        public init(event: Event, contentState: JSONValue, alert: JSONValue? = nil, staleDate: Int64? = nil,
+                    dismissalDate: Int64? = nil, relevanceScore: Double? = nil, activityID: String? = nil) {
+            (self.event, self.contentState, self.alert) = (event, contentState, alert)
+            (self.staleDate, self.dismissalDate, self.relevanceScore, self.activityID) =
+                (staleDate, dismissalDate, relevanceScore, activityID)
+        }
+    }
+
+    /// A push-to-start of a new Live Activity (iOS 17.2+).
+    public struct Start: Sendable, Codable, Equatable {
+        public var attributesType: String
+        public var attributes: JSONValue
+        public var contentState: JSONValue
+        public var alert: JSONValue
+
+        public init(attributesType: String, attributes: JSONValue, contentState: JSONValue, alert: JSONValue) {
+            (self.attributesType, self.attributes, self.contentState, self.alert) =
+                (attributesType, attributes, contentState, alert)
+        }
+    }
+
+    /// Set on jobs `heraldctl replay` re-publishes from the dead-letter topic.
+    public struct ReplayOf: Sendable, Codable, Equatable {
+        public var jobId: String
+        public var dlqPartition: Int32
+        public var dlqOffset: Int64
+
+        public init(jobId: String, dlqPartition: Int32, dlqOffset: Int64) {
+            (self.jobId, self.dlqPartition, self.dlqOffset) = (jobId, dlqPartition, dlqOffset)
+        }
+    }
+
+    public var version: Int
+    public var id: String
+    public var appId: String
+    /// RFC 3339 with milliseconds, UTC.
+    public var createdAt: String
+    public var target: Target
+    /// Channel jobs: the complete APNs payload for `alert` subscribers.
+    public var alert: JSONValue?
+    public var liveActivity: LiveActivity?
+    public var start: Start?
+    /// Device jobs: the complete APNs payload.
+    public var payload: JSONValue?
+    /// Device jobs: `apns-push-type`; defaults from the token type.
+    public var pushType: String?
+    public var priority: Int?
+    /// UNIX seconds; 0 means deliver once and don't store.
+    public var expiration: Int64?
+    public var collapseId: String?
+    /// Post jobs: the last update; the post's registrations are removed once it is sent.
+    public var final: Bool?
+    public var replayOf: ReplayOf?
+
+    public init(id: String, appId: String, createdAt: Date = Date(), target: Target) {
+        self.version = Self.currentVersion
+        self.id = id
+        self.appId = appId
+        self.createdAt = Timestamp.rfc3339(createdAt)
+        self.target = target
+    }
+
+    /// The Kafka record key: one target's jobs go to one partition, in order.
+    public var recordKey: String {
+        switch target.kind {
+        case .channel: "\(appId)/\(target.channel ?? "")"
+        case .post: "\(appId)/post/\(target.postIdHash ?? "")"
+        case .device: "\(appId)/device/\(target.deviceToken ?? "")"
+        }
+    }
+
+    /// True when this job ends its Live Activities (an `end` event or `final`).
+    public var isFinal: Bool { final == true || liveActivity?.event == .end }
+
+    public func encoded() -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return Array(try! encoder.encode(self))
+    }
+
+    public static func decode(_ bytes: [UInt8]) throws(ValidationError) -> PushJob {
+        do { return try JSONDecoder().decode(PushJob.self, from: Data(bytes)) } catch {
+            throw ValidationError(code: "invalid_job", message: "not a push job: \(Self.describe(error))")
+        }
+    }
+
+    /// Checks every rule of the job format, including the size of each payload Herald will build.
+    public func validate() throws(ValidationError) {
+        guard version == Self.currentVersion else { throw .invalid("version", "version must be \(Self.currentVersion)") }
+        guard !id.isEmpty, id.utf8.count <= 128, id.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7f }) else {
+            throw .invalid("id", "id must be 1–128 visible ASCII characters")
+        }
+        guard !appId.isEmpty else { throw .missing("appId") }
+        guard Timestamp.parse(createdAt) != nil else { throw .invalid("createdAt", "createdAt must be an RFC 3339 time") }
+        if let priority, ![1, 5, 10].contains(priority) { throw .invalid("priority", "priority must be 1, 5 or 10") }
+        if let expiration, expiration < 0 { throw .invalid("expiration", "expiration must be UNIX seconds ≥ 0") }
+        if let collapseId {
+            guard !collapseId.isEmpty, collapseId.utf8.count <= 64 else {
+                throw .invalid("collapseId", "collapseId must be 1–64 bytes")
+            }
+        }
+        switch target.kind {
+        case .channel:
+            try Channel.validate(target.channel ?? "", field: "target.channel")
+            guard alert != nil || liveActivity != nil || start != nil else {
+                throw ValidationError(code: "missing_field", message: "a channel job needs alert, liveActivity or start")
+            }
+            try rejectParts(payload: true, final: true)
+        case .post:
+            try PostIDHash.validate(target.postIdHash ?? "", field: "target.postIdHash")
+            guard liveActivity != nil else { throw .missing("liveActivity") }
+            guard alert == nil, start == nil else {
+                throw ValidationError(code: "invalid_field", message: "a post job carries only liveActivity")
+            }
+            try rejectParts(payload: true, final: false)
+        case .device:
+            _ = try DeviceToken.normalized(target.deviceToken ?? "", field: "target.deviceToken")
+            guard target.tokenType != nil else { throw .missing("target.tokenType") }
+            guard payload != nil else { throw .missing("payload") }
+            guard alert == nil, liveActivity == nil, start == nil else {
+                throw ValidationError(code: "invalid_field", message: "a device job carries its payload in payload")
+            }
+            try rejectParts(payload: false, final: true)
+            if let pushType, PushType(rawValue: pushType) == nil {
+                throw .invalid("pushType", "pushType must be one of \(PushType.allCases.map(\.rawValue).joined(separator: ", "))")
+            }
+            if resolvedPushType == .background, priority == 10 {
+                throw .invalid("priority", "background pushes must use priority 5 or 1")
+            }
+        }
+        if let alert { try APNsPayload.checkComplete(alert, field: "alert") }
+        if let liveActivity {
+            guard case .object = liveActivity.contentState else {
+                throw .invalid("liveActivity.contentState", "liveActivity.contentState must be a JSON object")
+            }
+            if let alert = liveActivity.alert, case .object = alert {} else if liveActivity.alert != nil {
+                throw .invalid("liveActivity.alert", "liveActivity.alert must be a JSON object")
+            }
+            for (name, value) in [("staleDate", liveActivity.staleDate), ("dismissalDate", liveActivity.dismissalDate)] {
+                if let value, value < 0 { throw .invalid("liveActivity.\(name)", "liveActivity.\(name) must be UNIX seconds ≥ 0") }
+            }
+        }
+        if let start {
+            guard !start.attributesType.isEmpty else { throw .missing("start.attributesType") }
+            for (name, value) in [("attributes", start.attributes), ("contentState", start.contentState), ("alert", start.alert)] {
+                guard case .object = value else { throw .invalid("start.\(name)", "start.\(name) must be a JSON object") }
+            }
+        }
+        if let payload { try APNsPayload.checkComplete(payload, field: "payload") }
+        try checkSizes()
+    }
+
+    /// Device jobs: the push type to send.
+    public var resolvedPushType: PushType {
+        if let pushType, let type = PushType(rawValue: pushType) { return type }
+        return target.tokenType == .alert || target.tokenType == nil ? .alert : .liveactivity
+    }
+
+    private func rejectParts(payload rejectPayload: Bool, final rejectFinal: Bool) throws(ValidationError) {
+        if rejectPayload, payload != nil || pushType != nil {
+            throw ValidationError(code: "invalid_field", message: "payload and pushType belong to device jobs", field: "payload")
+        }
+        if rejectFinal, final != nil {
+            throw ValidationError(code: "invalid_field", message: "final belongs to post jobs", field: "final")
+        }
+    }
+
+    /// Every payload this job can produce must fit APNs' limit once Herald adds its `aps` fields.
+    private func checkSizes() throws(ValidationError) {
+        let now = Int64(Date().timeIntervalSince1970)
+        var built: [(String, [UInt8], Int)] = []
+        if let alert { built.append(("alert", alert.encoded(), APNsPayload.maxBytes)) }
+        if let liveActivity { built.append(("liveActivity", APNsPayload.liveActivity(liveActivity, timestamp: now).encoded(), APNsPayload.maxBytes)) }
+        if let start { built.append(("start", APNsPayload.start(start, timestamp: now).encoded(), APNsPayload.maxBytes)) }
+        if let payload {
+            let limit = resolvedPushType == .voip ? APNsPayload.maxVoIPBytes : APNsPayload.maxBytes
+            built.append(("payload", payload.encoded(), limit))
+        }
+        for (field, bytes, limit) in built where bytes.count > limit {
+            throw ValidationError(code: "payload_too_large",
+                                  message: "the \(field) payload is \(bytes.count) bytes; APNs accepts at most \(limit)",
+                                  field: field)
+        }
+    }
+
+    private static func describe(_ error: any Error) -> String {
+        switch error {
+        case DecodingError.keyNotFound(let key, let context):
+            "missing \((context.codingPath + [key]).map(\.stringValue).joined(separator: "."))"
+        case DecodingError.typeMismatch(_, let context), DecodingError.valueNotFound(_, let context):
+            "\(context.codingPath.map(\.stringValue).joined(separator: ".")) has the wrong type"
+        case DecodingError.dataCorrupted(let context):
+            context.codingPath.isEmpty ? "invalid JSON" : "\(context.codingPath.map(\.stringValue).joined(separator: ".")): \(context.debugDescription)"
+        default: "\(error)"
+        }
+    }
+}
+
+/// Apple's `apns-push-type` values.
+public enum PushType: String, Sendable, Codable, CaseIterable {
+    case alert, background, location, voip, complication, fileprovider, mdm, liveactivity, pushtotalk, widgets, controls
+}
+
+/// Builds the APNs payloads Herald sends.
+public enum APNsPayload {
+    public static let maxBytes = 4096
+    public static let maxVoIPBytes = 5120
+
+    /// A complete payload: a JSON object with an `aps` object (custom keys beside it are kept).
+    static func checkComplete(_ payload: JSONValue, field: String) throws(ValidationError) {
+        guard case .object(let object) = payload else { throw .invalid(field, "\(field) must be a JSON object") }
+        guard case .object = object["aps"] else { throw .invalid(field, "\(field) must have an \"aps\" object") }
+    }
+
+    /// `aps` of a Live Activity update or end.
+    public static func liveActivity(_ content: PushJob.LiveActivity, timestamp: Int64) -> JSONValue {
+        var aps: [String: JSONValue] = [
+            "timestamp": .number(Double(timestamp)),
+            "event": .string(content.event.rawValue),
+            "content-state": content.contentState,
+        ]
+        if let staleDate = content.staleDate { aps["stale-date"] = .number(Double(staleDate)) }
+        if let dismissalDate = content.dismissalDate { aps["dismissal-date"] = .number(Double(dismissalDate)) }
+        if let relevanceScore = content.relevanceScore { aps["relevance-score"] = .number(relevanceScore) }
+        if let alert = content.alert { aps["alert"] = alert }
+        return .object(["aps": .object(aps)])
+    }
+
+    /// `aps` of a push-to-start.
+    public static func start(_ content: PushJob.Start, timestamp: Int64) -> JSONValue {
+        .object(["aps": .object([
+            "timestamp": .number(Double(timestamp)),
+            "event": .string("start"),
+            "content-state": content.contentState,
+            "attributes-type": .string(content.attributesType),
+            "attributes": content.attributes,
+            "alert": content.alert,
+        ])])
+    }
+}
+
+/// RFC 3339 times with milliseconds in UTC, as in jobs, dead letters and API bodies.
+public enum Timestamp {
+    public static func rfc3339(_ date: Date) -> String {
+        date.formatted(.iso8601.year().month().day().dateSeparator(.dash).time(includingFractionalSeconds: true)
+            .timeSeparator(.colon).timeZone(separator: .omitted))
+    }
+
+    public static func parse(_ text: String) -> Date? {
+        if let date = try? Date(text, strategy: .iso8601.year().month().day().dateSeparator(.dash)
+            .time(includingFractionalSeconds: true).timeSeparator(.colon).timeZone(separator: .omitted)) { return date }
+        return try? Date(text, strategy: .iso8601)
+    }
+}

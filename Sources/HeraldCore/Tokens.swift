@@ -1,0 +1,40 @@
+/// Which APNs host a token belongs to.
+public enum APNsEnvironment: String, Sendable, Codable, CaseIterable {
+    case production
+    case sandbox
+}
+
+/// What a device token is for (the subscription API's `tokenType`).
+public enum TokenType: String, Sendable, Codable, CaseIterable {
+    /// A regular device token: alert (and background) notifications.
+    case alert
+    /// A push-to-start token for one Live Activity attributes type.
+    case liveActivityStart = "liveactivity-start"
+    /// A Live Activity's own update token.
+    case liveActivityUpdate = "liveactivity-update"
+}
+
+/// Rules for the hex strings APNs uses as device and Live Activity tokens.
+public enum DeviceToken {
+    /// Apple's tokens are 32 bytes today and documented as variable length; accept 8–100 bytes.
+    public static let hexLengths = 16...200
+
+    /// The token in lowercase, or a validation error naming `field`.
+    public static func normalized(_ raw: String, field: String) throws(ValidationError) -> String {
+        guard !raw.isEmpty else { throw .missing(field) }
+        guard raw.utf8.allSatisfy(\.isHexDigit) else {
+            throw .invalid(field, "\(field) must be hexadecimal")
+        }
+        guard raw.utf8.count % 2 == 0 else { throw .invalid(field, "\(field) must have an even number of hex digits") }
+        guard hexLengths.contains(raw.utf8.count) else {
+            throw .invalid(field, "\(field) must be \(hexLengths.lowerBound)–\(hexLengths.upperBound) hex digits")
+        }
+        return raw.lowercased()
+    }
+}
+
+extension UInt8 {
+    var isHexDigit: Bool {
+        (0x30...0x39).contains(self) || (0x41...0x46).contains(self) || (0x61...0x66).contains(self)
+    }
+}

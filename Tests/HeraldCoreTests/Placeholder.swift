@@ -1,1 +1,0 @@
-// HeraldCoreTests: filled in by its issue.

@@ -1,0 +1,118 @@
+import Foundation
+import HeraldCore
+import HeraldRuntime
+import Testing
+
+@Suite struct PushJobTests {
+    @Test func channelEventBecomesAValidJobWithItsRecordKey() throws {
+        let job = try EventIntake.channelEvent(json("""
+            {"channel": "order:42:status", "alert": {"aps": {"alert": {"title": "Shipped"}}, "orderId": 42},
+             "liveActivity": {"event": "update", "contentState": {"status": "shipped"}, "staleDate": 1900000000},
+             "priority": 5, "collapseId": "order-42"}
+            """), appID: "shop", jobID: nil)
+        #expect(job.recordKey == "shop/order:42:status")
+        #expect(job.alert?["orderId"] == .number(42))
+        #expect(job.liveActivity?.event == .update && job.priority == 5)
+        let decoded = try PushJob.decode(job.encoded())
+        #expect(decoded == job)
+        try decoded.validate()
+    }
+
+    @Test func clientIDMakesTheJobID() throws {
+        let body = json(#"{"channel": "c", "alert": {"aps": {}}, "id": "evt-1"}"#)
+        #expect(try EventIntake.channelEvent(body, appID: "shop", jobID: nil).id == "evt-1")
+        let header = json(#"{"channel": "c", "alert": {"aps": {}}}"#)
+        #expect(try EventIntake.channelEvent(header, appID: "shop", jobID: "idem-9").id == "idem-9")
+    }
+
+    @Test(arguments: [
+        (#"{"channel": "c"}"#, "alert"),
+        (#"{"channel": "c", "alert": {"title": "no aps"}}"#, "alert"),
+        (#"{"channel": "c", "alert": {"aps": {}}, "priority": 7}"#, "priority"),
+        (#"{"channel": "c", "alert": {"aps": {}}, "collapseId": "\#(String(repeating: "x", count: 65))"}"#, "collapseId"),
+        (#"{"channel": "c", "liveActivity": {"event": "pause", "contentState": {}}}"#, "liveActivity.event"),
+        (#"{"channel": "c", "liveActivity": {"event": "update"}}"#, "liveActivity.contentState"),
+        (#"{"channel": "c", "start": {"attributesType": "T", "attributes": {}, "contentState": {}}}"#, "start.alert"),
+        (#"{"channel": "c", "alert": {"aps": {"alert": "\#(String(repeating: "x", count: 4100))"}}}"#, "alert"),
+    ])
+    func rejectsBadChannelEvents(body: String, field: String) {
+        #expect { try EventIntake.channelEvent(json(body), appID: "shop", jobID: nil) } throws: {
+            ($0 as? ValidationError)?.field == field
+        }
+    }
+
+    @Test func activityEventsAndDevicePushes() throws {
+        let end = try EventIntake.activityEvent(json(#"{"event": "end", "contentState": {"done": true}}"#),
+                                                appID: "shop", postIDHash: "deadbeef", jobID: nil)
+        #expect(end.recordKey == "shop/post/deadbeef" && end.isFinal)
+        #expect(throws: ValidationError.self) {
+            try EventIntake.activityEvent(json(#"{"event": "update", "contentState": {}}"#), appID: "shop",
+                                          postIDHash: "NOTHEX!", jobID: nil)
+        }
+        let push = try EventIntake.devicePush(json(#"{"payload": {"aps": {"content-available": 1}}, "pushType": "background", "priority": 5}"#),
+                                              appID: "shop", deviceToken: token.uppercased(), jobID: nil)
+        #expect(push.recordKey == "shop/device/\(token)" && push.resolvedPushType == .background)
+        #expect(throws: ValidationError.self) {
+            try EventIntake.devicePush(json(#"{"payload": {"aps": {}}, "pushType": "background", "priority": 10}"#),
+                                       appID: "shop", deviceToken: token, jobID: nil)
+        }
+    }
+
+    @Test func liveActivityPayloadCarriesApplesFields() {
+        let content = PushJob.LiveActivity(event: .update, contentState: json(#"{"s": 1}"#), alert: nil, staleDate: 10,
+                                           dismissalDate: nil, relevanceScore: 0.5, activityID: nil)
+        let aps = APNsPayload.liveActivity(content, timestamp: 1_700_000_000)["aps"]
+        #expect(aps?["timestamp"] == .number(1_700_000_000) && aps?["event"] == .string("update"))
+        #expect(aps?["content-state"] == json(#"{"s": 1}"#) && aps?["stale-date"] == .number(10))
+        #expect(aps?["relevance-score"] == .number(0.5) && aps?["dismissal-date"] == nil)
+    }
+
+    @Test func decodingGarbageIsAnInvalidJob() {
+        #expect { try PushJob.decode(Array("{".utf8)) } throws: { ($0 as? ValidationError)?.code == "invalid_job" }
+        #expect { try PushJob.decode(Array(#"{"version": 1}"#.utf8)) } throws: { ($0 as? ValidationError)?.code == "invalid_job" }
+    }
+
+    /// Jobs Herald writes validate against the published JSON Schema (checked with Python's jsonschema).
+    @Test func encodedJobsMatchThePublishedSchema() throws {
+        let jobs = [
+            try EventIntake.channelEvent(json(#"{"channel": "c", "alert": {"aps": {}}, "start": {"attributesType": "T", "attributes": {}, "contentState": {}, "alert": {"title": "t"}}, "expiration": 0}"#), appID: "shop", jobID: nil),
+            try EventIntake.activityEvent(json(#"{"event": "update", "contentState": {}, "final": true, "relevanceScore": 1.5}"#), appID: "shop", postIDHash: "0123abcd", jobID: nil),
+            try EventIntake.devicePush(json(#"{"payload": {"aps": {}}, "tokenType": "liveactivity-update", "environment": "sandbox"}"#), appID: "shop", deviceToken: token, jobID: nil),
+        ]
+        try SchemaCheck.validate(jobs.map { $0.encoded() }, schema: "push-job.schema.json")
+        var broken = jobs[0]
+        broken.priority = 3
+        #expect(throws: (any Error).self) { try SchemaCheck.validate([broken.encoded()], schema: "push-job.schema.json") }
+    }
+}
+
+/// Validates JSON documents against a schema in schemas/ with Python's jsonschema (installed by scripts/setup).
+enum SchemaCheck {
+    struct Failure: Error, CustomStringConvertible { let description: String }
+
+    static func validate(_ documents: [[UInt8]], schema: String) throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let schemaPath = root.appendingPathComponent("schemas/\(schema)").path
+        let script = """
+            import json, sys, jsonschema
+            schema = json.load(open(sys.argv[1]))
+            jsonschema.Draft202012Validator.check_schema(schema)
+            v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+            for line in sys.stdin:
+                errors = sorted(v.iter_errors(json.loads(line)), key=str)
+                if errors: sys.exit("invalid: " + errors[0].message)
+            """
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["python3", "-c", script, schemaPath]
+        let input = Pipe(), errors = Pipe()
+        process.standardInput = input
+        process.standardError = errors
+        try process.run()
+        for document in documents { input.fileHandleForWriting.write(Data(document + [0x0a])) }
+        try input.fileHandleForWriting.close()
+        process.waitUntilExit()
+        let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        guard process.terminationStatus == 0 else { throw Failure(description: message) }
+    }
+}
