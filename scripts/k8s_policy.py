@@ -1,0 +1,81 @@
+"""Policies every rendered Herald overlay must meet, and HERALD_* variables that the code really reads.
+
+Usage: k8s_policy.py RENDERED.yaml...   (exit 1 with one line per violation)
+"""
+import pathlib
+import re
+import sys
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# Variables the executables read: every "HERALD_…" string literal in Sources/.
+READ = set()
+for source in (ROOT / "Sources").rglob("*.swift"):
+    READ.update(re.findall(r'"(HERALD_[A-Z0-9_]+)"', source.read_text()))
+
+
+def herald_containers(obj):
+    """(workload name, pod spec, container) for Herald's own containers (those running the Herald image)."""
+    spec = obj.get("spec", {})
+    pod = spec.get("template", {}).get("spec") if obj["kind"] in ("Deployment", "Job") else None
+    if not pod:
+        return []
+    return [(obj["metadata"]["name"], pod, c) for c in pod["containers"] if c["command"][0].startswith("herald")] \
+        if all("command" in c for c in pod["containers"]) else []
+
+
+def check(path, problems):
+    objects = [o for o in yaml.safe_load_all(open(path)) if o]
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    for required in [("Deployment", "herald-ingest"), ("Deployment", "herald-dispatcher"),
+                     ("Service", "herald-ingest"), ("HorizontalPodAutoscaler", "herald-ingest"),
+                     ("PodDisruptionBudget", "herald-ingest"), ("PodDisruptionBudget", "herald-dispatcher"),
+                     ("ConfigMap", "herald-config"), ("Job", "herald-topics")]:
+        if required not in kinds:
+            problems.append(f"{path}: missing {required[0]} {required[1]}")
+    env_names = set()
+    for obj in objects:
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == "herald-config":
+            env_names.update(k for k in obj.get("data", {}) if k.startswith("HERALD_"))
+        for name, pod, container in herald_containers(obj):
+            where = f"{path}: {obj['kind']} {name}/{container['name']}"
+            security = container.get("securityContext", {})
+            pod_security = pod.get("securityContext", {})
+            if not (security.get("runAsNonRoot") or pod_security.get("runAsNonRoot")):
+                problems.append(f"{where}: must run as non-root")
+            if security.get("readOnlyRootFilesystem") is not True:
+                problems.append(f"{where}: root filesystem must be read-only")
+            if security.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{where}: privilege escalation must be off")
+            resources = container.get("resources", {})
+            for part in ("requests", "limits"):
+                for resource in ("cpu", "memory"):
+                    if resource not in resources.get(part, {}):
+                        problems.append(f"{where}: resources.{part}.{resource} missing")
+            env_names.update(e["name"] for e in container.get("env", []) if e["name"].startswith("HERALD_"))
+            if obj["kind"] == "Deployment":
+                for probe, path_ in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+                    if container.get(probe, {}).get("httpGet", {}).get("path") != path_:
+                        problems.append(f"{where}: {probe} must GET {path_}")
+                if pod.get("terminationGracePeriodSeconds", 30) < 30:
+                    problems.append(f"{where}: terminationGracePeriodSeconds must cover the 25 s drain")
+                annotations = obj["spec"]["template"]["metadata"].get("annotations", {})
+                if annotations.get("prometheus.io/scrape") != "true":
+                    problems.append(f"{where}: Prometheus scrape annotations missing")
+    for name in sorted(env_names - READ):
+        problems.append(f"{path}: {name} is set but no Herald executable reads it")
+
+
+def main():
+    problems = []
+    for path in sys.argv[1:]:
+        check(path, problems)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    print(f"k8s policy: {len(sys.argv) - 1} overlays checked, {len(problems)} problems")
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()
