@@ -64,6 +64,7 @@ final class RequestEngine: Sendable {
             requests.labels(route, methodLabel, String(status)).increment()
             durations.labels(route).observe(Double(micros) / 1_000_000)
         }
+        guard logger.minimumLevel <= .info else { return }
         var fields = ["http.method": methodLabel, "http.route": route, "http.status": String(status),
                       "http.duration_ms": Self.milliseconds(micros), "http.request_id": requestID,
                       "http.bytes_in": String(bytesIn), "http.bytes_out": String(bytesOut)]
@@ -77,9 +78,21 @@ final class RequestEngine: Sendable {
            value.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) {
             return value
         }
-        var generator = SystemRandomNumberGenerator()
-        let high = generator.next() as UInt64, low = generator.next() as UInt64
-        return hex(high) + hex(low)
+        // A process-random prefix and a mixed counter: unique and unguessable enough for correlation, without a
+        // getrandom(2) call per request.
+        let sequence = idCounter.wrappingAdd(1, ordering: .relaxed).newValue
+        return hex(idPrefix) + hex(mix(sequence))
+    }
+
+    private static let idPrefix = UInt64.random(in: .min ... .max)
+    private static let idCounter = Atomic<UInt64>(UInt64.random(in: .min ... .max))
+
+    /// SplitMix64's finaliser: a bijection, so distinct counters give distinct ids.
+    private static func mix(_ value: UInt64) -> UInt64 {
+        var z = value &+ 0x9E37_79B9_7F4A_7C15
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
     }
 
     /// `application/json`, any case, parameters such as `; charset=utf-8` allowed.

@@ -79,7 +79,9 @@ struct RouterTests {
         struct Body: Decodable { var channel: String; var count: Int }
         func failure(_ json: String) -> HTTPError? {
             let request = HTTPRequest(method: .post, path: "/", route: "/", body: Array(json.utf8), requestID: "r")
-            do { _ = try request.decodeJSON(Body.self); return nil } catch { return error }
+            let result = Result { () throws(HTTPError) in try request.decodeJSON(Body.self) }
+            if case .failure(let error) = result { return error }
+            return nil
         }
         #expect(failure(#"{"count": 1}"#) == .invalidJSON("missing field \"channel\"", field: "channel"))
         #expect(failure(#"{"channel": "a", "count": "x"}"#)

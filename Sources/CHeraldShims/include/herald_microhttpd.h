@@ -17,8 +17,6 @@ struct herald_mhd_options {
     unsigned int flags;
     /// A bound, listening socket the daemon takes over (MHD_OPTION_LISTEN_SOCKET).
     int listen_fd;
-    /// Worker threads; 0 or 1 means the single internal polling thread.
-    unsigned int thread_pool_size;
     /// Idle connections are closed after this many seconds; 0 = never.
     unsigned int connection_timeout_seconds;
     /// Connections beyond this number are refused; must be at least 1.
@@ -31,9 +29,25 @@ struct herald_mhd_options {
     void *log_cls;
 };
 
-/// MHD_start_daemon with the options above. The request path and query arguments are left percent-encoded
+/// MHD_start_daemon with the options above, for a daemon driven by the caller's own loop (no internal thread). The request path and query arguments are left percent-encoded
 /// (an identity unescape callback) so that the router can split the path before decoding its segments.
 struct MHD_Daemon *herald_mhd_start(const struct herald_mhd_options *options);
+
+/// The daemon's epoll descriptor (MHD_DAEMON_INFO_EPOLL_FD), to wait on from an outer event loop; -1 if none.
+int herald_mhd_epoll_fd(struct MHD_Daemon *daemon);
+
+/// A close-on-exec epoll set for an outer event loop; -1 with errno on failure.
+int herald_epoll_create(void);
+
+/// A non-blocking, close-on-exec eventfd to wake that loop; -1 with errno on failure.
+int herald_eventfd_create(void);
+
+/// Adds `fd` for readability to the epoll set `epoll_fd` (level-triggered). Returns 0 or -1 with errno.
+int herald_epoll_add_readable(int epoll_fd, int fd);
+
+/// epoll_wait for at most `timeout_ms`, discarding which descriptors are ready (the loop checks all of them).
+/// Returns the number of ready descriptors, 0 on timeout, -1 with errno.
+int herald_epoll_wait_any(int epoll_fd, int timeout_ms);
 
 /// The client's address (IPv4 or IPv6, without port) written into `buffer`. Returns 0, or -1 when unknown.
 int herald_mhd_client_address(struct MHD_Connection *connection, char *buffer, size_t size);

@@ -1,6 +1,7 @@
 internal import CHeraldShims
 internal import CMicroHTTPD
 import HeraldRuntime
+import Foundation
 import Synchronization
 
 /// libmicrohttpd's callbacks for one daemon: reads requests, parks them (suspends the connection) while their
@@ -16,28 +17,38 @@ final class ConnectionHandler: Sendable {
     static let discardAllowance = 1 << 20
 
     let engine: RequestEngine
-    private let parked = Mutex<ParkedRequests>(ParkedRequests())
+    /// Parked requests, spread over shards so the worker threads and handler tasks rarely meet on one lock.
+    private let shards: [ShardLock]
+    /// Set once shutdown has answered every parked request; a handler finishing later must not touch its
+    /// connection, which the daemon may have closed.
+    private let stopped = Atomic<Bool>(false)
+    /// Handler tasks between deciding to resume their connection and having done so; `stop` waits for zero.
+    private let resuming = Atomic<Int>(0)
 
     init(engine: RequestEngine) {
         self.engine = engine
+        shards = (0..<16).map { _ in ShardLock() }
     }
 
-    /// Requests whose handler is running, keyed by context; `closed` once shutdown answered them all.
-    struct ParkedRequests {
-        struct Entry {
-            var context: RequestContext
-            var task: Task<Void, Never>?
-            var deadline: ContinuousClock.Instant
-        }
-        var entries: [ObjectIdentifier: Entry] = [:]
+    /// Requests whose handler is running, by context; `closed` once shutdown has answered them all.
+    struct Shard {
+        var entries: [ObjectIdentifier: (context: RequestContext, deadline: ContinuousClock.Instant)] = [:]
         var closed = false
+    }
+
+    final class ShardLock: Sendable {
+        let state = Mutex(Shard())
+    }
+
+    private func shard(_ context: RequestContext) -> ShardLock {
+        shards[Int(UInt(bitPattern: ObjectIdentifier(context).hashValue) % UInt(shards.count))]
     }
 
     // MARK: Access handler
 
     func access(_ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>,
                 uploadData: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>,
-                slot: UnsafeMutablePointer<UnsafeMutableRawPointer?>) -> MHD_Result {
+                slot: UnsafeMutablePointer<UnsafeMutableRawPointer?>, executor: any TaskExecutor) -> MHD_Result {
         guard let raw = slot.pointee else {
             return begin(connection, url: url, method: method, slot: slot)
         }
@@ -86,7 +97,7 @@ final class ConnectionHandler: Sendable {
                 pathParameters: parameters, query: query, headers: headers, body: context.body,
                 requestID: context.requestID, remoteAddress: Self.clientAddress(connection))
             context.body = []
-            return park(context, request: request, handler: route.handler)
+            return park(context, request: request, handler: route.handler, executor: executor)
         }
     }
 
@@ -119,66 +130,91 @@ final class ConnectionHandler: Sendable {
 
     // MARK: Parking while the handler runs
 
-    /// Suspends the connection and runs the handler in a task. Suspending and registering happen under the lock
-    /// that `complete` resumes under, so a resume can never precede its suspend nor follow the daemon's stop.
-    private func park(_ context: RequestContext, request: HTTPRequest, handler: @escaping HTTPHandler) -> MHD_Result {
+    /// Suspends the connection and runs the handler in a task. Checking `closed`, suspending and registering
+    /// happen under the shard lock shutdown takes, so every suspended connection is one shutdown can see.
+    private func park(_ context: RequestContext, request: HTTPRequest, handler: @escaping HTTPHandler,
+                      executor: any TaskExecutor) -> MHD_Result {
         let deadline = ContinuousClock.now + engine.requestDeadline
-        let accepted = parked.withLock { state -> Bool in
-            guard !state.closed else { return false }
+        let accepted = shard(context).state.withLock { shard -> Bool in
+            guard !shard.closed else { return false }
             MHD_suspend_connection(context.connection)
-            let task = Task { [engine] in
-                let response = await engine.respond(to: request, with: handler)
-                self.complete(context, with: response)
-            }
-            state.entries[ObjectIdentifier(context)] = .init(context: context, task: task, deadline: deadline)
+            shard.entries[ObjectIdentifier(context)] = (context, deadline)
             return true
         }
-        if accepted { return .YES }
-        return queue(HTTPError.unavailable("the server is shutting down").response, for: context)
+        guard accepted else {
+            return queue(HTTPError.unavailable("the server is shutting down").response, for: context)
+        }
+        let task = Task(executorPreference: executor) { [engine] in
+            let response = await engine.respond(to: request, with: handler)
+            self.complete(context, with: response)
+        }
+        context.handlerTask.withLock { $0 = task }
+        return MHD_Result.YES
     }
 
-    /// Hands a handler's response to its connection, unless the deadline sweep or shutdown already answered.
+    /// Hands a handler's response to its connection, unless the deadline sweep or shutdown answered first.
+    ///
+    /// `resuming` and `stopped` form a handshake with `stop`: either this task sees `stopped` and leaves the
+    /// connection alone (shutdown has answered it), or `stop` sees this task in `resuming` and waits for it.
     private func complete(_ context: RequestContext, with response: HTTPResponse) {
-        parked.withLock { state in
-            guard state.entries.removeValue(forKey: ObjectIdentifier(context)) != nil else { return }
-            context.pendingResponse.withLock { $0 = response }
-            MHD_resume_connection(context.connection)
-        }
+        resuming.add(1, ordering: .sequentiallyConsistent)
+        defer { resuming.subtract(1, ordering: .sequentiallyConsistent) }
+        guard !stopped.load(ordering: .sequentiallyConsistent), context.claim() else { return }
+        context.pendingResponse.withLock { $0 = response }
+        MHD_resume_connection(context.connection)
+        _ = shard(context).state.withLock { $0.entries.removeValue(forKey: ObjectIdentifier(context)) }
     }
 
     /// Answers 503 to parked requests past their deadline and cancels their handlers.
     func expireOverdue(now: ContinuousClock.Instant = .now) {
-        let overdue = parked.withLock { state -> [Task<Void, Never>] in
-            var tasks: [Task<Void, Never>] = []
-            for (key, entry) in state.entries where entry.deadline <= now {
-                state.entries[key] = nil
-                entry.context.pendingResponse.withLock {
-                    $0 = HTTPError.unavailable("the request took too long").response
+        var expired: [RequestContext] = []
+        for shard in shards {
+            shard.state.withLock { shard in
+                for (key, entry) in shard.entries where entry.deadline <= now {
+                    shard.entries[key] = nil
+                    if answer(entry.context, with: HTTPError.unavailable("the request took too long")) {
+                        expired.append(entry.context)
+                    }
                 }
-                MHD_resume_connection(entry.context.connection)
-                if let task = entry.task { tasks.append(task) }
             }
-            return tasks
         }
-        for task in overdue { task.cancel() }
-        if !overdue.isEmpty { engine.logger.warning("handlers past the request deadline answered 503",
-                                                    ["http.count": "\(overdue.count)"]) }
+        for context in expired { context.handlerTask.withLock { $0 }?.cancel() }
+        if !expired.isEmpty {
+            engine.logger.warning("handlers past the request deadline answered 503", ["http.count": "\(expired.count)"])
+        }
     }
 
     /// Shutdown: answers 503 to every parked request, cancels their handlers, and refuses to park new ones, so
     /// that no connection is left suspended when the daemon stops. Returns how many were answered.
     func failParked() -> Int {
-        let tasks = parked.withLock { state -> [Task<Void, Never>] in
-            state.closed = true
-            defer { state.entries = [:] }
-            return state.entries.values.compactMap { entry in
-                entry.context.pendingResponse.withLock { $0 = HTTPError.unavailable("the server is shutting down").response }
-                MHD_resume_connection(entry.context.connection)
-                return entry.task
+        var answered: [RequestContext] = []
+        for shard in shards {
+            shard.state.withLock { shard in
+                shard.closed = true
+                for entry in shard.entries.values
+                where answer(entry.context, with: HTTPError.unavailable("the server is shutting down")) {
+                    answered.append(entry.context)
+                }
+                shard.entries = [:]
             }
         }
-        for task in tasks { task.cancel() }
-        return tasks.count
+        for context in answered { context.handlerTask.withLock { $0 }?.cancel() }
+        return answered.count
+    }
+
+    /// Called after `failParked`, just before the daemon stops: from here on handler tasks leave their
+    /// connections alone; waits out any task already resuming one.
+    func stopResuming() {
+        stopped.store(true, ordering: .sequentiallyConsistent)
+        while resuming.load(ordering: .sequentiallyConsistent) > 0 { sched_yield() }
+    }
+
+    /// Claims a parked request for an error answer and resumes its connection. False if its handler won.
+    private func answer(_ context: RequestContext, with error: HTTPError) -> Bool {
+        guard context.claim() else { return false }
+        context.pendingResponse.withLock { $0 = error.response }
+        MHD_resume_connection(context.connection)
+        return true
     }
 
     // MARK: Completion

@@ -8,7 +8,7 @@ import Synchronization
 /// a client that disconnects mid-handler; the connection pointer is only used while the connection is suspended
 /// (libmicrohttpd neither reads, times out nor closes a suspended connection) or on its own worker thread.
 // @unchecked: the receive-side vars are only touched on the connection's worker thread (libmicrohttpd calls a
-// connection's callbacks from one thread); `pendingResponse`, the one field the handler task writes, is a Mutex.
+// connection's callbacks from one thread); the fields shared with other threads are atomics and mutexes.
 final class RequestContext: @unchecked Sendable {
     let connection: OpaquePointer
     let started: ContinuousClock.Instant
@@ -26,8 +26,18 @@ final class RequestContext: @unchecked Sendable {
     var status = 0
     var bytesOut = 0
 
-    /// Set by the handler task (or the deadline sweep) before it resumes the connection.
+    /// Set by whoever answers a parked request first (its handler, the deadline sweep, shutdown); only the winner
+    /// stores a response and resumes the connection.
+    let claimed = Atomic<Bool>(false)
+    /// Set by the claim winner before it resumes the connection.
     let pendingResponse = Mutex<HTTPResponse?>(nil)
+    /// The handler task of a parked request, cancelled when the deadline sweep or shutdown answers for it.
+    let handlerTask = Mutex<Task<Void, Never>?>(nil)
+
+    /// Claims the right to answer a parked request. True exactly once.
+    func claim() -> Bool {
+        claimed.compareExchange(expected: false, desired: true, ordering: .acquiringAndReleasing).exchanged
+    }
 
     init(connection: OpaquePointer, method: String, path: String, requestID: String, match: Router.Match) {
         self.connection = connection
