@@ -5,7 +5,8 @@ import Synchronization
 public struct HTTPServerConfiguration: Sendable {
     /// Where to listen, e.g. `0.0.0.0:8080`; port 0 picks a free port (see `HTTPServer.localAddress`).
     public var address: HostPort
-    /// libmicrohttpd worker threads (each runs its own epoll loop). Handlers run on Swift's pool, not on these.
+    /// Worker threads, each with its own libmicrohttpd daemon and epoll loop. Handler tasks prefer the thread that
+    /// read their request as executor, so handlers must never block (await instead).
     public var threads: Int
     /// Largest request body accepted; larger ones get 413 `body_too_large`. Default 64 KiB.
     public var maxBodyBytes: Int
@@ -59,7 +60,7 @@ public struct HTTPServerError: Error, Sendable, CustomStringConvertible {
 }
 
 /// The HTTP/1.1 server of herald-ingest's API and of the dispatcher's health and metrics port, over
-/// libmicrohttpd (epoll, a pool of worker threads) with async handlers.
+/// libmicrohttpd (one epoll loop per worker thread) with async handlers.
 ///
 /// The socket is bound in `init`, so a taken port fails at start-up and `localAddress` is known before `run()`.
 /// `run()` serves until its task is cancelled, then shuts down gracefully: it stops accepting, lets in-flight

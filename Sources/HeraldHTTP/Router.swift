@@ -14,7 +14,7 @@ public enum RequestBody: Sendable {
 
 /// Method + path-pattern routing. Patterns are literal segments and `{name}` parameters:
 /// `/v1/apps/{appID}/activities/{postIdHash}/events`. A path that matches no pattern is 404; a path that matches
-/// only under other methods is 405 with `Allow`.
+/// only under other methods is 405 with `Allow`. When two patterns match a path, the one added first wins.
 public struct Router: Sendable {
     struct Route: Sendable {
         var method: HTTPMethod
