@@ -67,8 +67,8 @@ public struct HTTPRequest: Sendable {
             return .invalidJSON("field \"\(field)\" must not be null", field: field)
         case .typeMismatch(let type, let context):
             let field = fieldPath(context.codingPath)
-            if field.isEmpty { return .invalidJSON("the request body must be a JSON \(kind(of: type))") }
-            return .invalidJSON("field \"\(field)\" must be a \(kind(of: type))", field: field)
+            if field.isEmpty { return .invalidJSON("the request body must be \(kind(of: type))") }
+            return .invalidJSON("field \"\(field)\" must be \(kind(of: type))", field: field)
         case .dataCorrupted(let context):
             let field = fieldPath(context.codingPath)
             if field.isEmpty { return .invalidJSON("the request body is not valid JSON") }
@@ -94,13 +94,13 @@ public struct HTTPRequest: Sendable {
 
     private static func kind(of type: Any.Type) -> String {
         switch type {
-        case is String.Type: "string"
-        case is Bool.Type: "boolean"
-        case is Int.Type, is Int64.Type, is Int32.Type, is UInt.Type, is UInt64.Type, is UInt32.Type: "integer"
-        case is Double.Type, is Float.Type: "number"
-        case is [Any].Type: "array"
-        case is [String: Any].Type: "object"
-        default: "\(type)"
+        case is String.Type: "a string"
+        case is Bool.Type: "a boolean"
+        case is Int.Type, is Int64.Type, is Int32.Type, is UInt.Type, is UInt64.Type, is UInt32.Type: "an integer"
+        case is Double.Type, is Float.Type: "a number"
+        case is [Any].Type: "an array"
+        case is [String: Any].Type: "an object"
+        default: "a JSON \(type)"
         }
     }
 }

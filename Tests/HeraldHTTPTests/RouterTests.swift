@@ -85,7 +85,7 @@ struct RouterTests {
         }
         #expect(failure(#"{"count": 1}"#) == .invalidJSON("missing field \"channel\"", field: "channel"))
         #expect(failure(#"{"channel": "a", "count": "x"}"#)
-            == .invalidJSON("field \"count\" must be a integer", field: "count"))
+            == .invalidJSON("field \"count\" must be an integer", field: "count"))
         #expect(failure(#"{"channel": null, "count": 1}"#)?.field == "channel")
         #expect(failure("{nope") == .invalidJSON("the request body is not valid JSON"))
         #expect(failure("") == .invalidJSON("the request body is empty"))
