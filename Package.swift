@@ -67,6 +67,8 @@ let package = Package(
                                                             "HeraldCrypto", "HeraldRuntime"],
                           swiftSettings: rdkafkaSwift),
         .executableTarget(name: "herald-apns-sim", dependencies: ["HeraldAPNsSimulator", "HeraldRuntime"]),
+        // The HTTP server alone, measured against nginx by scripts/bench-http.
+        .executableTarget(name: "herald-bench-http", dependencies: ["HeraldHTTP", "HeraldRuntime"]),
 
         .testTarget(name: "HeraldRuntimeTests", dependencies: ["HeraldRuntime"]),
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),

@@ -1,0 +1,130 @@
+import HeraldRuntime
+import Synchronization
+
+/// Settings of an `HTTPServer`. Executables fill it from `HERALD_*` variables; defaults suit the ingest API.
+public struct HTTPServerConfiguration: Sendable {
+    /// Where to listen, e.g. `0.0.0.0:8080`; port 0 picks a free port (see `HTTPServer.localAddress`).
+    public var address: HostPort
+    /// Worker threads, each with its own libmicrohttpd daemon and epoll loop. Handler tasks prefer the thread that
+    /// read their request as executor, so handlers must never block (await instead).
+    public var threads: Int
+    /// Largest request body accepted; larger ones get 413 `body_too_large`. Default 64 KiB.
+    public var maxBodyBytes: Int
+    /// An idle or stalled connection is closed after this long (rounded up to whole seconds). Default 30 s.
+    public var connectionTimeout: Duration
+    /// Connections beyond this many are refused at accept. Default 1024.
+    public var maxConnections: Int
+    /// A handler still running after this long is answered 503 `unavailable` and its task cancelled.
+    /// Default 10 s.
+    public var requestDeadline: Duration
+    /// On shutdown, how long in-flight requests may take to finish before they are answered 503. Default 10 s.
+    public var shutdownGracePeriod: Duration
+
+    public init(address: HostPort, threads: Int = 2, maxBodyBytes: Int = 65_536,
+                connectionTimeout: Duration = .seconds(30), maxConnections: Int = 1024,
+                requestDeadline: Duration = .seconds(10), shutdownGracePeriod: Duration = .seconds(10)) {
+        self.address = address
+        self.threads = threads
+        self.maxBodyBytes = maxBodyBytes
+        self.connectionTimeout = connectionTimeout
+        self.maxConnections = maxConnections
+        self.requestDeadline = requestDeadline
+        self.shutdownGracePeriod = shutdownGracePeriod
+    }
+}
+
+/// Why the server could not start.
+public struct HTTPServerError: Error, Sendable, CustomStringConvertible {
+    public enum Code: Sendable, Equatable {
+        /// A setting is out of range.
+        case invalidConfiguration
+        /// The host does not resolve.
+        case invalidAddress
+        /// The address is taken or not ours to bind.
+        case bindFailed
+        /// libmicrohttpd refused to start.
+        case startFailed
+        /// `run()` was called a second time.
+        case alreadyRunning
+    }
+
+    public var code: Code
+    public var message: String
+
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { message }
+}
+
+/// The HTTP/1.1 server of herald-ingest's API and of the dispatcher's health and metrics port, over
+/// libmicrohttpd (one epoll loop per worker thread) with async handlers.
+///
+/// The socket is bound in `init`, so a taken port fails at start-up and `localAddress` is known before `run()`.
+/// `run()` serves until its task is cancelled, then shuts down gracefully: it stops accepting, lets in-flight
+/// requests finish within `shutdownGracePeriod` (answering `Connection: close` meanwhile), answers 503 to any
+/// still running, and stops.
+///
+/// Every request gets an `X-Request-ID` (the client's when sane), one JSON access-log line (route pattern, never
+/// the raw path) and the metrics `herald_http_requests_total{route,method,status}` and
+/// `herald_http_request_duration_seconds{route}`.
+public final class HTTPServer: Service {
+    public let configuration: HTTPServerConfiguration
+    /// The bound address, with the real port when port 0 was configured.
+    public var localAddress: HostPort { socket.localAddress }
+
+    /// Requests read or being answered right now (for tests and the drain).
+    var inFlightRequests: Int { engine.inFlight }
+
+    private let socket: ListeningSocket
+    private let engine: RequestEngine
+    private let started = Atomic<Bool>(false)
+
+    public init(configuration: HTTPServerConfiguration, router: Router, logger: Logger,
+                metrics: MetricsRegistry = .shared) throws(HTTPServerError) {
+        guard configuration.threads >= 1, configuration.maxBodyBytes >= 0, configuration.maxConnections >= 1 else {
+            throw HTTPServerError(.invalidConfiguration, "threads and maxConnections must be at least 1")
+        }
+        self.configuration = configuration
+        socket = try ListeningSocket(binding: configuration.address)
+        engine = RequestEngine(router: router, configuration: configuration, logger: logger, metrics: metrics)
+    }
+
+    public func run() async throws {
+        guard !started.exchange(true, ordering: .acquiringAndReleasing), let descriptor = socket.take() else {
+            throw HTTPServerError(.alreadyRunning, "the server at \(localAddress) is already running")
+        }
+        let daemon = try MicroHTTPDaemon(listening: descriptor, configuration: configuration, engine: engine)
+        engine.logger.info("http server listening", ["http.addr": localAddress.description])
+
+        // Serve until cancelled, answering overdue handlers every tick (one sweep instead of a timer per request).
+        while !Task.isCancelled {
+            try? await Task.sleep(for: .milliseconds(100))
+            daemon.expireOverdue()
+        }
+        // Cancelled: `Task.sleep` would return at once from here on, so the drain waits in a fresh task.
+        await Task { await self.shutDown(daemon) }.value
+    }
+
+    private func shutDown(_ daemon: MicroHTTPDaemon) async {
+        let started = ContinuousClock.now
+        engine.logger.info("http server draining", ["http.in_flight": "\(engine.inFlight)"])
+        daemon.quiesce()
+        let deadline = started + configuration.shutdownGracePeriod
+        while engine.inFlight > 0, ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(10))
+        }
+        let abandoned = daemon.failParked()
+        if abandoned > 0 {
+            engine.logger.warning("requests still running at shutdown answered 503", ["http.count": "\(abandoned)"])
+            // Give the 503s a moment to go out before the connections are closed.
+            let flush = ContinuousClock.now + .seconds(1)
+            while engine.inFlight > 0, ContinuousClock.now < flush { try? await Task.sleep(for: .milliseconds(10)) }
+        }
+        daemon.stop()
+        let elapsed = ContinuousClock.now - started
+        engine.logger.info("http server stopped", ["http.drain_ms": "\(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)"])
+    }
+}

@@ -1,0 +1,112 @@
+/// An HTTP request method. Any token a client sends is representable; the common ones are constants.
+public struct HTTPMethod: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+    public var rawValue: String
+
+    public init(rawValue: String) { self.rawValue = rawValue }
+
+    public static let get = HTTPMethod(rawValue: "GET")
+    public static let head = HTTPMethod(rawValue: "HEAD")
+    public static let post = HTTPMethod(rawValue: "POST")
+    public static let put = HTTPMethod(rawValue: "PUT")
+    public static let patch = HTTPMethod(rawValue: "PATCH")
+    public static let delete = HTTPMethod(rawValue: "DELETE")
+    public static let options = HTTPMethod(rawValue: "OPTIONS")
+
+    public var description: String { rawValue }
+
+    /// The method as a metric label: client-chosen tokens collapse to `other` so label sets stay bounded.
+    var metricLabel: String {
+        switch self {
+        case .get, .head, .post, .put, .patch, .delete, .options: rawValue
+        default: "other"
+        }
+    }
+}
+
+/// Header fields in order, looked up case-insensitively. Repeated names are kept; `subscript` returns the first.
+public struct HTTPHeaders: Sendable, Sequence, ExpressibleByDictionaryLiteral, CustomStringConvertible {
+    public typealias Element = (name: String, value: String)
+
+    private var fields: [Element]
+
+    public init() { fields = [] }
+
+    public init(dictionaryLiteral elements: (String, String)...) {
+        fields = elements.map { (name: $0.0, value: $0.1) }
+    }
+
+    /// The first value of `name` (any case); setting replaces every field of that name, `nil` removes them.
+    public subscript(name: String) -> String? {
+        get { fields.first { Self.sameName($0.name, name) }?.value }
+        set {
+            fields.removeAll { Self.sameName($0.name, name) }
+            if let newValue { fields.append((name: name, value: newValue)) }
+        }
+    }
+
+    /// Every value of `name`, in the order they were added.
+    public func values(_ name: String) -> [String] {
+        fields.filter { Self.sameName($0.name, name) }.map(\.value)
+    }
+
+    /// Adds a field, keeping any existing field of the same name.
+    public mutating func add(_ name: String, _ value: String) { fields.append((name: name, value: value)) }
+
+    public func contains(_ name: String) -> Bool { fields.contains { Self.sameName($0.name, name) } }
+
+    public var count: Int { fields.count }
+    public var isEmpty: Bool { fields.isEmpty }
+
+    public func makeIterator() -> IndexingIterator<[Element]> { fields.makeIterator() }
+
+    public var description: String { fields.map { "\($0.name): \($0.value)" }.joined(separator: ", ") }
+
+    /// ASCII case-insensitive comparison without allocating (header names are ASCII tokens).
+    static func sameName(_ a: String, _ b: String) -> Bool {
+        var left = a.utf8.makeIterator()
+        var right = b.utf8.makeIterator()
+        while true {
+            switch (left.next(), right.next()) {
+            case (nil, nil): return true
+            case let (x?, y?):
+                if x != y && lowercased(x) != lowercased(y) { return false }
+            default: return false
+            }
+        }
+    }
+
+    private static func lowercased(_ byte: UInt8) -> UInt8 {
+        (byte >= 0x41 && byte <= 0x5A) ? byte + 0x20 : byte
+    }
+}
+
+/// Percent-decoding of path segments and query components (RFC 3986). `nil` for a malformed escape or bytes that
+/// are not UTF-8, so that a route never sees a half-decoded value.
+enum PercentDecoding {
+    static func decode(_ text: Substring) -> String? {
+        guard text.utf8.contains(UInt8(ascii: "%")) else { return String(text) }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(text.utf8.count)
+        var iterator = text.utf8.makeIterator()
+        while let byte = iterator.next() {
+            guard byte == UInt8(ascii: "%") else {
+                bytes.append(byte)
+                continue
+            }
+            guard let high = iterator.next().flatMap(hexValue), let low = iterator.next().flatMap(hexValue) else {
+                return nil
+            }
+            bytes.append(high << 4 | low)
+        }
+        return String(validating: bytes, as: UTF8.self)
+    }
+
+    private static func hexValue(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+        default: nil
+        }
+    }
+}

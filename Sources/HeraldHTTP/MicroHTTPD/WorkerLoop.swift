@@ -1,0 +1,204 @@
+internal import CHeraldShims
+internal import CMicroHTTPD
+import Foundation
+import HeraldRuntime
+import Synchronization
+
+/// One thread driving one libmicrohttpd daemon (external epoll mode), which is also the preferred task executor
+/// of the handler tasks that daemon starts.
+///
+/// Why: with libmicrohttpd's own threads, every request hopped to Swift's pool for its handler and back through
+/// the daemon's wake-up pipe, two thread switches per request on a 2-core box. Here a handler that does not wait
+/// on another thread runs start to finish on the thread that read its request, and its response is sent in the
+/// same loop turn. A handler that awaits Redis or Kafka is resumed here by an `enqueue` that wakes the loop.
+/// Handlers must not block: a blocked handler stalls every connection of its loop.
+// @unchecked: `daemon` (set once, at the end of init), `options` and the descriptors are released in deinit; the queue is a
+// Mutex; the daemon is driven only from the loop thread, except MHD_resume_connection (thread-safe) and the final
+// MHD_stop_daemon after the thread has exited.
+final class WorkerLoop: TaskExecutor, @unchecked Sendable {
+    let handler: ConnectionHandler
+    private var daemon: OpaquePointer!
+    private let options: UnsafeMutablePointer<herald_mhd_options>
+    private let epollFD: Int32
+    private let wakeFD: Int32
+    private let state = Mutex(LoopState())
+    private let exited = DispatchSemaphore(value: 0)
+    private let name: String
+
+    private struct LoopState {
+        var jobs: [UnownedJob] = []
+        var operations: [@Sendable () -> Void] = []
+        /// The loop is in (or about to enter) epoll_wait; whoever queues work must wake it.
+        var sleeping = false
+        var stopping = false
+        /// The thread has exited; jobs go to the global executor from now on.
+        var finished = false
+    }
+
+    /// Starts a daemon on `descriptor` (which it then owns) and the thread that drives it.
+    init(listening descriptor: Int32, configuration: HTTPServerConfiguration, connectionLimit: Int,
+         handler: ConnectionHandler, name: String) throws(HTTPServerError) {
+        self.handler = handler
+        self.name = name
+        let timeout = configuration.connectionTimeout.components
+        let timeoutSeconds = timeout.seconds + (timeout.attoseconds > 0 ? 1 : 0)
+        let epollFD = herald_epoll_create()
+        let wakeFD = herald_eventfd_create()
+        guard epollFD >= 0, wakeFD >= 0, herald_epoll_add_readable(epollFD, wakeFD) == 0 else {
+            let reason = String(cString: strerror(errno))
+            [epollFD, wakeFD, descriptor].filter { $0 >= 0 }.forEach { close($0) }
+            throw HTTPServerError(.startFailed, "epoll/eventfd: \(reason)")
+        }
+        self.epollFD = epollFD
+        self.wakeFD = wakeFD
+
+        // The callbacks find this loop through an unretained pointer: the loop stops its daemon (after which no
+        // callback runs) before it can be freed.
+        options = .allocate(capacity: 1)
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        options.initialize(to: herald_mhd_options(
+            flags: MHD_USE_EPOLL.rawValue | MHD_ALLOW_SUSPEND_RESUME.rawValue,
+            listen_fd: descriptor,
+            connection_timeout_seconds: UInt32(clamping: timeoutSeconds),
+            connection_limit: UInt32(clamping: connectionLimit),
+            access_handler: { cls, connection, url, method, _, uploadData, uploadSize, slot in
+                guard let cls, let connection, let url, let method, let uploadSize, let slot else { return .NO }
+                let loop = Unmanaged<WorkerLoop>.fromOpaque(cls).takeUnretainedValue()
+                return loop.handler.access(connection, url: url, method: method, uploadData: uploadData,
+                                           uploadSize: uploadSize, slot: slot, executor: loop)
+            },
+            access_handler_cls: context,
+            request_completed: { cls, _, slot, code in
+                guard let cls, let slot else { return }
+                Unmanaged<WorkerLoop>.fromOpaque(cls).takeUnretainedValue().handler.completed(slot, code: code)
+            },
+            request_completed_cls: context,
+            log: { cls, message in
+                guard let cls, let message else { return }
+                Unmanaged<WorkerLoop>.fromOpaque(cls).takeUnretainedValue().handler.engine.logger
+                    .debug("libmicrohttpd: \(String(cString: message))")
+            },
+            log_cls: context))
+
+        // From here on `self` is whole: a failure leaves the descriptors and options to deinit.
+        guard let started = herald_mhd_start(options) else {
+            close(descriptor)
+            throw HTTPServerError(.startFailed, "libmicrohttpd did not start (see debug log)")
+        }
+        daemon = started
+        guard herald_epoll_add_readable(epollFD, herald_mhd_epoll_fd(started)) == 0 else {
+            MHD_stop_daemon(started)
+            throw HTTPServerError(.startFailed, "cannot watch libmicrohttpd's epoll descriptor")
+        }
+        let thread = Thread { [self] in loop() }
+        thread.name = name
+        thread.start()
+    }
+
+    // MARK: TaskExecutor
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        enum Action { case none, wake, forward }
+        let action = state.withLock { state -> Action in
+            if state.finished { return .forward }
+            state.jobs.append(job)
+            guard state.sleeping else { return .none }
+            state.sleeping = false
+            return .wake
+        }
+        switch action {
+        case .none: break
+        case .wake: wake()
+        case .forward: globalConcurrentExecutor.enqueue(job)
+        }
+    }
+
+    // MARK: Control
+
+    /// Runs `operation` on the loop thread (libmicrohttpd calls that must not race the loop's MHD_run).
+    func perform(_ operation: @escaping @Sendable () -> Void) {
+        let shouldWake = state.withLock { state -> Bool in
+            state.operations.append(operation)
+            defer { state.sleeping = false }
+            return state.sleeping
+        }
+        if shouldWake { wake() }
+    }
+
+    /// Stops accepting on this daemon; the listening descriptor it hands back is closed.
+    func quiesce() {
+        perform { [self] in
+            let listening = MHD_quiesce_daemon(daemon)
+            if listening >= 0 { close(listening) }
+        }
+    }
+
+    /// Ends the loop thread (after it has run what was queued) and waits for it. The daemon stays up, idle,
+    /// until `stopDaemon`.
+    func stopLoop() {
+        let wasRunning = state.withLock { state -> Bool in
+            defer { state.stopping = true }
+            return !state.stopping
+        }
+        guard wasRunning else { return }
+        wake()
+        exited.wait()
+    }
+
+    /// Closes every connection and frees the daemon. Only after `stopLoop`, with nothing left suspended.
+    func stopDaemon() {
+        MHD_stop_daemon(daemon)
+    }
+
+    deinit {
+        close(epollFD)
+        close(wakeFD)
+        options.deinitialize(count: 1)
+        options.deallocate()
+    }
+
+    // MARK: The loop
+
+    private func loop() {
+        let executor = asUnownedTaskExecutor()
+        while true {
+            MHD_run(daemon)
+            let (jobs, operations, stopping) = state.withLock { state in
+                defer { state.jobs.removeAll(keepingCapacity: true); state.operations.removeAll() }
+                return (state.jobs, state.operations, state.stopping)
+            }
+            for operation in operations { operation() }
+            for job in jobs { job.runSynchronously(on: executor) }
+            // Work just done may have resumed connections: let libmicrohttpd send their responses first.
+            if !jobs.isEmpty || !operations.isEmpty { continue }
+            if stopping { break }
+
+            var timeout: UInt64 = 0
+            let waitMilliseconds = MHD_get_timeout(daemon, &timeout) == .YES ? Int32(min(timeout, 1000)) : 1000
+            let sleep = state.withLock { state -> Bool in
+                guard state.jobs.isEmpty, state.operations.isEmpty, !state.stopping else { return false }
+                state.sleeping = true
+                return true
+            }
+            if sleep {
+                _ = herald_epoll_wait_any(epollFD, waitMilliseconds)
+                var counter: UInt64 = 0
+                _ = read(wakeFD, &counter, 8)
+                state.withLock { $0.sleeping = false }
+            }
+        }
+        let leftovers = state.withLock { state in
+            state.finished = true
+            defer { state.jobs = [] }
+            return state.jobs
+        }
+        for job in leftovers { globalConcurrentExecutor.enqueue(job) }
+        exited.signal()
+    }
+
+    private func wake() {
+        var one: UInt64 = 1
+        _ = write(wakeFD, &one, 8)
+    }
+}

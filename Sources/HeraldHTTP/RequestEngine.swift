@@ -1,0 +1,124 @@
+import HeraldRuntime
+import Synchronization
+
+/// The server's request logic that does not touch C: running handlers and mapping their errors, request ids,
+/// content-type checks, the access log and metrics. The daemon glue in `MicroHTTPD/` calls into it.
+final class RequestEngine: Sendable {
+    /// Route label for requests that matched no route (the raw path would make label sets unbounded).
+    static let unmatchedRoute = "unmatched"
+
+    let router: Router
+    let maxBodyBytes: Int
+    let requestDeadline: Duration
+    let logger: Logger
+    private let requests: CounterFamily
+    private let durations: HistogramFamily
+    private let active = Atomic<Int>(0)
+    private let drainingFlag = Atomic<Bool>(false)
+
+    init(router: Router, configuration: HTTPServerConfiguration, logger: Logger, metrics: MetricsRegistry) {
+        self.router = router
+        maxBodyBytes = configuration.maxBodyBytes
+        requestDeadline = configuration.requestDeadline
+        self.logger = logger
+        requests = metrics.counter("herald_http_requests_total", help: "HTTP requests answered.",
+                                   labels: ["route", "method", "status"])
+        durations = metrics.histogram("herald_http_request_duration_seconds",
+                                      help: "Time from request headers to the end of the response.",
+                                      labels: ["route"])
+    }
+
+    /// Requests between their first byte of headers and the end of their response.
+    var inFlight: Int { active.load(ordering: .relaxed) }
+
+    /// Once set, every response carries `Connection: close` so keep-alive clients move on.
+    var draining: Bool {
+        get { drainingFlag.load(ordering: .relaxed) }
+        set { drainingFlag.store(newValue, ordering: .relaxed) }
+    }
+
+    func requestStarted() { active.add(1, ordering: .relaxed) }
+
+    /// Runs a handler and turns whatever it throws into a response.
+    func respond(to request: HTTPRequest, with handler: HTTPHandler) async -> HTTPResponse {
+        do {
+            return try await handler(request)
+        } catch let error as HTTPError {
+            return error.response
+        } catch {
+            logger.error("handler failed", ["http.route": request.route, "http.request_id": request.requestID,
+                                            "error": "\(error)"])
+            return HTTPError.internalError.response
+        }
+    }
+
+    /// One access-log line and the metrics of a finished request. `status` is 0 when no response was queued
+    /// (the client went away while sending).
+    func requestFinished(method: String, route: String, status: Int, started: ContinuousClock.Instant,
+                         requestID: String, bytesIn: Int, bytesOut: Int, completed: Bool) {
+        active.subtract(1, ordering: .relaxed)
+        let elapsed = ContinuousClock.now - started
+        let micros = elapsed.components.seconds * 1_000_000 + elapsed.components.attoseconds / 1_000_000_000_000
+        let methodLabel = HTTPMethod(rawValue: method).metricLabel
+        if status > 0 {
+            requests.labels(route, methodLabel, String(status)).increment()
+            durations.labels(route).observe(Double(micros) / 1_000_000)
+        }
+        guard logger.minimumLevel <= .info else { return }
+        var fields = ["http.method": methodLabel, "http.route": route, "http.status": String(status),
+                      "http.duration_ms": Self.milliseconds(micros), "http.request_id": requestID,
+                      "http.bytes_in": String(bytesIn), "http.bytes_out": String(bytesOut)]
+        if !completed { fields["http.aborted"] = "true" }
+        logger.info("request", fields)
+    }
+
+    /// The client's `X-Request-ID` when it is 1–128 visible ASCII characters, else a fresh random one.
+    static func requestID(fromHeader value: String?) -> String {
+        if let value, !value.isEmpty, value.utf8.count <= 128,
+           value.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) {
+            return value
+        }
+        // A process-random prefix and a mixed counter: unique and unguessable enough for correlation, without a
+        // getrandom(2) call per request.
+        let sequence = idCounter.wrappingAdd(1, ordering: .relaxed).newValue
+        return hex(idPrefix) + hex(mix(sequence))
+    }
+
+    private static let idPrefix = UInt64.random(in: .min ... .max)
+    private static let idCounter = Atomic<UInt64>(UInt64.random(in: .min ... .max))
+
+    /// SplitMix64's finaliser: a bijection, so distinct counters give distinct ids.
+    private static func mix(_ value: UInt64) -> UInt64 {
+        var z = value &+ 0x9E37_79B9_7F4A_7C15
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+
+    /// `application/json`, any case, parameters such as `; charset=utf-8` allowed.
+    static func isJSON(contentType: String?) -> Bool {
+        guard let contentType else { return false }
+        let mediaType = contentType.split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false)[0]
+        return mediaType.trimmingSpaces.lowercased() == "application/json"
+    }
+
+    private static func hex(_ value: UInt64) -> String {
+        let digits = String(value, radix: 16)
+        return String(repeating: "0", count: 16 - digits.count) + digits
+    }
+
+    /// `1.234` from microseconds, without Foundation's formatter on the hot path.
+    private static func milliseconds(_ micros: Int64) -> String {
+        let fraction = String(micros % 1000)
+        return "\(micros / 1000)." + String(repeating: "0", count: 3 - fraction.count) + fraction
+    }
+}
+
+extension Substring {
+    fileprivate var trimmingSpaces: Substring {
+        var text = self
+        while let first = text.first, first == " " || first == "\t" { text.removeFirst() }
+        while let last = text.last, last == " " || last == "\t" { text.removeLast() }
+        return text
+    }
+}

@@ -1,0 +1,130 @@
+import HeraldRuntime
+
+/// Answers one request. Runs on Swift's concurrency pool; it may await I/O. Throw `HTTPError` to answer with an
+/// error body; anything else thrown becomes 500 `internal_error`.
+public typealias HTTPHandler = @Sendable (HTTPRequest) async throws -> HTTPResponse
+
+/// What a route accepts as a body.
+public enum RequestBody: Sendable {
+    /// No check: the handler reads `body` as it likes (or ignores it).
+    case any
+    /// `Content-Type` must be `application/json` (parameters such as `charset` allowed), else 415.
+    case json
+}
+
+/// Method + path-pattern routing. Patterns are literal segments and `{name}` parameters:
+/// `/v1/apps/{appID}/activities/{postIdHash}/events`. A path that matches no pattern is 404; a path that matches
+/// only under other methods is 405 with `Allow`. When two patterns match a path, the one added first wins.
+public struct Router: Sendable {
+    struct Route: Sendable {
+        var method: HTTPMethod
+        var pattern: String
+        var segments: [Segment]
+        var body: RequestBody
+        var handler: HTTPHandler
+    }
+
+    enum Segment: Sendable, Equatable {
+        case literal(String)
+        case parameter(String)
+    }
+
+    enum Match: Sendable {
+        case found(Route, parameters: [String: String])
+        case methodNotAllowed(pattern: String, allowed: [HTTPMethod])
+        case notFound
+    }
+
+    private(set) var routes: [Route] = []
+
+    public init() {}
+
+    /// Adds a route. Registering the same method and pattern shape twice is a programming error and traps.
+    public mutating func add(_ method: HTTPMethod, _ pattern: String, body: RequestBody = .any,
+                             _ handler: @escaping HTTPHandler) {
+        let segments = Self.parse(pattern)
+        precondition(!routes.contains { $0.method == method && Self.sameShape($0.segments, segments) },
+                     "route \(method) \(pattern) registered twice")
+        routes.append(Route(method: method, pattern: pattern, segments: segments, body: body, handler: handler))
+    }
+
+    public mutating func get(_ pattern: String, _ handler: @escaping HTTPHandler) {
+        add(.get, pattern, handler)
+    }
+
+    public mutating func delete(_ pattern: String, body: RequestBody = .any, _ handler: @escaping HTTPHandler) {
+        add(.delete, pattern, body: body, handler)
+    }
+
+    public mutating func post(_ pattern: String, body: RequestBody = .json, _ handler: @escaping HTTPHandler) {
+        add(.post, pattern, body: body, handler)
+    }
+
+    public mutating func put(_ pattern: String, body: RequestBody = .json, _ handler: @escaping HTTPHandler) {
+        add(.put, pattern, body: body, handler)
+    }
+
+    public mutating func patch(_ pattern: String, body: RequestBody = .json, _ handler: @escaping HTTPHandler) {
+        add(.patch, pattern, body: body, handler)
+    }
+
+    /// `GET path` answering the registry in Prometheus text format, for services to mount next to their API.
+    public mutating func addMetrics(at path: String = "/metrics", registry: MetricsRegistry = .shared) {
+        get(path) { _ in .text(registry.render(), contentType: "text/plain; version=0.0.4; charset=utf-8") }
+    }
+
+    /// Finds the route for a raw (percent-encoded) path. Parameters are decoded; a parameter that does not decode
+    /// (bad escape, not UTF-8) or is empty does not match.
+    func match(method: HTTPMethod, path: String) -> Match {
+        guard path.first == "/" else { return .notFound }
+        let parts = path.utf8.dropFirst().split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false)
+        var allowed: [HTTPMethod] = []
+        var allowedPattern = ""
+        for route in routes where route.segments.count == parts.count {
+            guard let parameters = Self.bind(route.segments, parts) else { continue }
+            if route.method == method { return .found(route, parameters: parameters) }
+            if !allowed.contains(route.method) { allowed.append(route.method) }
+            if allowedPattern.isEmpty { allowedPattern = route.pattern }
+        }
+        return allowed.isEmpty ? .notFound : .methodNotAllowed(pattern: allowedPattern, allowed: allowed)
+    }
+
+    private static func bind(_ segments: [Segment], _ parts: [Substring.UTF8View.SubSequence]) -> [String: String]? {
+        var parameters: [String: String] = [:]
+        for (segment, part) in zip(segments, parts) {
+            switch segment {
+            case .literal(let literal):
+                guard part.elementsEqual(literal.utf8) else { return nil }
+            case .parameter(let name):
+                guard !part.isEmpty, let value = PercentDecoding.decode(Substring(part)), !value.isEmpty else {
+                    return nil
+                }
+                parameters[name] = value
+            }
+        }
+        return parameters
+    }
+
+    static func parse(_ pattern: String) -> [Segment] {
+        precondition(pattern.first == "/", "route pattern \(pattern) must start with /")
+        return pattern.dropFirst().split(separator: "/", omittingEmptySubsequences: false).map { part in
+            if part.first == "{", part.last == "}", part.count > 2 {
+                return .parameter(String(part.dropFirst().dropLast()))
+            }
+            precondition(!part.contains("{") && !part.contains("}"), "bad segment \(part) in route \(pattern)")
+            return .literal(String(part))
+        }
+    }
+
+    /// Two patterns that match the same paths (parameter names aside).
+    private static func sameShape(_ a: [Segment], _ b: [Segment]) -> Bool {
+        guard a.count == b.count else { return false }
+        return zip(a, b).allSatisfy { x, y in
+            switch (x, y) {
+            case (.parameter, .parameter): true
+            case let (.literal(l), .literal(r)): l == r
+            default: false
+            }
+        }
+    }
+}

@@ -1,1 +1,0 @@
-// HeraldHTTPTests: filled in by its issue.
