@@ -261,6 +261,11 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         streams[streamID] = state
         handledCount += 1
         highestHandled = max(highestHandled, streamID)
+        // The Nth stream: GOAWAY goes out before its answer, so a client that stops reading once its last
+        // stream is answered still sees it.
+        if goawayLastStreamID == nil, let rule = simulator.ruleBook.goaway(), handledCount >= rule.afterStreams {
+            goaway(reason: rule.reason)
+        }
 
         let request = state.request
         let now = Date().timeIntervalSince1970
