@@ -80,8 +80,11 @@ final class ProviderTokenVerifier: Sendable {
             return .failure(APNsRejection(403, "MissingProviderToken"))
         }
         let invalid = APNsRejection(403, "InvalidProviderToken")
-        guard authorization.count > 7, authorization.prefix(7).lowercased() == "bearer " else { return .failure(invalid) }
-        let token = String(authorization.dropFirst(7)).trimmingCharacters(in: .whitespaces)
+        let utf8 = authorization.utf8
+        guard utf8.count >= 7, let scheme = String(utf8.prefix(7)), scheme.lowercased() == "bearer ",
+              let token = String(utf8.dropFirst(7).drop(while: { $0 == UInt8(ascii: " ") })) else {
+            return .failure(invalid)
+        }
         if token.isEmpty { return .failure(APNsRejection(403, "MissingProviderToken")) }
 
         let known: VerifiedToken

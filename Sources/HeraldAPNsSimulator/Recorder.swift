@@ -18,7 +18,7 @@ final class LineRecorder: Sendable {
     deinit { close(descriptor) }
 
     func append(_ value: JSONValue) {
-        var line = value.encoded()
+        var line = PayloadJSON.serialize(value)
         line.append(UInt8(ascii: "\n"))
         line.withUnsafeBytes { buffer in
             var offset = 0

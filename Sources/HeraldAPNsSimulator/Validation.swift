@@ -1,4 +1,5 @@
 import Foundation
+import HeraldCrypto
 import HeraldRuntime
 
 /// An APNs error answer: HTTP status and `reason` (plus `timestamp` in ms for 410).
@@ -152,8 +153,7 @@ enum RequestValidator {
 
         if request.bodyLength == 0 { return .failure(APNsRejection(400, "PayloadEmpty")) }
         if request.bodyLength > pushType.maximumPayloadBytes { return .failure(APNsRejection(413, "PayloadTooLarge")) }
-        guard let payload = try? JSONDecoder().decode(JSONValue.self, from: Data(request.body)),
-              case .object = payload else {
+        guard let payload = PayloadJSON.parse(request.body), case .object = payload else {
             return .failure(APNsRejection(400, "BadPayload"))
         }
         if let rejection = payloadRules(payload, pushType: pushType) { return .failure(rejection) }
@@ -168,8 +168,9 @@ enum RequestValidator {
         guard topic.utf8.count <= 255 else { return false }
         let labels = topic.split(separator: ".", omittingEmptySubsequences: false)
         guard labels.count >= 2, labels.allSatisfy({ !$0.isEmpty }) else { return false }
-        return topic.unicodeScalars.allSatisfy { scalar in
-            CharacterSet.alphanumerics.contains(scalar) || scalar == "." || scalar == "-" || scalar == "_"
+        return topic.utf8.allSatisfy { c in
+            (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A)
+                || c == UInt8(ascii: ".") || c == UInt8(ascii: "-") || c == UInt8(ascii: "_")
         }
     }
 
@@ -177,8 +178,8 @@ enum RequestValidator {
     /// (a Live Activity push to a bare bundle id, an alert push to a `.voip` topic, …).
     static func bundleID(of topic: String, for pushType: APNsPushType) -> String? {
         if let suffix = pushType.topicSuffix {
-            guard topic.hasSuffix(suffix), topic.count > suffix.count else { return nil }
-            return String(topic.dropLast(suffix.count))
+            guard topic.hasSuffix(suffix), topic.utf8.count > suffix.utf8.count else { return nil }
+            return String(topic.utf8.dropLast(suffix.utf8.count))
         }
         if pushType == .mdm { return topic }
         let carriesOtherSuffix = APNsPushType.allCases.contains { other in
@@ -202,7 +203,20 @@ enum RequestValidator {
     }
 
     /// A fresh lowercase UUID for responses to requests without a (valid) `apns-id`.
-    static func newAPNsID() -> String { UUID().uuidString.lowercased() }
+    static func newAPNsID() -> String {
+        // RAND_bytes rather than Foundation's UUID(), which opens /dev/urandom on every call here.
+        var bytes = SecureRandom.bytes(16)
+        bytes[6] = bytes[6] & 0x0F | 0x40
+        bytes[8] = bytes[8] & 0x3F | 0x80
+        let hex = Array(Hex.encode(bytes).utf8)
+        var out = [UInt8]()
+        out.reserveCapacity(36)
+        for (index, c) in hex.enumerated() {
+            if [8, 12, 16, 20].contains(index) { out.append(UInt8(ascii: "-")) }
+            out.append(c)
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
 
     /// Payload rules per push type. APNs documents no reason for a malformed payload; the simulator answers
     /// 400 `BadPayload` (clients treat an unknown 400 reason as permanent).
