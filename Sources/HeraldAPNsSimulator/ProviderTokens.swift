@@ -5,8 +5,11 @@ import Synchronization
 
 /// A provider token signing key the simulator trusts: the team, the key id and the public half of the `.p8`.
 public struct ProviderKey: Sendable {
+    /// The token's `iss`: the 10-character team id.
     public var teamID: String
+    /// The token's `kid`: the 10-character key id.
     public var keyID: String
+    /// Verifies the token's ES256 signature.
     public var publicKey: PublicKey
 
     public init(teamID: String, keyID: String, publicKey: PublicKey) {

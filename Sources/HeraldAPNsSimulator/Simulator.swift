@@ -11,8 +11,11 @@ import Synchronization
 public final class APNsSimulator: Sendable {
     /// Counters since start.
     public struct Statistics: Sendable, Equatable {
+        /// Connections accepted (TCP), including ones that failed the TLS handshake.
         public var connections: Int
+        /// Pushes answered 200 (and recorded).
         public var accepted: Int
+        /// Requests answered with an error status.
         public var rejected: Int
     }
 
@@ -29,7 +32,6 @@ public final class APNsSimulator: Sendable {
     let connectionCount = Atomic<Int>(0)
     let acceptedCount = Atomic<Int>(0)
     let rejectedCount = Atomic<Int>(0)
-    private let listener = Mutex<Int32?>(nil)
     private let started = Atomic<Bool>(false)
     private let boundPort = Atomic<UInt16>(0)
 
@@ -97,7 +99,6 @@ public final class APNsSimulator: Sendable {
             ? withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee.sin6_port } }
             : withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_port } }
         boundPort.store(UInt16(bigEndian: port), ordering: .releasing)
-        listener.withLock { $0 = fd }
         liveThreads.add(1, ordering: .acquiringAndReleasing)
         let thread = Thread { [self] in acceptLoop(fd) }
         thread.name = "apns-sim-accept"
@@ -135,7 +136,6 @@ public final class APNsSimulator: Sendable {
     private func acceptLoop(_ listenFD: Int32) {
         defer {
             close(listenFD)
-            listener.withLock { $0 = nil }
             logStatistics(force: true)
             liveThreads.subtract(1, ordering: .acquiringAndReleasing)
         }

@@ -4,8 +4,11 @@ import HeraldRuntime
 
 /// An APNs error answer: HTTP status and `reason` (plus `timestamp` in ms for 410).
 public struct APNsRejection: Error, Sendable, Equatable, CustomStringConvertible {
+    /// HTTP status: 400, 403, 404, 405, 410, 413, 429, 500, 503.
     public var status: Int
+    /// Apple's reason string, e.g. `BadDeviceToken`.
     public var reason: String
+    /// For 410: when the token stopped being valid, in milliseconds since the epoch.
     public var timestamp: Int64?
 
     public init(_ status: Int, _ reason: String, timestamp: Int64? = nil) {
