@@ -77,6 +77,8 @@ let package = Package(
         .testTarget(name: "HeraldKafkaTests", dependencies: ["HeraldKafka", "CRdKafka"], swiftSettings: rdkafkaSwift),
         .testTarget(name: "HeraldHTTPTests", dependencies: ["HeraldHTTP"]),
         .testTarget(name: "HeraldAPNsTests", dependencies: ["HeraldAPNs", "HeraldAPNsSimulator"]),
+        .testTarget(name: "HeraldAPNsSimulatorTests", dependencies: ["HeraldAPNsSimulator", "HeraldCrypto",
+                                                                     "HeraldRuntime"]),
         .testTarget(name: "HeraldIngestTests", dependencies: ["HeraldIngest"], swiftSettings: rdkafkaSwift),
         .testTarget(name: "HeraldDispatcherTests", dependencies: ["HeraldDispatcher"], swiftSettings: rdkafkaSwift),
     ],

@@ -9,3 +9,29 @@ int herald_ssl_set_tlsext_host_name(SSL *ssl, const char *name) {
 }
 
 void herald_openssl_free(void *pointer) { OPENSSL_free(pointer); }
+
+long herald_ssl_ctx_set_mode(SSL_CTX *ctx, long mode) { return SSL_CTX_set_mode(ctx, mode); }
+
+static int herald_alpn_select_h2(SSL *ssl, const unsigned char **out, unsigned char *outlen,
+                                 const unsigned char *in, unsigned int inlen, void *arg) {
+    (void)ssl;
+    (void)arg;
+    unsigned int index = 0;
+    while (index < inlen) {
+        unsigned int length = in[index];
+        if (index + 1 + length > inlen) break;
+        if (length == 2 && in[index + 1] == 'h' && in[index + 2] == '2') {
+            *out = in + index + 1;
+            *outlen = 2;
+            return SSL_TLSEXT_ERR_OK;
+        }
+        index += 1 + length;
+    }
+    return SSL_TLSEXT_ERR_ALERT_FATAL;
+}
+
+void herald_ssl_ctx_require_alpn_h2(SSL_CTX *ctx) { SSL_CTX_set_alpn_select_cb(ctx, herald_alpn_select_h2, NULL); }
+
+void herald_ssl_ctx_set_server_options(SSL_CTX *ctx) {
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+}

@@ -1,12 +1,167 @@
+import Foundation
+import HeraldAPNsSimulator
 import HeraldRuntime
 
 let usage = """
     herald-apns-sim — A strict local APNs stand-in (HTTP/2 over TLS) for tests, benchmarks and the local stack.
 
-    Usage: herald-apns-sim [--help]
+    Usage:
+      herald-apns-sim [serve] [options]      serve until SIGTERM/SIGINT
+      herald-apns-sim certs --out DIR [--dns NAME]... [--ip ADDR]...
+                                             write ca.pem, server.pem (chain) and server-key.pem into DIR
+                                             (default names: localhost, 127.0.0.1, ::1)
 
-    Configuration is read from HERALD_* environment variables; see README.md.
+    Serve options (flag / environment; flags win, --key and --topic add to the environment's lists):
+      --listen HOST:PORT          HERALD_SIM_ADDR                 default 127.0.0.1:2197 (port 0: any free port)
+      --tls-dir DIR               HERALD_SIM_TLS_DIR              use DIR/server.pem + DIR/server-key.pem,
+                                                                  generating a CA and server certificate there
+                                                                  when they are missing (clients trust DIR/ca.pem)
+      --cert FILE                 HERALD_SIM_CERT_FILE            server certificate chain (PEM), instead of --tls-dir
+      --cert-key FILE             HERALD_SIM_CERT_KEY_FILE        its private key (PEM)
+      --key TEAMID:KEYID:PATH     HERALD_SIM_KEYS (comma-separated) provider token key: .p8, public key or
+                                                                  certificate (repeatable; at least one key needed)
+      --config FILE               HERALD_SIM_CONFIG_FILE          JSON {"keys": [{"teamId","keyId","path"}],
+                                                                  "topics": [...]} (paths relative to the file)
+      --topic BUNDLE_ID           HERALD_SIM_TOPICS (comma-separated) allowed bundle ids (repeatable; none = any)
+      --rules FILE                HERALD_SIM_RULES_FILE           programmed failures, re-read when it changes
+      --record FILE               HERALD_SIM_RECORD_FILE          one JSON line per accepted push
+      --record-rejected FILE      HERALD_SIM_REJECTED_FILE        one JSON line per rejected request
+      --max-concurrent-streams N  HERALD_SIM_MAX_CONCURRENT_STREAMS  after the first valid token (default 1000)
+      --log-level LEVEL           HERALD_LOG_LEVEL                debug, info, warning, error (default info)
     """
 
+let tool = "herald-apns-sim"
+var arguments = Array(CommandLine.arguments.dropFirst())
 if CommandLineTool.helpRequested() { CommandLineTool.exitWithUsage(usage) }
-CommandLineTool.exitWithConfigurationError("herald-apns-sim", ConfigurationError("herald-apns-sim", "not built yet; see the open issues"))
+
+/// Splits `--name value` / `--name=value` arguments; every option takes a value.
+func parseOptions(_ arguments: [String], allowed: Set<String>) throws -> [(String, String)] {
+    var options: [(String, String)] = []
+    var index = 0
+    while index < arguments.count {
+        let argument = arguments[index]
+        guard argument.hasPrefix("--") else { throw ConfigurationError(argument, "unexpected argument") }
+        var name = String(argument.dropFirst(2))
+        var value: String
+        if let equals = name.firstIndex(of: "=") {
+            value = String(name[name.index(after: equals)...])
+            name = String(name[..<equals])
+        } else {
+            guard index + 1 < arguments.count else { throw ConfigurationError("--" + name, "needs a value") }
+            index += 1
+            value = arguments[index]
+        }
+        guard allowed.contains(name) else { throw ConfigurationError("--" + name, "unknown option") }
+        options.append((name, value))
+        index += 1
+    }
+    return options
+}
+
+if arguments.first == "certs" {
+    do {
+        let options = try parseOptions(Array(arguments.dropFirst()), allowed: ["out", "dns", "ip"])
+        guard let directory = options.last(where: { $0.0 == "out" })?.1 else {
+            throw ConfigurationError("--out", "certs needs --out DIR")
+        }
+        let dns = options.filter { $0.0 == "dns" }.map(\.1)
+        let ips = options.filter { $0.0 == "ip" }.map(\.1)
+        let files = try SimulatorCertificates.generate(directory: directory, dnsNames: dns.isEmpty ? ["localhost"] : dns,
+                                                       ipAddresses: ips.isEmpty ? ["127.0.0.1", "::1"] : ips)
+        print(files.caCertificate)
+        print(files.serverCertificate)
+        print(files.serverKey)
+        exit(0)
+    } catch {
+        CommandLineTool.exitWithConfigurationError(tool, error)
+    }
+}
+if arguments.first == "serve" { arguments.removeFirst() }
+
+let environment = EnvironmentReader()
+let simulator: APNsSimulator
+let logger: Logger
+do {
+    let options = try parseOptions(arguments, allowed: [
+        "listen", "tls-dir", "cert", "cert-key", "key", "config", "topic", "rules", "record", "record-rejected",
+        "max-concurrent-streams", "log-level",
+    ])
+    func option(_ name: String) -> String? { options.last { $0.0 == name }?.1 }
+    func list(_ variable: String) -> [String] {
+        (environment.optionalString(variable) ?? "").split(separator: ",")
+            .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+    }
+
+    let levelName = option("log-level") ?? environment.string("HERALD_LOG_LEVEL", default: "info")
+    guard let level = Logger.Level(name: levelName) else {
+        throw ConfigurationError("HERALD_LOG_LEVEL", "expected debug, info, warning or error, got \"\(levelName)\"")
+    }
+    logger = Logger(label: tool, minimumLevel: level)
+
+    let listenText = option("listen") ?? environment.string("HERALD_SIM_ADDR", default: "127.0.0.1:2197")
+    guard let listen = HostPort(listenText) else {
+        throw ConfigurationError("HERALD_SIM_ADDR", "expected host:port, got \"\(listenText)\"")
+    }
+
+    let certificate: String, certificateKey: String
+    if let directory = option("tls-dir") ?? environment.optionalString("HERALD_SIM_TLS_DIR") {
+        let files = SimulatorCertificates.Files(directory: directory)
+        if !files.exist {
+            do { try SimulatorCertificates.generate(directory: directory) } catch {
+                throw ConfigurationError("HERALD_SIM_TLS_DIR", "cannot write certificates into \(directory): \(error)")
+            }
+            logger.info("generated a CA and server certificate", ["sim.ca_file": files.caCertificate])
+        }
+        certificate = files.serverCertificate
+        certificateKey = files.serverKey
+    } else {
+        guard let cert = option("cert") ?? environment.optionalString("HERALD_SIM_CERT_FILE"),
+              let key = option("cert-key") ?? environment.optionalString("HERALD_SIM_CERT_KEY_FILE") else {
+            throw ConfigurationError("HERALD_SIM_TLS_DIR", "give --tls-dir DIR, or --cert FILE and --cert-key FILE")
+        }
+        certificate = cert
+        certificateKey = key
+    }
+
+    var keys: [ProviderKey] = []
+    var topics: [String] = list("HERALD_SIM_TOPICS") + options.filter { $0.0 == "topic" }.map(\.1)
+    if let configPath = option("config") ?? environment.optionalString("HERALD_SIM_CONFIG_FILE") {
+        let file = try SimulatorConfigFile(path: configPath)
+        keys += file.keys
+        topics += file.topics
+    }
+    for specification in list("HERALD_SIM_KEYS") + options.filter({ $0.0 == "key" }).map(\.1) {
+        keys.append(try ProviderKey(specification: specification))
+    }
+
+    let streamsText = option("max-concurrent-streams") ?? environment.string("HERALD_SIM_MAX_CONCURRENT_STREAMS",
+                                                                             default: "1000")
+    guard let maxStreams = Int(streamsText), (1...100_000).contains(maxStreams) else {
+        throw ConfigurationError("HERALD_SIM_MAX_CONCURRENT_STREAMS", "expected 1...100000, got \"\(streamsText)\"")
+    }
+
+    let configuration = APNsSimulatorConfiguration(
+        listen: listen, certificateChainPath: certificate, privateKeyPath: certificateKey, providerKeys: keys,
+        allowedTopics: Set(topics),
+        rulesPath: option("rules") ?? environment.optionalString("HERALD_SIM_RULES_FILE"),
+        recordPath: option("record") ?? environment.optionalString("HERALD_SIM_RECORD_FILE"),
+        rejectedRecordPath: option("record-rejected") ?? environment.optionalString("HERALD_SIM_REJECTED_FILE"),
+        maxConcurrentStreams: maxStreams)
+    simulator = try APNsSimulator(configuration: configuration, logger: logger)
+    // Bind before the service group runs, so a taken port is a one-line configuration error.
+    try simulator.start()
+} catch {
+    CommandLineTool.exitWithConfigurationError(tool, error)
+}
+
+do {
+    try await ServiceGroup(services: [APNsSimulatorService(simulator: simulator)], gracePeriod: .seconds(5),
+                           logger: logger).run()
+    let statistics = simulator.statistics
+    logger.info("stopped", ["sim.accepted": "\(statistics.accepted)", "sim.rejected": "\(statistics.rejected)"])
+} catch let error as ConfigurationError {
+    CommandLineTool.exitWithConfigurationError(tool, error)
+} catch {
+    logger.error("failed", ["error": "\(error)"])
+    exit(1)
+}

@@ -8,4 +8,11 @@ int herald_ssl_ctx_set_min_proto_version(SSL_CTX *ctx, int version);
 int herald_ssl_set_tlsext_host_name(SSL *ssl, const char *name);
 /// OPENSSL_free (a macro).
 void herald_openssl_free(void *pointer);
+/// SSL_CTX_set_mode (a macro), e.g. SSL_MODE_ENABLE_PARTIAL_WRITE.
+long herald_ssl_ctx_set_mode(SSL_CTX *ctx, long mode);
+/// Server side: no renegotiation, no compression (option macros built from SSL_OP_BIT do not import).
+void herald_ssl_ctx_set_server_options(SSL_CTX *ctx);
+/// Server side: accept only clients that offer ALPN "h2" (others get a fatal no_application_protocol alert).
+/// A client that sends no ALPN extension at all is not seen by this callback: check SSL_get0_alpn_selected.
+void herald_ssl_ctx_require_alpn_h2(SSL_CTX *ctx);
 #endif

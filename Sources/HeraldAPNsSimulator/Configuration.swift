@@ -1,0 +1,115 @@
+import Foundation
+import HeraldRuntime
+
+/// How an `APNsSimulator` listens, whom it trusts and what it records.
+public struct APNsSimulatorConfiguration: Sendable {
+    /// Where to listen; port 0 picks a free port (read it back from `APNsSimulator.port`).
+    public var listen: HostPort
+    /// PEM certificate chain the server presents (server certificate first).
+    public var certificateChainPath: String
+    /// PEM private key of the server certificate.
+    public var privateKeyPath: String
+    /// Provider token keys the simulator accepts.
+    public var providerKeys: [ProviderKey]
+    /// Bundle ids pushes may target (the topic without its push-type suffix); empty accepts any bundle id.
+    public var allowedTopics: Set<String>
+    /// Programmed failures at start (the rules file, when given, replaces them).
+    public var rules: [SimulatorRule]
+    /// A rules file (`{"rules": [...]}`), re-read when it changes. See `SimulatorRule`.
+    public var rulesPath: String?
+    /// Where to append one JSON line per accepted push. See `RecordLine`.
+    public var recordPath: String?
+    /// Where to append one JSON line per rejected request.
+    public var rejectedRecordPath: String?
+    /// SETTINGS_MAX_CONCURRENT_STREAMS once a connection used a valid provider token (1 before, as APNs does).
+    public var maxConcurrentStreams: Int
+    /// Provider tokens older than this get 403 ExpiredProviderToken. Default one hour.
+    public var providerTokenMaximumAge: Duration
+    /// `iat` further than this in the future gets 403 InvalidProviderToken. Default 60 s.
+    public var providerTokenClockSkew: Duration
+    /// A connection switching to a token issued less than this after its previous one gets 429
+    /// TooManyProviderTokenUpdates. Default 20 minutes.
+    public var providerTokenMinimumRefresh: Duration
+    /// Time a client has to finish the TLS handshake. Default 10 s.
+    public var handshakeTimeout: Duration
+    /// A connection with nothing to do for this long is closed (GOAWAY first). Default 1 hour.
+    public var idleTimeout: Duration
+    /// A connection whose peer reads nothing for this long while output is pending is dropped. Default 30 s.
+    public var writeTimeout: Duration
+    /// Connections beyond this are closed at once. Default 256.
+    public var maxConnections: Int
+    /// How often counters are logged (when they changed). Default 10 s.
+    public var statisticsInterval: Duration
+
+    public init(listen: HostPort, certificateChainPath: String, privateKeyPath: String,
+                providerKeys: [ProviderKey], allowedTopics: Set<String> = [], rules: [SimulatorRule] = [],
+                rulesPath: String? = nil, recordPath: String? = nil, rejectedRecordPath: String? = nil,
+                maxConcurrentStreams: Int = 1000, providerTokenMaximumAge: Duration = .seconds(3600),
+                providerTokenClockSkew: Duration = .seconds(60),
+                providerTokenMinimumRefresh: Duration = .seconds(20 * 60),
+                handshakeTimeout: Duration = .seconds(10), idleTimeout: Duration = .seconds(3600),
+                writeTimeout: Duration = .seconds(30), maxConnections: Int = 256,
+                statisticsInterval: Duration = .seconds(10)) {
+        self.listen = listen
+        self.certificateChainPath = certificateChainPath
+        self.privateKeyPath = privateKeyPath
+        self.providerKeys = providerKeys
+        self.allowedTopics = allowedTopics
+        self.rules = rules
+        self.rulesPath = rulesPath
+        self.recordPath = recordPath
+        self.rejectedRecordPath = rejectedRecordPath
+        self.maxConcurrentStreams = maxConcurrentStreams
+        self.providerTokenMaximumAge = providerTokenMaximumAge
+        self.providerTokenClockSkew = providerTokenClockSkew
+        self.providerTokenMinimumRefresh = providerTokenMinimumRefresh
+        self.handshakeTimeout = handshakeTimeout
+        self.idleTimeout = idleTimeout
+        self.writeTimeout = writeTimeout
+        self.maxConnections = maxConnections
+        self.statisticsInterval = statisticsInterval
+    }
+}
+
+/// The simulator's JSON configuration file: keys and topics, for setups with more than a flag's worth.
+///
+/// ```json
+/// {"keys": [{"teamId": "TEAM123456", "keyId": "KEY1234567", "path": "keys/shop.p8"}],
+///  "topics": ["com.example.shop"]}
+/// ```
+/// `path` is relative to the file's folder and may name a `.p8`, a public key or a certificate.
+public struct SimulatorConfigFile: Sendable {
+    public var keys: [ProviderKey]
+    public var topics: [String]
+
+    public init(path: String) throws(ConfigurationError) {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw ConfigurationError("config", "cannot read \(path)")
+        }
+        guard let document = try? JSONDecoder().decode(JSONValue.self, from: data), let object = document.objectValue else {
+            throw ConfigurationError("config", "\(path) is not a JSON object")
+        }
+        if let unknown = object.keys.first(where: { !["keys", "topics"].contains($0) }) {
+            throw ConfigurationError("config", "\(path): unknown key \"\(unknown)\"")
+        }
+        let directory = (path as NSString).deletingLastPathComponent
+        var keys: [ProviderKey] = []
+        for (index, entry) in (object["keys"]?.arrayValue ?? []).enumerated() {
+            guard let team = entry["teamId"]?.stringValue, let keyID = entry["keyId"]?.stringValue,
+                  let keyPath = entry["path"]?.stringValue else {
+                throw ConfigurationError("config", "\(path): keys[\(index)] needs teamId, keyId and path")
+            }
+            keys.append(try ProviderKey(teamID: team, keyID: keyID, path: keyPath,
+                                        relativeTo: directory.isEmpty ? "." : directory))
+        }
+        var topics: [String] = []
+        for entry in object["topics"]?.arrayValue ?? [] {
+            guard let topic = entry.stringValue, !topic.isEmpty else {
+                throw ConfigurationError("config", "\(path): topics must be non-empty strings")
+            }
+            topics.append(topic)
+        }
+        self.keys = keys
+        self.topics = topics
+    }
+}

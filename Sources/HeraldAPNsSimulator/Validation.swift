@@ -1,0 +1,255 @@
+import Foundation
+import HeraldCrypto
+import HeraldRuntime
+
+/// An APNs error answer: HTTP status and `reason` (plus `timestamp` in ms for 410).
+public struct APNsRejection: Error, Sendable, Equatable, CustomStringConvertible {
+    /// HTTP status: 400, 403, 404, 405, 410, 413, 429, 500, 503.
+    public var status: Int
+    /// Apple's reason string, e.g. `BadDeviceToken`.
+    public var reason: String
+    /// For 410: when the token stopped being valid, in milliseconds since the epoch.
+    public var timestamp: Int64?
+
+    public init(_ status: Int, _ reason: String, timestamp: Int64? = nil) {
+        self.status = status
+        self.reason = reason
+        self.timestamp = timestamp
+    }
+
+    /// The JSON body APNs sends: `{"reason": "..."}`, with `"timestamp"` for 410.
+    public var body: [UInt8] {
+        var fields: [String: JSONValue] = ["reason": .string(reason)]
+        if let timestamp { fields["timestamp"] = .number(Double(timestamp)) }
+        return JSONValue.object(fields).encoded()
+    }
+
+    public var description: String { "\(status) \(reason)" }
+}
+
+/// Apple's `apns-push-type` values and the topic suffix each one requires.
+public enum APNsPushType: String, Sendable, CaseIterable {
+    case alert, background, location, voip, complication, fileprovider, mdm, liveactivity, pushtotalk, widgets,
+         controls
+
+    /// What must end the `apns-topic` (after the bundle id); nil when the topic is the bare bundle id (or, for
+    /// `mdm`, the MDM topic).
+    public var topicSuffix: String? {
+        switch self {
+        case .alert, .background, .mdm: nil
+        case .location: ".location-query"
+        case .voip: ".voip"
+        case .complication: ".complication"
+        case .fileprovider: ".pushkit.fileprovider"
+        case .liveactivity: ".push-type.liveactivity"
+        case .pushtotalk: ".voip-ptt"
+        case .widgets: ".push-type.widgets"
+        case .controls: ".push-type.controls"
+        }
+    }
+
+    /// The largest payload APNs accepts for this push type.
+    public var maximumPayloadBytes: Int { self == .voip ? 5120 : 4096 }
+}
+
+/// A request as the HTTP/2 layer received it.
+struct IncomingRequest {
+    var method: String?
+    var path: String?
+    /// Regular (non-pseudo) header fields in arrival order, names lowercase (HTTP/2 requires it).
+    var headers: [(name: String, value: String)] = []
+    var body: [UInt8] = []
+    /// The body's full length; `body` stops growing past the largest payload the simulator could accept.
+    var bodyLength = 0
+
+    func header(_ name: String) -> String? { headers.first { $0.name == name }?.value }
+}
+
+/// A push that passed every check.
+struct AcceptedPush {
+    var token: String
+    var topic: String
+    var pushType: APNsPushType
+    var priority: Int
+    var expiration: Int64?
+    var collapseID: String?
+    var payload: JSONValue
+}
+
+/// Apple's request rules, in the order the simulator applies them. Pure functions: no connection state.
+enum RequestValidator {
+    /// The smallest and largest device token, in bytes. Tokens were 32 bytes for years; Apple now documents
+    /// that they can be longer, so up to 100 bytes are accepted.
+    static let tokenBytes = 32...100
+    static let maximumBodyBytes = 5120
+
+    /// Method, path and device token: 405 MethodNotAllowed, 404 BadPath, 400 MissingDeviceToken/BadDeviceToken.
+    static func route(_ request: IncomingRequest) -> Result<String, APNsRejection> {
+        guard request.method == "POST" else { return .failure(APNsRejection(405, "MethodNotAllowed")) }
+        guard let path = request.path else { return .failure(APNsRejection(404, "BadPath")) }
+        guard path.hasPrefix("/3/device") else { return .failure(APNsRejection(404, "BadPath")) }
+        var rest = path.dropFirst("/3/device".count)
+        if rest.isEmpty { return .failure(APNsRejection(400, "MissingDeviceToken")) }
+        guard rest.first == "/" else { return .failure(APNsRejection(404, "BadPath")) }
+        rest = rest.dropFirst()
+        if rest.isEmpty { return .failure(APNsRejection(400, "MissingDeviceToken")) }
+        let token = String(rest)
+        guard isHexToken(token) else { return .failure(APNsRejection(400, "BadDeviceToken")) }
+        return .success(token.lowercased())
+    }
+
+    static func isHexToken(_ token: String) -> Bool {
+        let utf8 = token.utf8
+        guard utf8.count % 2 == 0, tokenBytes.contains(utf8.count / 2) else { return false }
+        return utf8.allSatisfy(isHexDigit)
+    }
+
+    /// 400 DuplicateHeaders when a header field appears more than once.
+    static func duplicates(_ request: IncomingRequest) -> APNsRejection? {
+        var seen = Set<String>()
+        for header in request.headers where !seen.insert(header.name).inserted {
+            return APNsRejection(400, "DuplicateHeaders")
+        }
+        return nil
+    }
+
+    /// Everything after authentication: topic, push type, priority, expiration, collapse id, apns-id, payload.
+    static func notification(_ request: IncomingRequest, token: String,
+                             allowedTopics: Set<String>) -> Result<AcceptedPush, APNsRejection> {
+        guard let topic = request.header("apns-topic"), !topic.isEmpty else {
+            return .failure(APNsRejection(400, "MissingTopic"))
+        }
+        guard isWellFormedTopic(topic) else { return .failure(APNsRejection(400, "BadTopic")) }
+        guard let rawType = request.header("apns-push-type"), let pushType = APNsPushType(rawValue: rawType) else {
+            return .failure(APNsRejection(400, "InvalidPushType"))
+        }
+        guard let bundle = bundleID(of: topic, for: pushType) else {
+            return .failure(APNsRejection(400, "InvalidPushType"))
+        }
+        if !allowedTopics.isEmpty, !allowedTopics.contains(bundle) {
+            return .failure(APNsRejection(400, "TopicDisallowed"))
+        }
+
+        var priority = 10
+        if let raw = request.header("apns-priority") {
+            guard let value = Int(raw), [1, 5, 10].contains(value), String(value) == raw else {
+                return .failure(APNsRejection(400, "BadPriority"))
+            }
+            priority = value
+        }
+        // Apple: background pushes must use priority 5 (or 1); 10, also the default, is an error.
+        if pushType == .background, priority == 10 { return .failure(APNsRejection(400, "BadPriority")) }
+
+        var expiration: Int64?
+        if let raw = request.header("apns-expiration") {
+            guard !raw.isEmpty, raw.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let value = Int64(raw) else {
+                return .failure(APNsRejection(400, "BadExpirationDate"))
+            }
+            expiration = value
+        }
+
+        let collapseID = request.header("apns-collapse-id")
+        if let collapseID, collapseID.utf8.count > 64 { return .failure(APNsRejection(400, "BadCollapseId")) }
+        if let id = request.header("apns-id"), !isCanonicalUUID(id) {
+            return .failure(APNsRejection(400, "BadMessageId"))
+        }
+
+        if request.bodyLength == 0 { return .failure(APNsRejection(400, "PayloadEmpty")) }
+        if request.bodyLength > pushType.maximumPayloadBytes { return .failure(APNsRejection(413, "PayloadTooLarge")) }
+        guard let payload = PayloadJSON.parse(request.body), case .object = payload else {
+            return .failure(APNsRejection(400, "BadPayload"))
+        }
+        if let rejection = payloadRules(payload, pushType: pushType) { return .failure(rejection) }
+
+        return .success(AcceptedPush(token: token, topic: topic, pushType: pushType, priority: priority,
+                                     expiration: expiration, collapseID: collapseID, payload: payload))
+    }
+
+    /// A topic is a reverse-DNS bundle id, optionally with a push-type suffix: no spaces or control characters,
+    /// no empty labels.
+    static func isWellFormedTopic(_ topic: String) -> Bool {
+        guard topic.utf8.count <= 255 else { return false }
+        let labels = topic.split(separator: ".", omittingEmptySubsequences: false)
+        guard labels.count >= 2, labels.allSatisfy({ !$0.isEmpty }) else { return false }
+        return topic.utf8.allSatisfy { c in
+            (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A)
+                || c == UInt8(ascii: ".") || c == UInt8(ascii: "-") || c == UInt8(ascii: "_")
+        }
+    }
+
+    /// The bundle id behind `topic` for `pushType`, or nil when the topic's suffix does not match the push type
+    /// (a Live Activity push to a bare bundle id, an alert push to a `.voip` topic, …).
+    static func bundleID(of topic: String, for pushType: APNsPushType) -> String? {
+        if let suffix = pushType.topicSuffix {
+            guard topic.hasSuffix(suffix), topic.utf8.count > suffix.utf8.count else { return nil }
+            return String(topic.utf8.dropLast(suffix.utf8.count))
+        }
+        if pushType == .mdm { return topic }
+        let carriesOtherSuffix = APNsPushType.allCases.contains { other in
+            other.topicSuffix.map { topic.hasSuffix($0) } ?? false
+        }
+        return carriesOtherSuffix ? nil : topic
+    }
+
+    /// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` in lowercase hex, as Apple documents for `apns-id`.
+    static func isCanonicalUUID(_ text: String) -> Bool {
+        let bytes = Array(text.utf8)
+        guard bytes.count == 36 else { return false }
+        for (index, c) in bytes.enumerated() {
+            if [8, 13, 18, 23].contains(index) {
+                guard c == UInt8(ascii: "-") else { return false }
+            } else {
+                guard (c >= 0x30 && c <= 0x39) || (c >= 0x61 && c <= 0x66) else { return false }
+            }
+        }
+        return true
+    }
+
+    /// A fresh lowercase UUID for responses to requests without a (valid) `apns-id`.
+    static func newAPNsID() -> String {
+        // RAND_bytes rather than Foundation's UUID(), which opens /dev/urandom on every call here.
+        var bytes = SecureRandom.bytes(16)
+        bytes[6] = bytes[6] & 0x0F | 0x40
+        bytes[8] = bytes[8] & 0x3F | 0x80
+        let hex = Array(Hex.encode(bytes).utf8)
+        var out = [UInt8]()
+        out.reserveCapacity(36)
+        for (index, c) in hex.enumerated() {
+            if [8, 12, 16, 20].contains(index) { out.append(UInt8(ascii: "-")) }
+            out.append(c)
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Payload rules per push type. APNs documents no reason for a malformed payload; the simulator answers
+    /// 400 `BadPayload` (clients treat an unknown 400 reason as permanent).
+    static func payloadRules(_ payload: JSONValue, pushType: APNsPushType) -> APNsRejection? {
+        let bad = APNsRejection(400, "BadPayload")
+        switch pushType {
+        case .alert:
+            guard payload["aps"]?.objectValue != nil else { return bad }
+        case .background:
+            guard let aps = payload["aps"]?.objectValue, aps["content-available"]?.numberValue == 1 else { return bad }
+            // A background push may not alert, badge or play a sound.
+            if aps["alert"] != nil || aps["badge"] != nil || aps["sound"] != nil { return bad }
+        case .liveactivity:
+            guard let aps = payload["aps"]?.objectValue, aps["timestamp"]?.numberValue != nil,
+                  let event = aps["event"]?.stringValue else { return bad }
+            switch event {
+            case "update", "end":
+                guard aps["content-state"]?.objectValue != nil else { return bad }
+            case "start":
+                guard aps["content-state"]?.objectValue != nil, aps["attributes-type"]?.stringValue != nil,
+                      aps["attributes"]?.objectValue != nil else { return bad }
+            default:
+                return bad
+            }
+            for key in ["stale-date", "dismissal-date", "relevance-score"] {
+                if let value = aps[key], value.numberValue == nil { return bad }
+            }
+        case .location, .voip, .complication, .fileprovider, .mdm, .pushtotalk, .widgets, .controls:
+            break
+        }
+        return nil
+    }
+}
