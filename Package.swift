@@ -50,12 +50,14 @@ let package = Package(
         // The strict APNs stand-in used by tests, benchmarks and the local stack.
         .target(name: "HeraldAPNsSimulator", dependencies: ["CNghttp2", "COpenSSL", "CHeraldShims",
                                                             "HeraldCrypto", "HeraldRuntime"]),
+        // The Redis data model: subscriptions, Live Activity registrations, rate limits, idempotency.
+        .target(name: "HeraldStore", dependencies: ["HeraldCore", "HeraldRedis", "HeraldCrypto", "HeraldRuntime"]),
         // herald-ingest's HTTP API.
-        .target(name: "HeraldIngest", dependencies: ["HeraldCore", "HeraldHTTP", "HeraldRedis", "HeraldKafka",
+        .target(name: "HeraldIngest", dependencies: ["HeraldCore", "HeraldHTTP", "HeraldStore", "HeraldRedis", "HeraldKafka",
                                                      "HeraldCrypto", "HeraldRuntime"],
                 swiftSettings: rdkafkaSwift),
         // herald-dispatcher: jobs → APNs.
-        .target(name: "HeraldDispatcher", dependencies: ["HeraldCore", "HeraldRedis", "HeraldKafka", "HeraldAPNs",
+        .target(name: "HeraldDispatcher", dependencies: ["HeraldCore", "HeraldStore", "HeraldRedis", "HeraldKafka", "HeraldAPNs",
                                                          "HeraldHTTP", "HeraldRuntime"],
                 swiftSettings: rdkafkaSwift),
 
@@ -75,6 +77,7 @@ let package = Package(
         .testTarget(name: "HeraldCryptoTests", dependencies: ["HeraldCrypto", "HeraldRuntime"]),
         .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldRedis"]),
         .testTarget(name: "HeraldKafkaTests", dependencies: ["HeraldKafka", "CRdKafka"], swiftSettings: rdkafkaSwift),
+        .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldStore"]),
         .testTarget(name: "HeraldHTTPTests", dependencies: ["HeraldHTTP"]),
         .testTarget(name: "HeraldAPNsTests", dependencies: ["HeraldAPNs", "HeraldAPNsSimulator"]),
         .testTarget(name: "HeraldAPNsSimulatorTests", dependencies: ["HeraldAPNsSimulator", "HeraldCrypto",

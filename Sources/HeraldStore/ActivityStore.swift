@@ -1,0 +1,149 @@
+import Foundation
+import HeraldCore
+import HeraldRedis
+
+/// A stored Live Activity registration. `pushToken` is a credential: API responses leave it out.
+public struct ActivityRegistration: Sendable, Equatable {
+    public var id: String
+    public var user: String
+    public var postIDHash: String
+    public var pushToken: String
+    public var environment: APNsEnvironment
+    public var bundleID: String
+    public var createdAt: String
+    public var lastSeenAt: String
+}
+
+/// Live Activity push-token registrations in Redis. Each registration is a hash with a TTL that every re-post
+/// renews; the post's index is a sorted set scored by expiry, so readers skip (and prune) expired members.
+public struct ActivityStore: Sendable {
+    let redis: RedisClient
+    public let ttl: Duration
+
+    public init(redis: RedisClient, ttl: Duration = .seconds(3600)) {
+        self.redis = redis
+        self.ttl = ttl
+    }
+
+    /// Registers (or renews) the (user, post, token) triple; `renewed` is true when it already existed, in
+    /// which case `id` and `createdAt` are kept and `lastSeenAt` moves.
+    public func register(app: String, user: String, _ input: ActivityRegistrationInput, now: Date = Date()) async throws
+        -> (registration: ActivityRegistration, renewed: Bool) {
+        let keys = RedisKeys(app: app)
+        let id = RedisKeys.identifier(app, user, input.postIDHash, input.pushToken)
+        let stamp = Timestamp.rfc3339(now)
+        let nowMs = Int64(now.timeIntervalSince1970 * 1000)
+        let ttlMs = ttl.components.seconds * 1000 + ttl.components.attoseconds / 1_000_000_000_000_000
+        let reply = try await redis.run(Scripts.register,
+            keys: [keys.registration(id), keys.post(input.postIDHash), keys.activityToken(input.pushToken)],
+            args: [id, user, input.postIDHash, input.pushToken, input.environment.rawValue, input.bundleID, stamp,
+                   String(nowMs), String(ttlMs)])
+        guard let parts = reply.array, parts.count == 2, let existed = parts[0].int, let createdAt = parts[1].string else {
+            throw StoreError.unexpectedReply("register")
+        }
+        return (ActivityRegistration(id: id, user: user, postIDHash: input.postIDHash, pushToken: input.pushToken,
+                                     environment: input.environment, bundleID: input.bundleID,
+                                     createdAt: createdAt, lastSeenAt: stamp), existed == 1)
+    }
+
+    /// One batch of a post's live registrations: ZSCAN from `cursor` ("0" to start; the next cursor is "0" when
+    /// done). Expired index members are pruned when a scan starts and skipped after; a registration whose hash
+    /// has expired is never returned. Memory stays bounded by `count`.
+    public func postBatch(app: String, postIDHash: String, cursor: String, count: Int = 500,
+                          now: Date = Date()) async throws -> (cursor: String, registrations: [ActivityRegistration]) {
+        let keys = RedisKeys(app: app)
+        let nowMs = Double(Int64(now.timeIntervalSince1970 * 1000))
+        let index = keys.post(postIDHash)
+        if cursor == "0" { _ = try await redis.command(["ZREMRANGEBYSCORE", index, "-inf", String(Int64(nowMs))]) }
+        let reply = try await redis.command(["ZSCAN", index, cursor, "COUNT", String(count)])
+        guard let parts = reply.array, parts.count == 2, let next = parts[0].string, let flat = parts[1].strings,
+              flat.count % 2 == 0 else { throw StoreError.unexpectedReply("ZSCAN") }
+        let ids = stride(from: 0, to: flat.count, by: 2).compactMap { i in
+            (Double(flat[i + 1]) ?? 0) > nowMs ? flat[i] : nil
+        }
+        guard !ids.isEmpty else { return (next, []) }
+        let hashes = try await redis.pipeline(ids.map { ["HGETALL", keys.registration($0)] })
+        return (next, hashes.compactMap { $0.fieldValues.flatMap(Self.decode) })
+    }
+
+    /// Removes every registration of a post (after its final update was sent); returns how many.
+    public func removePost(app: String, postIDHash: String) async throws -> Int {
+        let keys = RedisKeys(app: app)
+        let reply = try await redis.run(Scripts.removePost, keys: [keys.post(postIDHash)], args: [keys.prefix, postIDHash])
+        return Int(reply.int ?? 0)
+    }
+
+    /// Removes a push token APNs reported invalid, except registrations seen after `keepSeenAfter`.
+    public func removeInvalidToken(app: String, pushToken: String, keepSeenAfter: Date? = nil) async throws -> Int {
+        let keys = RedisKeys(app: app)
+        let cutoff = keepSeenAfter.map { String(Int64($0.timeIntervalSince1970 * 1000)) } ?? ""
+        let reply = try await redis.run(Scripts.removeActivityToken, keys: [keys.activityToken(pushToken)],
+                                        args: [keys.prefix, pushToken, cutoff])
+        return Int(reply.int ?? 0)
+    }
+
+    static func decode(_ f: [String: String]) -> ActivityRegistration? {
+        guard let id = f["id"], let user = f["user"], let post = f["postIdHash"], let token = f["pushToken"],
+              let environment = f["environment"].flatMap(APNsEnvironment.init(rawValue:)), let bundle = f["bundleId"],
+              let createdAt = f["createdAt"], let lastSeenAt = f["lastSeenAt"] else { return nil }
+        return ActivityRegistration(id: id, user: user, postIDHash: post, pushToken: token, environment: environment,
+                                    bundleID: bundle, createdAt: createdAt, lastSeenAt: lastSeenAt)
+    }
+}
+
+extension Scripts {
+    /// KEYS: registration, post index, token index. ARGV: id, user, post, token, environment, bundle, now
+    /// (RFC 3339), now (ms), ttl (ms). Returns {existed (0/1), createdAt}.
+    static let register = RedisScript(source: """
+        local reg, post, tok = KEYS[1], KEYS[2], KEYS[3]
+        local now, nowMs, ttl = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
+        local existed = redis.call('EXISTS', reg)
+        if existed == 0 then
+          redis.call('HSET', reg, 'id', ARGV[1], 'user', ARGV[2], 'postIdHash', ARGV[3], 'pushToken', ARGV[4],
+                     'createdAt', now)
+        end
+        redis.call('HSET', reg, 'environment', ARGV[5], 'bundleId', ARGV[6], 'lastSeenAt', now, 'lastSeenMs', nowMs)
+        redis.call('PEXPIRE', reg, ttl)
+        for _, index in ipairs({post, tok}) do
+          redis.call('ZADD', index, nowMs + ttl, ARGV[1])
+          redis.call('PEXPIRE', index, ttl)
+        end
+        return {existed, redis.call('HGET', reg, 'createdAt')}
+        """)
+
+    /// KEYS: post index. ARGV: prefix, post. Deletes the post's registrations and their token-index entries.
+    static let removePost = RedisScript(source: """
+        local p, index = ARGV[1], KEYS[1]
+        local removed = 0
+        for _, id in ipairs(redis.call('ZRANGE', index, 0, -1)) do
+          local reg = p .. 'act:' .. id
+          local token = redis.call('HGET', reg, 'pushToken')
+          if token then
+            redis.call('ZREM', p .. 'acttok:' .. token, id)
+            redis.call('DEL', reg)
+            removed = removed + 1
+          end
+        end
+        redis.call('DEL', index)
+        return removed
+        """)
+
+    /// KEYS: token index. ARGV: prefix, token, keepAfterMs ("" for none).
+    static let removeActivityToken = RedisScript(source: """
+        local p, index, keepAfter = ARGV[1], KEYS[1], tonumber(ARGV[3])
+        local removed = 0
+        for _, id in ipairs(redis.call('ZRANGE', index, 0, -1)) do
+          local reg = p .. 'act:' .. id
+          local f = redis.call('HMGET', reg, 'postIdHash', 'lastSeenMs')
+          if not f[1] then
+            redis.call('ZREM', index, id)
+          elseif not (keepAfter and tonumber(f[2]) > keepAfter) then
+            redis.call('ZREM', p .. 'post:' .. f[1], id)
+            redis.call('ZREM', index, id)
+            redis.call('DEL', reg)
+            removed = removed + 1
+          end
+        end
+        return removed
+        """)
+}

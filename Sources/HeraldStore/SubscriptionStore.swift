@@ -1,0 +1,106 @@
+import Foundation
+import HeraldCore
+import HeraldRedis
+import HeraldRuntime
+
+/// Device subscriptions in Redis: upsert with rotation, list and removal for ingest; batched channel reads and
+/// token removal for the dispatcher. Each change is one Lua script, so a subscription and its indexes never
+/// disagree.
+public struct SubscriptionStore: Sendable {
+    let redis: RedisClient
+
+    public init(redis: RedisClient) { self.redis = redis }
+
+    /// Creates or updates the subscription for (token, tokenType, channel); with `previousToken`, first removes
+    /// every subscription of that token with the same tokenType. `created` is false for an update.
+    public func upsert(app: String, _ input: SubscriptionInput, now: Date = Date()) async throws
+        -> (subscription: Subscription, created: Bool) {
+        let keys = RedisKeys(app: app)
+        let id = RedisKeys.identifier(input.deviceToken, input.tokenType.rawValue, input.channel)
+        let stamp = Timestamp.rfc3339(now)
+        let metadata = input.metadata.map { String(decoding: $0.encoded(), as: UTF8.self) } ?? ""
+        let previous = input.previousToken.flatMap { $0 == input.deviceToken ? nil : $0 } ?? ""
+        let reply = try await redis.run(Scripts.upsert,
+            keys: [keys.subscription(id), keys.channel(input.channel), keys.device(input.deviceToken)]
+                + (previous.isEmpty ? [] : [keys.device(previous)]),
+            args: [keys.prefix, id, input.channel, input.deviceToken, input.tokenType.rawValue,
+                   input.environment.rawValue, input.activityID ?? "", metadata, stamp,
+                   String(Int64(now.timeIntervalSince1970 * 1000)), previous])
+        guard let parts = reply.array, parts.count == 2, let created = parts[0].int, let createdAt = parts[1].string else {
+            throw StoreError.unexpectedReply("upsert")
+        }
+        let subscription = Subscription(id: id, channel: input.channel, deviceToken: input.deviceToken,
+                                        tokenType: input.tokenType, environment: input.environment,
+                                        activityID: input.activityID, metadata: input.metadata,
+                                        createdAt: createdAt, updatedAt: stamp)
+        return (subscription, created == 1)
+    }
+
+    /// Every subscription of a device token.
+    public func list(app: String, deviceToken: String) async throws -> [Subscription] {
+        let keys = RedisKeys(app: app)
+        let ids = try await redis.command(["SMEMBERS", keys.device(deviceToken)]).strings ?? []
+        return try await load(keys: keys, ids: ids.sorted())
+    }
+
+    /// Removes one subscription (channel + tokenType) or all of the device's; returns how many went.
+    public func remove(app: String, _ removal: SubscriptionRemoval) async throws -> Int {
+        let keys = RedisKeys(app: app)
+        let only = removal.channel.flatMap { channel in
+            removal.tokenType.map { RedisKeys.identifier(removal.deviceToken, $0.rawValue, channel) }
+        } ?? ""
+        let reply = try await redis.run(Scripts.removeToken, keys: [keys.device(removal.deviceToken)],
+                                        args: [keys.prefix, removal.deviceToken, only, "", ""])
+        return Int(reply.int ?? 0)
+    }
+
+    /// Removes a token APNs reported invalid: all its subscriptions, except those updated after
+    /// `keepUpdatedAfter` (a 410's timestamp: the device registered again since). Returns how many went.
+    public func removeInvalidToken(app: String, deviceToken: String, keepUpdatedAfter: Date? = nil) async throws -> Int {
+        let keys = RedisKeys(app: app)
+        let cutoff = keepUpdatedAfter.map { String(Int64($0.timeIntervalSince1970 * 1000)) } ?? ""
+        let reply = try await redis.run(Scripts.removeToken, keys: [keys.device(deviceToken)],
+                                        args: [keys.prefix, deviceToken, "", cutoff, ""])
+        return Int(reply.int ?? 0)
+    }
+
+    /// One batch of a channel's subscriptions: SSCAN from `cursor` ("0" to start); the next cursor is "0" when
+    /// the channel is done. Memory stays bounded by `count` whatever the channel's size.
+    public func channelBatch(app: String, channel: String, cursor: String, count: Int = 500) async throws
+        -> (cursor: String, subscriptions: [Subscription]) {
+        let keys = RedisKeys(app: app)
+        let reply = try await redis.command(["SSCAN", keys.channel(channel), cursor, "COUNT", String(count)])
+        guard let parts = reply.array, parts.count == 2, let next = parts[0].string, let ids = parts[1].strings else {
+            throw StoreError.unexpectedReply("SSCAN")
+        }
+        return (next, try await load(keys: keys, ids: ids))
+    }
+
+    private func load(keys: RedisKeys, ids: [String]) async throws -> [Subscription] {
+        guard !ids.isEmpty else { return [] }
+        let replies = try await redis.pipeline(ids.map { ["HGETALL", keys.subscription($0)] })
+        return replies.compactMap { reply in reply.fieldValues.flatMap(Self.decode) }
+    }
+
+    static func decode(_ fields: [String: String]) -> Subscription? {
+        guard let id = fields["id"], let channel = fields["channel"], let token = fields["deviceToken"],
+              let tokenType = fields["tokenType"].flatMap(TokenType.init(rawValue:)),
+              let environment = fields["environment"].flatMap(APNsEnvironment.init(rawValue:)),
+              let createdAt = fields["createdAt"], let updatedAt = fields["updatedAt"] else { return nil }
+        let activityID = fields["activityID"].flatMap { $0.isEmpty ? nil : $0 }
+        let metadata = fields["metadata"].flatMap { $0.isEmpty ? nil : try? JSONDecoder().decode(JSONValue.self, from: Data($0.utf8)) }
+        return Subscription(id: id, channel: channel, deviceToken: token, tokenType: tokenType,
+                            environment: environment, activityID: activityID, metadata: metadata,
+                            createdAt: createdAt, updatedAt: updatedAt)
+    }
+}
+
+public enum StoreError: Error, CustomStringConvertible {
+    case unexpectedReply(String)
+
+    public var description: String {
+        switch self {
+        case .unexpectedReply(let what): "unexpected Redis reply to \(what)"
+        }
+    }
+}

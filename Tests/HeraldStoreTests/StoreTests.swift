@@ -1,0 +1,192 @@
+import Foundation
+import HeraldCore
+import HeraldCrypto
+import HeraldRedis
+import HeraldRuntime
+import HeraldStore
+import Testing
+
+/// A client for the Redis `scripts/test` started, and a fresh app id so tests never see each other's keys.
+struct TestRedis {
+    let client: RedisClient
+    let app = "test-" + SecureRandom.hex(6)
+
+    init() throws {
+        guard let url = ProcessInfo.processInfo.environment["HERALD_TEST_REDIS_URL"] else {
+            throw TestSetupError("HERALD_TEST_REDIS_URL is not set: run the tests with scripts/test")
+        }
+        client = RedisClient(configuration: try RedisConfiguration(url: url))
+    }
+}
+
+struct TestSetupError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+func json(_ text: String) -> JSONValue { try! JSONDecoder().decode(JSONValue.self, from: Data(text.utf8)) }
+func token() -> String { SecureRandom.hex(32) }
+
+func subscription(_ channel: String, _ token: String, _ type: String = "alert", extra: String = "") throws -> SubscriptionInput {
+    let activity = type == "liveactivity-update" ? #", "activityID": "act-1""# : ""
+    return try SubscriptionInput(json(#"{"channel": "\#(channel)", "deviceToken": "\#(token)", "tokenType": "\#(type)"\#(activity)\#(extra)}"#))
+}
+
+@Suite struct SubscriptionStoreTests {
+    @Test func upsertCreatesThenUpdatesWithoutDuplicates() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client)
+        let device = token()
+        let first = try await store.upsert(app: redis.app, try subscription("order:42:status", device, extra: #", "metadata": {"a": 1}"#),
+                                           now: Date(timeIntervalSince1970: 1_000))
+        #expect(first.created && first.subscription.id.count == 24)
+        let second = try await store.upsert(app: redis.app, try subscription("order:42:status", device),
+                                            now: Date(timeIntervalSince1970: 2_000))
+        #expect(!second.created && second.subscription.id == first.subscription.id)
+        let listed = try await store.list(app: redis.app, deviceToken: device)
+        #expect(listed.count == 1)
+        #expect(listed.first?.createdAt == first.subscription.createdAt)
+        #expect(listed.first?.updatedAt == second.subscription.updatedAt && listed.first?.metadata == nil)
+    }
+
+    @Test func rotationRemovesOnlySameTypeSubscriptionsOfTheOldToken() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client)
+        let old = token(), new = token()
+        _ = try await store.upsert(app: redis.app, try subscription("a", old, "liveactivity-start"))
+        _ = try await store.upsert(app: redis.app, try subscription("b", old, "liveactivity-start"))
+        _ = try await store.upsert(app: redis.app, try subscription("a", old, "alert"))
+        _ = try await store.upsert(app: redis.app, try subscription("a", new, "liveactivity-start",
+                                                                    extra: #", "previousToken": "\#(old)""#))
+        let remaining = try await store.list(app: redis.app, deviceToken: old)
+        #expect(remaining.map(\.tokenType) == [.alert])
+        let (_, channelA) = try await store.channelBatch(app: redis.app, channel: "a", cursor: "0")
+        #expect(Set(channelA.map(\.deviceToken)) == [old, new])
+        let (_, channelB) = try await store.channelBatch(app: redis.app, channel: "b", cursor: "0")
+        #expect(channelB.isEmpty)
+    }
+
+    @Test func removesOneOrAllAndCounts() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client)
+        let device = token()
+        for channel in ["a", "b", "c"] { _ = try await store.upsert(app: redis.app, try subscription(channel, device)) }
+        let one = try SubscriptionRemoval(json(#"{"deviceToken": "\#(device)", "channel": "a", "tokenType": "alert"}"#))
+        #expect(try await store.remove(app: redis.app, one) == 1)
+        #expect(try await store.remove(app: redis.app, one) == 0)
+        #expect(try await store.remove(app: redis.app, try SubscriptionRemoval(json(#"{"deviceToken": "\#(device)"}"#))) == 2)
+        #expect(try await store.list(app: redis.app, deviceToken: device).isEmpty)
+    }
+
+    @Test func invalidTokenRemovalKeepsSubscriptionsRenewedAfterTheTimestamp() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client)
+        let device = token()
+        _ = try await store.upsert(app: redis.app, try subscription("old", device), now: Date(timeIntervalSince1970: 1_000))
+        _ = try await store.upsert(app: redis.app, try subscription("new", device), now: Date(timeIntervalSince1970: 3_000))
+        let removed = try await store.removeInvalidToken(app: redis.app, deviceToken: device,
+                                                         keepUpdatedAfter: Date(timeIntervalSince1970: 2_000))
+        #expect(removed == 1)
+        #expect(try await store.list(app: redis.app, deviceToken: device).map(\.channel) == ["new"])
+    }
+
+    @Test func channelBatchesStreamEverySubscriberOnce() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client)
+        var tokens = Set<String>()
+        for _ in 0..<1_200 {
+            let device = token()
+            tokens.insert(device)
+            _ = try await store.upsert(app: redis.app, try subscription("big", device))
+        }
+        var seen: [String] = [], cursor = "0", batches = 0
+        repeat {
+            let batch = try await store.channelBatch(app: redis.app, channel: "big", cursor: cursor, count: 200)
+            seen += batch.subscriptions.map(\.deviceToken)
+            cursor = batch.cursor
+            batches += 1
+        } while cursor != "0"
+        #expect(Set(seen) == tokens && batches > 1)
+    }
+}
+
+@Suite struct ActivityStoreTests {
+    func input(_ app: App, post: String, token: String) throws -> ActivityRegistrationInput {
+        try ActivityRegistrationInput(json(#"{"push_token": "\#(token)", "post_id_hash": "\#(post)", "bundle_id": "\#(app.apns.bundleId)"}"#), app: app)
+    }
+
+    static func app() throws -> App {
+        let key = try PrivateKey.generateP256().pem
+        let file = #"{"apps": [{"id": "a", "keys": [], "apns": {"teamId": "TEAM123456", "keyId": "KEY1234567", "privateKeyPath": "k", "bundleId": "com.example.app"}}]}"#
+        return try AppDirectory.parse(Data(file.utf8)) { _ in key }.apps["a"]!
+    }
+
+    @Test func reRegistrationKeepsIdentityAndRenewsTheTTL() async throws {
+        let redis = try TestRedis()
+        let store = ActivityStore(redis: redis.client, ttl: .seconds(3600))
+        let app = try Self.app(), push = token()
+        let first = try await store.register(app: redis.app, user: "u", try input(app, post: "0123abcd", token: push),
+                                             now: Date(timeIntervalSinceNow: -10))
+        #expect(!first.renewed && first.registration.id.count == 24)
+        _ = try await redis.client.command(["PEXPIRE", "herald:{\(redis.app)}:act:\(first.registration.id)", "5000"])
+        let second = try await store.register(app: redis.app, user: "u", try input(app, post: "0123abcd", token: push))
+        #expect(second.renewed && second.registration.id == first.registration.id)
+        #expect(second.registration.createdAt == first.registration.createdAt)
+        #expect(second.registration.lastSeenAt != first.registration.lastSeenAt)
+        let ttl = try await redis.client.command(["TTL", "herald:{\(redis.app)}:act:\(first.registration.id)"]).int ?? 0
+        #expect(ttl > 3500)
+        let other = try await store.register(app: redis.app, user: "v", try input(app, post: "0123abcd", token: push))
+        #expect(!other.renewed && other.registration.id != first.registration.id)
+    }
+
+    @Test func expiredRegistrationsLeaveThePostOnTheirOwn() async throws {
+        let redis = try TestRedis()
+        let store = ActivityStore(redis: redis.client, ttl: .milliseconds(1500))
+        let app = try Self.app()
+        for _ in 0..<3 { _ = try await store.register(app: redis.app, user: "u", try input(app, post: "feedbeef", token: token())) }
+        #expect(try await store.postBatch(app: redis.app, postIDHash: "feedbeef", cursor: "0").registrations.count == 3)
+        try await Task.sleep(for: .milliseconds(1700))
+        #expect(try await store.postBatch(app: redis.app, postIDHash: "feedbeef", cursor: "0").registrations.isEmpty)
+        #expect(try await redis.client.command(["EXISTS", "herald:{\(redis.app)}:post:feedbeef"]).int == 0)
+    }
+
+    @Test func finalUpdateAndInvalidTokenRemoval() async throws {
+        let redis = try TestRedis()
+        let store = ActivityStore(redis: redis.client)
+        let app = try Self.app(), kept = token(), dead = token()
+        _ = try await store.register(app: redis.app, user: "u", try input(app, post: "aaaabbbb", token: kept))
+        _ = try await store.register(app: redis.app, user: "u", try input(app, post: "aaaabbbb", token: dead))
+        _ = try await store.register(app: redis.app, user: "u", try input(app, post: "ccccdddd", token: dead))
+        #expect(try await store.removeInvalidToken(app: redis.app, pushToken: dead) == 2)
+        let left = try await store.postBatch(app: redis.app, postIDHash: "aaaabbbb", cursor: "0").registrations
+        #expect(left.map(\.pushToken) == [kept])
+        #expect(try await store.removePost(app: redis.app, postIDHash: "aaaabbbb") == 1)
+        #expect(try await store.postBatch(app: redis.app, postIDHash: "aaaabbbb", cursor: "0").registrations.isEmpty)
+    }
+}
+
+@Suite struct RateLimiterAndIdempotencyTests {
+    @Test func theRequestOverTheLimitIsRefusedUntilTheWindowEnds() async throws {
+        let redis = try TestRedis()
+        let limiter = RateLimiter(redis: redis.client, limit: 5)
+        let now = Date(timeIntervalSince1970: 1_800_000_010)
+        for i in 1...5 {
+            let decision = try await limiter.hit(redis.app, now: now)
+            #expect(decision.allowed && decision.remaining == 5 - i && decision.resetSeconds == 50)
+        }
+        let over = try await limiter.hit(redis.app, now: now)
+        #expect(!over.allowed && over.remaining == 0)
+        #expect(try await limiter.hit(redis.app, now: now.addingTimeInterval(50)).allowed)
+    }
+
+    @Test func anIdPublishesOnce() async throws {
+        let redis = try TestRedis()
+        let store = IdempotencyStore(redis: redis.client)
+        #expect(try await store.claim(app: redis.app, id: "e1") == .claimed)
+        #expect(try await store.claim(app: redis.app, id: "e1") == .inProgress)
+        try await store.release(app: redis.app, id: "e1")
+        #expect(try await store.claim(app: redis.app, id: "e1") == .claimed)
+        try await store.complete(app: redis.app, id: "e1")
+        #expect(try await store.claim(app: redis.app, id: "e1") == .alreadyPublished)
+    }
+}
