@@ -67,6 +67,9 @@ let package = Package(
                                                             "HeraldCrypto", "HeraldRuntime"],
                           swiftSettings: rdkafkaSwift),
         .executableTarget(name: "herald-apns-sim", dependencies: ["HeraldAPNsSimulator", "HeraldRuntime"]),
+        // Producer throughput through HeraldKafka (scripts/bench-kafka compares it with a reference producer).
+        .executableTarget(name: "herald-bench-kafka", dependencies: ["HeraldKafka", "HeraldRuntime"],
+                          swiftSettings: rdkafkaSwift),
 
         .testTarget(name: "HeraldRuntimeTests", dependencies: ["HeraldRuntime"]),
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
