@@ -18,6 +18,12 @@ public final class KafkaAdmin: Sendable {
 
     deinit { thread.stop() }
 
+    /// Disconnects; later calls fail with `.destroyed`.
+    public func close() {
+        thread.stop()
+        client.destroy()
+    }
+
     /// Creates `name` with `partitions` partitions, waiting for the broker's answer (bounded by the request
     /// timeout). With `ifNotExists`, a topic that is already there counts as success (its settings are not checked).
     public func createTopic(_ name: String, partitions: Int, replicationFactor: Int = 1,

@@ -162,12 +162,15 @@ public final class KafkaConsumer: Sendable {
         return try await run { () throws(KafkaError) in try client.partitionCount(topic: topic, timeout: timeout) }
     }
 
-    /// Leaves the group (revoking this member's partitions, so handlers run once more) and stops the consumer.
-    /// Uncommitted records will be delivered again to whoever gets their partitions.
+    /// Leaves the group (revoking this member's partitions, so handlers run once more), stops the consumer and
+    /// disconnects. Uncommitted records will be delivered again to whoever gets their partitions.
     public func close() async throws(KafkaError) {
         guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         let client = self.client
-        defer { thread.stop() }
+        defer {
+            thread.stop()
+            client.destroy()
+        }
         try await thread.run { () throws(KafkaError) in
             let error = rd_kafka_consumer_close(client.handle)
             guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: "leaving the group") }

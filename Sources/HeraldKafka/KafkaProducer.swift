@@ -101,12 +101,14 @@ public final class KafkaProducer: Sendable {
                 state.topics[topic] = TopicHandle(pointer: created)
                 topicHandle = created
             }
-            return produce(topicHandle: topicHandle, key: key, value: value, headers: headers,
-                           partition: partition ?? RD_KAFKA_PARTITION_UA, pending: pending)
+            let failure = produce(topicHandle: topicHandle, key: key, value: value, headers: headers,
+                                  partition: partition ?? RD_KAFKA_PARTITION_UA, pending: pending)
+            // Still under the lock: close() may destroy the handle as soon as it is released.
+            if failure?.code == .fatal, let fatal = client.fatalError { return fatal }
+            return failure
         }
-        if var failure {
+        if let failure {
             Unmanaged<DeliveryHandler>.fromOpaque(pending).release()
-            if failure.code == .fatal, let fatal = client.fatalError { failure = fatal }
             throw failure
         }
     }
@@ -175,8 +177,8 @@ public final class KafkaProducer: Sendable {
         return try await thread.run { () throws(KafkaError) in try client.partitionCount(topic: topic, timeout: timeout) }
     }
 
-    /// Waits up to `timeout` for queued records, fails the rest (`.purgedFromQueue` / `.purgedInFlight`), and stops
-    /// the producer. Later sends fail with `.destroyed`.
+    /// Waits up to `timeout` for queued records, fails the rest (`.purgedFromQueue` / `.purgedInFlight`), stops
+    /// the producer and disconnects from the brokers. Later sends fail with `.destroyed`.
     public func close(timeout: Duration = .seconds(5)) async {
         guard !state.withLock({ state in
             defer { state.closed = true }
@@ -184,6 +186,7 @@ public final class KafkaProducer: Sendable {
         }) else { return }
         _ = try? await thread.run { [self] in shutdown(flushTimeout: timeout) }
         thread.stop()
+        client.destroy()
     }
 
     private func shutdown(flushTimeout: Duration) {

@@ -21,6 +21,7 @@ func uniqueName(_ prefix: String) -> String {
 func makeTopic(_ prefix: String, partitions: Int) async throws -> String {
     let admin = try KafkaAdmin(configuration: KafkaConfiguration(brokers: try testBrokers()), logger: testLogger)
     let topic = uniqueName(prefix)
+    defer { admin.close() }
     try await admin.createTopic(topic, partitions: partitions)
     return topic
 }

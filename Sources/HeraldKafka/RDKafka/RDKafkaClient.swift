@@ -1,6 +1,7 @@
 internal import CRdKafka
 import Foundation
 import HeraldRuntime
+import Synchronization
 
 /// What librdkafka's callbacks need, reached through the handle's opaque pointer.
 final class RDKafkaCallbackContext: Sendable {
@@ -25,6 +26,7 @@ final class RDKafkaClient: @unchecked Sendable { // immutable after init; librdk
     /// The consumer queue, for consumers (destroyed before the handle).
     let consumerQueue: OpaquePointer?
     private let context: Unmanaged<RDKafkaCallbackContext>
+    private let destroyed = Atomic(false)
 
     init(kind: Kind, properties: [String: String], logger: Logger, deliveryReports: Bool = false,
          onRebalance: (@Sendable (KafkaRebalanceEvent) -> Void)? = nil) throws(KafkaError) {
@@ -65,7 +67,12 @@ final class RDKafkaClient: @unchecked Sendable { // immutable after init; librdk
         }
     }
 
-    deinit {
+    deinit { destroy() }
+
+    /// Destroys the handle (once). The owner calls it only when nothing can use the handle any more: its thread
+    /// has stopped and new calls are refused.
+    func destroy() {
+        guard !destroyed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         if let consumerQueue { rd_kafka_queue_destroy(consumerQueue) }
         rd_kafka_destroy(handle)
         // Only now can no callback run any more.
