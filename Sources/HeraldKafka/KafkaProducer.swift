@@ -74,9 +74,9 @@ public final class KafkaProducer: Sendable {
     }
 
     /// Sends one record with a UTF-8 key.
-    public func send(topic: String, key: String?, value: [UInt8], headers: [(String, [UInt8])] = [],
+    public func send(topic: String, key: String, value: [UInt8], headers: [(String, [UInt8])] = [],
                      partition: Int32? = nil) async throws(KafkaError) -> KafkaDeliveryReport {
-        try await send(topic: topic, key: key.map { Array($0.utf8) }, value: value, headers: headers,
+        try await send(topic: topic, key: Array(key.utf8), value: value, headers: headers,
                        partition: partition)
     }
 

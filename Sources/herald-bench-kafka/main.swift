@@ -115,7 +115,7 @@ func produceWindowed(_ producer: KafkaProducer, _ options: Options, value: [UInt
                 while true {
                     guard counters.next.add(1, ordering: .relaxed).oldValue < options.records else { return }
                     do {
-                        _ = try await producer.send(topic: options.topic, key: nil as [UInt8]?, value: value)
+                        _ = try await producer.send(topic: options.topic, key: nil, value: value)
                     } catch {
                         counters.failures.add(1, ordering: .relaxed)
                     }

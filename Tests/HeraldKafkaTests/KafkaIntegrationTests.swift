@@ -45,7 +45,7 @@ struct KafkaIntegrationTests {
         let topic = try await makeTopic("resume", partitions: 1)
         let producer = try makeProducer()
         for index in 0..<100 {
-            _ = try await producer.send(topic: topic, key: nil as [UInt8]?, value: Array("\(index)".utf8))
+            _ = try await producer.send(topic: topic, key: nil, value: Array("\(index)".utf8))
         }
         await producer.close()
         let group = uniqueName("resume")
@@ -211,7 +211,7 @@ struct KafkaProducerFailureTests {
             #expect(error.isRetriable)
         }
         do {
-            _ = try await producer.send(topic: "herald.jobs", key: nil as [UInt8]?, value: [0])
+            _ = try await producer.send(topic: "herald.jobs", key: nil, value: [0])
             Issue.record("a closed producer sends nothing")
         } catch {
             #expect(error.code == .destroyed)
