@@ -71,13 +71,16 @@ let package = Package(
         .executableTarget(name: "herald-apns-sim", dependencies: ["HeraldAPNsSimulator", "HeraldRuntime"]),
         // The HTTP server alone, measured against nginx by scripts/bench-http.
         .executableTarget(name: "herald-bench-http", dependencies: ["HeraldHTTP", "HeraldRuntime"]),
+        // Producer throughput through HeraldKafka (scripts/bench-kafka compares it with a reference producer).
+        .executableTarget(name: "herald-bench-kafka", dependencies: ["HeraldKafka", "HeraldRuntime"],
+                          swiftSettings: rdkafkaSwift),
 
         .testTarget(name: "HeraldRuntimeTests", dependencies: ["HeraldRuntime"]),
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
         .testTarget(name: "HeraldCryptoTests", dependencies: ["HeraldCrypto", "HeraldRuntime"]),
         .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldRedis"]),
         .testTarget(name: "HeraldKafkaTests", dependencies: ["HeraldKafka", "CRdKafka"], swiftSettings: rdkafkaSwift),
-        .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldStore"]),
+        .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldStore", "HeraldCrypto"]),
         .testTarget(name: "HeraldHTTPTests", dependencies: ["HeraldHTTP"]),
         .testTarget(name: "HeraldAPNsTests", dependencies: ["HeraldAPNs", "HeraldAPNsSimulator"]),
         .testTarget(name: "HeraldAPNsSimulatorTests", dependencies: ["HeraldAPNsSimulator", "HeraldCrypto",

@@ -1,0 +1,215 @@
+internal import CRdKafka
+import Foundation
+import HeraldRuntime
+import Synchronization
+
+/// A Kafka consumer: a consumer-group member with manual commits, or a group-less reader of assigned partitions.
+///
+/// Every method that talks to the broker runs on a thread the consumer owns, one at a time, so they never block
+/// Swift's cooperative pool; rebalance handlers run on that thread too, during `poll`. A group member must keep
+/// calling `poll` (within `maxPollInterval`) and `close()` when done, which leaves the group at once (a member
+/// that just disappears blocks its group's rebalances until its session times out).
+public final class KafkaConsumer: Sendable {
+    private let client: RDKafkaClient
+    private let thread: OwnedThread
+    private let timeout: Duration
+    private let closed = Atomic(false)
+    private let isGroupMember: Bool
+
+    /// Creates the consumer. `onRebalance` (group members only) learns of partitions assigned to and revoked from
+    /// this member; it runs on the consumer's thread during `poll`, so it must not wait on this consumer.
+    public init(configuration: KafkaConsumerConfiguration, logger: Logger,
+                onRebalance: (@Sendable (KafkaRebalanceEvent) -> Void)? = nil) throws(KafkaError) {
+        try configuration.kafka.validate()
+        // Without a handler librdkafka assigns by itself; with one, the C callback assigns, then tells the caller.
+        client = try RDKafkaClient(kind: .consumer, properties: configuration.librdkafkaProperties, logger: logger,
+                                   onRebalance: configuration.groupID == nil ? nil : onRebalance ?? { _ in })
+        timeout = configuration.kafka.requestTimeout
+        isGroupMember = configuration.groupID != nil
+        thread = OwnedThread(name: "kafka-consumer")
+    }
+
+    deinit {
+        thread.stop()
+        // The client's deinit (rd_kafka_destroy) still leaves the group if close() was not called.
+    }
+
+    /// Joins the group and consumes `topics`; partitions arrive through rebalances during `poll`.
+    public func subscribe(topics: [String]) async throws(KafkaError) {
+        guard isGroupMember else {
+            throw KafkaError(code: .invalidArgument, message: "a consumer without a group id cannot subscribe")
+        }
+        let client = self.client
+        try await run { () throws(KafkaError) in
+            let list = RDKafkaTopicPartitionList(topics.map {
+                KafkaTopicPartitionOffset(topic: $0, partition: RD_KAFKA_PARTITION_UA, offset: 0)
+            })
+            let error = rd_kafka_subscribe(client.handle, list.pointer)
+            guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: "subscribe \(topics)") }
+        }
+    }
+
+    /// Reads exactly these partitions from these offsets, outside any group (for replay tools). Offsets may be
+    /// real ones or `KafkaTopicPartitionOffset.beginning` / `.end` / `.committed`. Replaces any earlier assignment.
+    public func assign(_ partitions: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
+        let client = self.client
+        try await run { () throws(KafkaError) in
+            let list = RDKafkaTopicPartitionList(partitions)
+            let error = rd_kafka_assign(client.handle, list.pointer)
+            guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: "assign \(partitions)") }
+        }
+    }
+
+    /// Waits up to `timeout` for records and returns at most `maxRecords` of them (empty when none came).
+    ///
+    /// Rebalance handlers run inside this call. Transient consumer errors (a broker connection dropped) are
+    /// logged, not thrown: librdkafka recovers by itself. A fatal error is thrown.
+    public func poll(maxRecords: Int = 500, timeout: Duration) async throws(KafkaError) -> [KafkaRecord] {
+        let client = self.client
+        return try await run { () throws(KafkaError) in
+            var records: [KafkaRecord] = []
+            var wait = timeout.timeoutMilliseconds
+            while records.count < maxRecords, let message = rd_kafka_consumer_poll(client.handle, wait) {
+                defer { rd_kafka_message_destroy(message) }
+                wait = 0 // Only the first record is waited for; the rest is what is already fetched.
+                let error = message.pointee.err
+                if error == RD_KAFKA_RESP_ERR_NO_ERROR {
+                    records.append(Self.record(from: message))
+                } else if let fatal = client.fatalError {
+                    throw fatal
+                } else if error != RD_KAFKA_RESP_ERR__PARTITION_EOF {
+                    client.logger.warning("Kafka consumer error", [
+                        "kafka.error": String(cString: rd_kafka_err2name(error)),
+                        "kafka.detail": String(cString: rd_kafka_message_errstr(message)),
+                    ])
+                }
+            }
+            return records
+        }
+    }
+
+    /// Commits these positions for the group and waits for the broker's answer (bounded by the request timeout).
+    /// A position is the next offset to read: use `KafkaRecord.offsetToCommit` for a handled record.
+    public func commit(_ offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
+        guard !offsets.isEmpty else { return }
+        guard isGroupMember else {
+            throw KafkaError(code: .invalidArgument, message: "a consumer without a group id cannot commit")
+        }
+        let client = self.client, timeout = self.timeout
+        try await run { () throws(KafkaError) in
+            let list = RDKafkaTopicPartitionList(offsets)
+            guard let queue = rd_kafka_queue_new(client.handle) else {
+                throw KafkaError(code: .destroyed, message: "no queue for the commit result")
+            }
+            defer { rd_kafka_queue_destroy(queue) }
+            // Through a queue rather than a synchronous commit, so the wait is bounded.
+            let error = rd_kafka_commit_queue(client.handle, list.pointer, queue, nil, nil)
+            guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: "commit \(offsets)") }
+            guard let event = rd_kafka_queue_poll(queue, timeout.timeoutMilliseconds) else {
+                throw KafkaError(code: .timedOut, message: "no commit answer within \(timeout)")
+            }
+            defer { rd_kafka_event_destroy(event) }
+            let eventError = rd_kafka_event_error(event)
+            guard eventError == RD_KAFKA_RESP_ERR_NO_ERROR else {
+                throw KafkaError(eventError, message: "commit: \(String(cString: rd_kafka_event_error_string(event)))")
+            }
+            if let answered = rd_kafka_event_topic_partition_list(event) {
+                for entry in RDKafkaTopicPartitionList.entries(of: answered)
+                where entry.error != RD_KAFKA_RESP_ERR_NO_ERROR {
+                    throw KafkaError(entry.error, message: "commit \(entry.position): "
+                                     + String(cString: rd_kafka_err2str(entry.error)))
+                }
+            }
+        }
+    }
+
+    /// The group's committed positions for these partitions (`KafkaTopicPartitionOffset.end`… when none).
+    public func committed(_ partitions: [KafkaTopicPartition]) async throws(KafkaError) -> [KafkaTopicPartitionOffset] {
+        let client = self.client, timeout = self.timeout
+        return try await run { () throws(KafkaError) in
+            let list = RDKafkaTopicPartitionList(partitions.map {
+                KafkaTopicPartitionOffset(topic: $0.topic, partition: $0.partition, offset: KafkaTopicPartitionOffset.committed)
+            })
+            let error = rd_kafka_committed(client.handle, list.pointer, timeout.timeoutMilliseconds)
+            guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: "committed offsets") }
+            try list.checkErrors("committed offset of")
+            return list.entries.map(\.position)
+        }
+    }
+
+    /// For each partition of `topic`, the earliest offset whose record timestamp is at or after `timestamp`
+    /// (`KafkaTopicPartitionOffset.end` where there is none). A replay starts there with `assign`.
+    public func offsets(forTimestamp timestamp: Date, topic: String) async throws(KafkaError) -> [KafkaTopicPartitionOffset] {
+        let client = self.client, timeout = self.timeout
+        return try await run { () throws(KafkaError) in
+            let count = try client.partitionCount(topic: topic, timeout: timeout)
+            let milliseconds = Int64((timestamp.timeIntervalSince1970 * 1000).rounded(.down))
+            let list = RDKafkaTopicPartitionList((0..<count).map {
+                KafkaTopicPartitionOffset(topic: topic, partition: Int32($0), offset: milliseconds)
+            })
+            let error = rd_kafka_offsets_for_times(client.handle, list.pointer, timeout.timeoutMilliseconds)
+            guard error == RD_KAFKA_RESP_ERR_NO_ERROR else {
+                throw KafkaError(error, message: "offsets for times of \(topic): \(String(cString: rd_kafka_err2str(error)))")
+            }
+            try list.checkErrors("offset for time of")
+            return list.entries.map(\.position)
+        }
+    }
+
+    /// Partition count of `topic` from the broker's metadata.
+    public func partitionCount(topic: String) async throws(KafkaError) -> Int {
+        let client = self.client, timeout = self.timeout
+        return try await run { () throws(KafkaError) in try client.partitionCount(topic: topic, timeout: timeout) }
+    }
+
+    /// Leaves the group (revoking this member's partitions, so handlers run once more), stops the consumer and
+    /// disconnects. Uncommitted records will be delivered again to whoever gets their partitions.
+    public func close() async throws(KafkaError) {
+        guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        let client = self.client
+        defer {
+            thread.stop()
+            client.destroy()
+        }
+        try await thread.run { () throws(KafkaError) in
+            let error = rd_kafka_consumer_close(client.handle)
+            guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: "leaving the group") }
+        }
+    }
+
+    private func run<T: Sendable>(_ body: @escaping @Sendable () throws(KafkaError) -> T) async throws(KafkaError) -> T {
+        guard !closed.load(ordering: .acquiring) else { throw .closed("consumer") }
+        return try await thread.run(body)
+    }
+
+    private static func record(from message: UnsafeMutablePointer<rd_kafka_message_t>) -> KafkaRecord {
+        let entry = message.pointee
+        var headers: [(name: String, value: [UInt8])] = []
+        var headerList: OpaquePointer?
+        if rd_kafka_message_headers(message, &headerList) == RD_KAFKA_RESP_ERR_NO_ERROR, let headerList {
+            var name: UnsafePointer<CChar>?
+            var value: UnsafeRawPointer?
+            var size = 0
+            var index = 0
+            while rd_kafka_header_get_all(headerList, index, &name, &value, &size) == RD_KAFKA_RESP_ERR_NO_ERROR {
+                headers.append((name.map { String(cString: $0) } ?? "", bytes(value, size)))
+                index += 1
+            }
+        }
+        var timestampType = RD_KAFKA_TIMESTAMP_NOT_AVAILABLE
+        let milliseconds = rd_kafka_message_timestamp(message, &timestampType)
+        return KafkaRecord(
+            topic: entry.rkt.map { String(cString: rd_kafka_topic_name($0)) } ?? "",
+            partition: entry.partition, offset: entry.offset,
+            key: entry.key.map { bytes($0, entry.key_len) },
+            value: bytes(entry.payload, entry.len),
+            headers: headers,
+            timestamp: timestampType == RD_KAFKA_TIMESTAMP_NOT_AVAILABLE || milliseconds < 0
+                ? nil : Date(timeIntervalSince1970: Double(milliseconds) / 1000))
+    }
+
+    private static func bytes(_ pointer: UnsafeRawPointer?, _ count: Int) -> [UInt8] {
+        guard let pointer, count > 0 else { return [] }
+        return Array(UnsafeRawBufferPointer(start: pointer, count: count))
+    }
+}

@@ -1,0 +1,223 @@
+internal import CRdKafka
+import Foundation
+import HeraldRuntime
+import Synchronization
+
+/// What librdkafka's callbacks need, reached through the handle's opaque pointer.
+final class RDKafkaCallbackContext: Sendable {
+    let logger: Logger
+    let onRebalance: (@Sendable (KafkaRebalanceEvent) -> Void)?
+
+    init(logger: Logger, onRebalance: (@Sendable (KafkaRebalanceEvent) -> Void)?) {
+        self.logger = logger
+        self.onRebalance = onRebalance
+    }
+}
+
+/// Owns one `rd_kafka_t` handle and the callback context it points to; destroys both in `deinit`.
+///
+/// Every C call of the wrapper goes through this folder. librdkafka's handle is thread-safe for all the calls
+/// made here; the wrapper only keeps blocking ones off Swift's cooperative pool.
+final class RDKafkaClient: @unchecked Sendable { // immutable after init; librdkafka synchronises the handle
+    enum Kind { case producer, consumer }
+
+    let handle: OpaquePointer
+    let logger: Logger
+    /// The consumer queue, for consumers (destroyed before the handle).
+    let consumerQueue: OpaquePointer?
+    private let context: Unmanaged<RDKafkaCallbackContext>
+    private let destroyed = Atomic(false)
+
+    init(kind: Kind, properties: [String: String], logger: Logger, deliveryReports: Bool = false,
+         onRebalance: (@Sendable (KafkaRebalanceEvent) -> Void)? = nil) throws(KafkaError) {
+        let conf = rd_kafka_conf_new()!
+        var errorText = [CChar](repeating: 0, count: 512)
+        // Sorted so a bad property is reported the same way every time.
+        for (key, value) in properties.sorted(by: { $0.key < $1.key }) {
+            let result = rd_kafka_conf_set(conf, key, value, &errorText, errorText.count)
+            guard result == RD_KAFKA_CONF_OK else {
+                rd_kafka_conf_destroy(conf)
+                throw KafkaError(code: .invalidArgument,
+                                 message: "Kafka property \(key): \(cText(errorText))")
+            }
+        }
+        // With a log callback librdkafka never prints to stderr itself: every line becomes one JSON log line.
+        rd_kafka_conf_set_log_cb(conf, rdkafkaLog)
+        rd_kafka_conf_set_error_cb(conf, rdkafkaError)
+        if deliveryReports { rd_kafka_conf_set_dr_msg_cb(conf, rdkafkaDeliveryReport) }
+        if onRebalance != nil { rd_kafka_conf_set_rebalance_cb(conf, rdkafkaRebalance) }
+        let context = Unmanaged.passRetained(RDKafkaCallbackContext(logger: logger, onRebalance: onRebalance))
+        rd_kafka_conf_set_opaque(conf, context.toOpaque())
+
+        let type = kind == .producer ? RD_KAFKA_PRODUCER : RD_KAFKA_CONSUMER
+        guard let handle = rd_kafka_new(type, conf, &errorText, errorText.count) else {
+            rd_kafka_conf_destroy(conf) // only taken over on success
+            context.release()
+            throw KafkaError(code: .invalidArgument, message: "Kafka client: \(cText(errorText))")
+        }
+        self.handle = handle
+        self.context = context
+        self.logger = logger
+        if kind == .consumer {
+            // Errors and logs then come through the consumer's poll, and batches read from one queue.
+            rd_kafka_poll_set_consumer(handle)
+            consumerQueue = rd_kafka_queue_get_consumer(handle)
+        } else {
+            consumerQueue = nil
+        }
+    }
+
+    deinit { destroy() }
+
+    /// Destroys the handle (once). The owner calls it only when nothing can use the handle any more: its thread
+    /// has stopped and new calls are refused.
+    func destroy() {
+        guard !destroyed.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        if let consumerQueue { rd_kafka_queue_destroy(consumerQueue) }
+        rd_kafka_destroy(handle)
+        // Only now can no callback run any more.
+        context.release()
+    }
+
+    /// The underlying error when the client raised a fatal one.
+    var fatalError: KafkaError? {
+        var text = [CChar](repeating: 0, count: 512)
+        let code = rd_kafka_fatal_error(handle, &text, text.count)
+        guard code != RD_KAFKA_RESP_ERR_NO_ERROR else { return nil }
+        return KafkaError(code: .fatal, message: "\(String(cString: rd_kafka_err2name(code))): \(cText(text))",
+                          isRetriable: false, isFatal: true)
+    }
+
+    /// Topic metadata from the broker: all topics, or one (which must exist). Blocks up to `timeout`.
+    func metadata(topic: String?, timeout: Duration) throws(KafkaError) -> [KafkaTopicMetadata] {
+        var topicHandle: OpaquePointer?
+        if let topic {
+            topicHandle = rd_kafka_topic_new(handle, topic, nil)
+            guard topicHandle != nil else { throw KafkaError(rd_kafka_last_error(), message: "topic \(topic)") }
+        }
+        defer { if let topicHandle { rd_kafka_topic_destroy(topicHandle) } }
+        var metadata: UnsafePointer<rd_kafka_metadata>?
+        let error = rd_kafka_metadata(handle, topic == nil ? 1 : 0, topicHandle, &metadata, timeout.timeoutMilliseconds)
+        guard error == RD_KAFKA_RESP_ERR_NO_ERROR, let metadata else {
+            throw KafkaError(error, message: "metadata request failed: \(String(cString: rd_kafka_err2str(error)))")
+        }
+        defer { rd_kafka_metadata_destroy(metadata) }
+        var topics: [KafkaTopicMetadata] = []
+        for index in 0..<Int(metadata.pointee.topic_cnt) {
+            let entry = metadata.pointee.topics[index]
+            let name = String(cString: entry.topic)
+            if entry.err != RD_KAFKA_RESP_ERR_NO_ERROR {
+                // Listing all topics skips broken ones; asking for one topic reports why it is missing.
+                if topic != nil { throw KafkaError(entry.err, message: "topic \(name): \(String(cString: rd_kafka_err2str(entry.err)))") }
+                continue
+            }
+            topics.append(KafkaTopicMetadata(name: name, partitionCount: Int(entry.partition_cnt)))
+        }
+        return topics
+    }
+
+    func partitionCount(topic: String, timeout: Duration) throws(KafkaError) -> Int {
+        guard let entry = try metadata(topic: topic, timeout: timeout).first(where: { $0.name == topic }),
+              entry.partitionCount > 0 else {
+            throw KafkaError(code: .unknownTopicOrPartition, message: "topic \(topic) has no partitions")
+        }
+        return entry.partitionCount
+    }
+}
+
+// MARK: - Callbacks (capture-less; context comes from the handle's opaque pointer)
+
+private func rdkafkaLog(_ handle: OpaquePointer?, _ level: Int32, _ facility: UnsafePointer<CChar>?,
+                        _ line: UnsafePointer<CChar>?) {
+    guard let handle, let opaque = rd_kafka_opaque(handle) else { return }
+    let context = Unmanaged<RDKafkaCallbackContext>.fromOpaque(opaque).takeUnretainedValue()
+    // syslog levels: 0–3 emergency…error, 4 warning, 5–6 notice/info, 7 debug.
+    let mapped: Logger.Level = level <= 3 ? .error : level == 4 ? .warning : level <= 6 ? .info : .debug
+    context.logger.log(mapped, line.map { String(cString: $0) } ?? "", [
+        "kafka.facility": facility.map { String(cString: $0) } ?? "",
+        "kafka.client": String(cString: rd_kafka_name(handle)),
+    ])
+}
+
+private func rdkafkaError(_ handle: OpaquePointer?, _ code: Int32, _ reason: UnsafePointer<CChar>?,
+                          _ opaque: UnsafeMutableRawPointer?) {
+    guard let handle, let opaque else { return }
+    let context = Unmanaged<RDKafkaCallbackContext>.fromOpaque(opaque).takeUnretainedValue()
+    let error = rd_kafka_resp_err_t(rawValue: code)
+    var fields = ["kafka.error": String(cString: rd_kafka_err2name(error)),
+                  "kafka.client": String(cString: rd_kafka_name(handle))]
+    var level = Logger.Level.warning
+    if error == RD_KAFKA_RESP_ERR__FATAL {
+        level = .error
+        var text = [CChar](repeating: 0, count: 512)
+        let underlying = rd_kafka_fatal_error(handle, &text, text.count)
+        fields["kafka.fatal"] = "\(String(cString: rd_kafka_err2name(underlying))): \(cText(text))"
+    } else if error == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN {
+        level = .error
+    }
+    context.logger.log(level, reason.map { String(cString: $0) } ?? "Kafka client error", fields)
+}
+
+private func rdkafkaDeliveryReport(_ handle: OpaquePointer?, _ message: UnsafePointer<rd_kafka_message_t>?,
+                                   _ opaque: UnsafeMutableRawPointer?) {
+    guard let message, let pending = message.pointee._private else { return }
+    // The producer retained the handler when it queued the record; this is its one and only report.
+    let handler = Unmanaged<DeliveryHandler>.fromOpaque(pending).takeRetainedValue()
+    let error = message.pointee.err
+    if error == RD_KAFKA_RESP_ERR_NO_ERROR {
+        handler.complete(.success(KafkaDeliveryReport(topic: handler.topic, partition: message.pointee.partition,
+                                                      offset: message.pointee.offset)))
+    } else {
+        var failure = KafkaError(error, message: String(cString: rd_kafka_message_errstr(message)))
+        if error == RD_KAFKA_RESP_ERR__FATAL, let handle {
+            var text = [CChar](repeating: 0, count: 512)
+            let underlying = rd_kafka_fatal_error(handle, &text, text.count)
+            failure.message = "\(String(cString: rd_kafka_err2name(underlying))): \(cText(text))"
+        }
+        handler.complete(.failure(failure))
+    }
+}
+
+private func rdkafkaRebalance(_ handle: OpaquePointer?, _ error: rd_kafka_resp_err_t,
+                              _ partitions: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?,
+                              _ opaque: UnsafeMutableRawPointer?) {
+    guard let handle, let opaque else { return }
+    let context = Unmanaged<RDKafkaCallbackContext>.fromOpaque(opaque).takeUnretainedValue()
+    let changed = partitions.map { RDKafkaTopicPartitionList.entries(of: $0).map(\.position.topicPartition) } ?? []
+    let cooperative = rd_kafka_rebalance_protocol(handle).map { String(cString: $0) } == "COOPERATIVE"
+    var failure: KafkaError?
+    switch error {
+    case RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS:
+        if cooperative {
+            if let error = rd_kafka_incremental_assign(handle, partitions) { failure = KafkaError(consuming: error) }
+        } else {
+            let code = rd_kafka_assign(handle, partitions)
+            if code != RD_KAFKA_RESP_ERR_NO_ERROR { failure = KafkaError(code) }
+        }
+        context.onRebalance?(.assigned(changed))
+    case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
+        context.onRebalance?(.revoked(changed))
+        if cooperative {
+            if let error = rd_kafka_incremental_unassign(handle, partitions) { failure = KafkaError(consuming: error) }
+        } else {
+            let code = rd_kafka_assign(handle, nil)
+            if code != RD_KAFKA_RESP_ERR_NO_ERROR { failure = KafkaError(code) }
+        }
+    default:
+        failure = KafkaError(error)
+        _ = rd_kafka_assign(handle, nil)
+    }
+    if let failure {
+        context.logger.error("Kafka rebalance failed", ["kafka.error": failure.description])
+    } else {
+        context.logger.info("Kafka rebalance", [
+            "kafka.event": error == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS ? "assigned" : "revoked",
+            "kafka.partitions": changed.map(\.description).joined(separator: ","),
+        ])
+    }
+}
+
+/// A NUL-terminated C string filled in by librdkafka into `buffer`.
+func cText(_ buffer: [CChar]) -> String {
+    String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}

@@ -1,1 +1,0 @@
-// HeraldKafkaTests: filled in by its issue.
