@@ -34,7 +34,7 @@ let package = Package(
         // Logging, metrics, configuration from the environment, service lifecycle: used by everything.
         .target(name: "HeraldRuntime"),
         // Domain model and validation: apps, keys, subscriptions, registrations, jobs. No I/O.
-        .target(name: "HeraldCore", dependencies: ["HeraldCrypto"]),
+        .target(name: "HeraldCore", dependencies: ["HeraldCrypto", "HeraldRuntime"]),
         // SHA-256, random ids, ES256 signing, ES256/RS256 verification (OpenSSL).
         .target(name: "HeraldCrypto", dependencies: ["COpenSSL", "CHeraldShims", "HeraldRuntime"]),
         // Redis client over hiredis: pool, pipelining, scripts.
@@ -61,7 +61,8 @@ let package = Package(
                                                          "HeraldHTTP", "HeraldRuntime"],
                 swiftSettings: rdkafkaSwift),
 
-        .executableTarget(name: "herald-ingest", dependencies: ["HeraldIngest", "HeraldRuntime"],
+        .executableTarget(name: "herald-ingest", dependencies: ["HeraldIngest", "HeraldCore", "HeraldKafka", "HeraldRedis",
+                                                                "HeraldRuntime"],
                           swiftSettings: rdkafkaSwift),
         .executableTarget(name: "herald-dispatcher", dependencies: ["HeraldDispatcher", "HeraldRuntime"],
                           swiftSettings: rdkafkaSwift),

@@ -49,8 +49,12 @@ public struct Principal: Sendable, Equatable {
     public var appID: String
     public var kind: APIKeyKind
     public var user: String
-    /// What rate limits count against: the key's hash, or `oauth:<app>:<sub>` for bearer tokens.
+    /// What rate limits count against: the key's hash, or a hash of app and `sub` for OAuth tokens.
     public var rateLimitKey: String
+
+    public init(appID: String, kind: APIKeyKind, user: String, rateLimitKey: String) {
+        (self.appID, self.kind, self.user, self.rateLimitKey) = (appID, kind, user, rateLimitKey)
+    }
 }
 
 /// The apps file (`HERALD_APPS_FILE`), parsed, checked and with its keys loaded.

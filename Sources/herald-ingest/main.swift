@@ -1,12 +1,90 @@
+import Foundation
+import HeraldCore
+import HeraldIngest
+import HeraldKafka
+import HeraldRedis
 import HeraldRuntime
 
 let usage = """
-    herald-ingest — HTTP API: device subscriptions, Live Activity registration, event intake → Kafka.
+    herald-ingest — Herald's HTTP API: device subscriptions, Live Activity registration, event intake → Kafka.
 
     Usage: herald-ingest [--help]
 
-    Configuration is read from HERALD_* environment variables; see README.md.
+    Environment (defaults in brackets):
+      HERALD_INGEST_ADDR            listen address [127.0.0.1:8080]
+      HERALD_APPS_FILE              apps file [config/apps.json]; SIGHUP reloads it
+      HERALD_REDIS_URL              [redis://127.0.0.1:6379/0]
+      HERALD_KAFKA_BROKERS          [127.0.0.1:9092]
+      HERALD_TOPIC_JOBS             [herald.jobs]
+      HERALD_RATE_LIMIT_PER_MINUTE  requests per key per minute [240]
+      HERALD_ACTIVITY_TTL_SECONDS   Live Activity registration lifetime [3600]
+      HERALD_MAX_BODY_BYTES         largest request body [65536]
+      HERALD_PUBLISH_TIMEOUT_SECONDS  wait for the broker's ack before answering 503 [5]
+      HERALD_LOG_LEVEL              debug | info | warning | error [info]
     """
 
-if CommandLineTool.helpRequested() { CommandLineTool.exitWithUsage(usage) }
-CommandLineTool.exitWithConfigurationError("herald-ingest", ConfigurationError("herald-ingest", "not built yet; see the open issues"))
+struct IngestSettings {
+    var configuration = IngestConfiguration()
+    var appsFile: String
+    var redis: RedisConfiguration
+    var kafka: KafkaProducerConfiguration
+    var logLevel: Logger.Level
+
+    init(_ env: EnvironmentReader) throws {
+        configuration.address = try env.address("HERALD_INGEST_ADDR", default: "127.0.0.1:8080")
+        configuration.rateLimitPerMinute = try env.int("HERALD_RATE_LIMIT_PER_MINUTE", default: 240, range: 1...1_000_000)
+        configuration.activityTTL = .seconds(try env.int("HERALD_ACTIVITY_TTL_SECONDS", default: 3600, range: 1...86_400 * 30))
+        configuration.maxBodyBytes = try env.int("HERALD_MAX_BODY_BYTES", default: 65_536, range: 1024...16 << 20)
+        configuration.jobsTopic = env.string("HERALD_TOPIC_JOBS", default: "herald.jobs")
+        configuration.publishTimeout = try env.seconds("HERALD_PUBLISH_TIMEOUT_SECONDS", default: .seconds(5))
+        appsFile = env.string("HERALD_APPS_FILE", default: "config/apps.json")
+        let redisURL = env.string("HERALD_REDIS_URL", default: "redis://127.0.0.1:6379/0")
+        do { redis = try RedisConfiguration(url: redisURL) } catch {
+            throw ConfigurationError("HERALD_REDIS_URL", "\(error)")
+        }
+        let brokers = env.string("HERALD_KAFKA_BROKERS", default: "127.0.0.1:9092")
+        kafka = KafkaProducerConfiguration(kafka: KafkaConfiguration(brokerList: brokers),
+                                           messageTimeout: configuration.publishTimeout)
+        let level = env.string("HERALD_LOG_LEVEL", default: "info")
+        guard let parsed = Logger.Level(name: level) else {
+            throw ConfigurationError("HERALD_LOG_LEVEL", "expected debug, info, warning or error, got \"\(level)\"")
+        }
+        logLevel = parsed
+    }
+}
+
+func main() async {
+    if CommandLineTool.helpRequested() { CommandLineTool.exitWithUsage(usage) }
+    let settings: IngestSettings
+    let apps: AppRegistry
+    do {
+        settings = try IngestSettings(EnvironmentReader())
+        do { apps = AppRegistry(try AppDirectory.load(path: settings.appsFile)) } catch {
+            throw ConfigurationError("HERALD_APPS_FILE", "\(error)")
+        }
+    } catch { CommandLineTool.exitWithConfigurationError("herald-ingest", error) }
+
+    let logger = Logger(label: "herald.ingest", minimumLevel: settings.logLevel)
+    let redis = RedisClient(configuration: settings.redis, logger: logger.with(["component": "redis"]))
+    let producer: KafkaProducer
+    let service: IngestService
+    do {
+        producer = try KafkaProducer(configuration: settings.kafka, logger: logger.with(["component": "kafka"]))
+        service = try IngestService(configuration: settings.configuration, apps: apps, redis: redis,
+                                    producer: producer, logger: logger)
+    } catch { CommandLineTool.exitWithConfigurationError("herald-ingest", error) }
+
+    let reloads = Task { await AppsReloader(apps: apps, path: settings.appsFile, logger: logger).run() }
+    logger.info("listening", ["addr": service.address.description, "apps": "\(apps.directory.apps.count)"])
+    do {
+        try await ServiceGroup(services: [service], logger: logger).run()
+    } catch {
+        logger.error("stopped with an error", ["error": "\(error)"])
+    }
+    reloads.cancel()
+    await producer.close()
+    await redis.close()
+    logger.info("stopped")
+}
+
+await main()

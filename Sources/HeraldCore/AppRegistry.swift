@@ -1,0 +1,16 @@
+import Synchronization
+
+/// The current apps file, swappable at run time (`SIGHUP`): readers always see one whole, checked version.
+public final class AppRegistry: Sendable {
+    private let current: Mutex<AppDirectory>
+
+    public init(_ directory: AppDirectory) { current = Mutex(directory) }
+
+    public var directory: AppDirectory { current.withLock { $0 } }
+
+    /// Loads `path` and swaps it in; on any error the old directory stays and the error is thrown.
+    public func reload(path: String) throws {
+        let fresh = try AppDirectory.load(path: path)
+        current.withLock { $0 = fresh }
+    }
+}

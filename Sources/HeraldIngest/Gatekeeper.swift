@@ -1,0 +1,137 @@
+import Foundation
+import HeraldCore
+import HeraldCrypto
+import HeraldHTTP
+import HeraldRuntime
+import HeraldStore
+
+/// Who may call what: API-key or OAuth authentication, app scoping, key kinds, and the per-key rate limit.
+struct Gatekeeper: Sendable {
+    enum Audience: Sendable {
+        /// Device endpoints: a public or secret key.
+        case device
+        /// Producer endpoints: a secret key only.
+        case producer
+    }
+
+    /// A request that got in: its app, its caller, and the rate-limit headers every response must carry.
+    struct Admission: Sendable {
+        var app: App
+        var principal: Principal
+        var headers: [String: String]
+    }
+
+    static let activitiesScope = "activities:write"
+
+    let apps: AppRegistry
+    let limiter: RateLimiter
+    let clockSkew: Duration
+    let logger: Logger
+    let rateLimited = MetricsRegistry.shared.counter("herald_ingest_rate_limited_total",
+                                                      help: "Requests refused with 429.")
+
+    /// Wraps an endpoint: admits the request, runs `body`, and puts the rate-limit headers on whatever it
+    /// answers, errors included.
+    func endpoint(_ audience: Audience, appFromPath: Bool = true, oauth: Bool = false,
+                  _ body: @escaping @Sendable (HTTPRequest, Admission) async throws -> HTTPResponse) -> HTTPHandler {
+        { request in
+            let admission = try await admit(request, audience: audience,
+                                            appID: appFromPath ? try request.pathParameter("appID") : nil, oauth: oauth)
+            do {
+                var response = try await body(request, admission)
+                for (name, value) in admission.headers { response.headers[name] = value }
+                return response
+            } catch {
+                guard var failure = Failures.http(error, logger: logger) as? HTTPError else { throw error }
+                failure.headers.merge(admission.headers) { old, _ in old }
+                throw failure
+            }
+        }
+    }
+
+    func admit(_ request: HTTPRequest, audience: Audience, appID: String?, oauth: Bool) async throws -> Admission {
+        let directory = apps.directory
+        let (app, principal) = try authenticate(request, directory: directory, appID: appID, oauth: oauth)
+        if audience == .producer, principal.kind != .secret {
+            throw HTTPError(status: 403, code: "forbidden", message: "this endpoint takes a secret key")
+        }
+        let decision = try await Failures.mapping(logger) { try await limiter.hit(principal.rateLimitKey) }
+        var headers = ["RateLimit-Limit": String(decision.limit), "RateLimit-Remaining": String(decision.remaining),
+                       "RateLimit-Reset": String(decision.resetSeconds)]
+        guard decision.allowed else {
+            rateLimited.increment()
+            headers["Retry-After"] = String(decision.resetSeconds)
+            throw HTTPError(status: 429, code: "rate_limited",
+                            message: "more than \(decision.limit) requests this minute; retry in \(decision.resetSeconds) s",
+                            headers: headers)
+        }
+        return Admission(app: app, principal: principal, headers: headers)
+    }
+
+    private func authenticate(_ request: HTTPRequest, directory: AppDirectory, appID: String?,
+                              oauth: Bool) throws(HTTPError) -> (App, Principal) {
+        guard let credential = Self.credential(request) else {
+            throw HTTPError(status: 401, code: "unauthorized", message: "send an API key in X-API-Key or Authorization: Bearer")
+        }
+        if oauth, credential.bearer, credential.value.split(separator: ".", omittingEmptySubsequences: false).count == 3 {
+            return try authenticateOAuth(credential.value, directory: directory, appID: appID)
+        }
+        guard let principal = directory.authenticate(apiKey: credential.value),
+              let app = directory.apps[principal.appID] else {
+            throw HTTPError(status: 401, code: "unauthorized", message: "the API key is not valid")
+        }
+        if let appID, appID != principal.appID {
+            if directory.apps[appID] == nil { throw HTTPError.notFound("no app \(appID)") }
+            throw HTTPError(status: 403, code: "forbidden", message: "the key does not belong to app \(appID)")
+        }
+        return (app, principal)
+    }
+
+    /// An OAuth 2 access token: a JWT signed by the app's issuer, for `audience`, unexpired, with the scope.
+    private func authenticateOAuth(_ token: String, directory: AppDirectory,
+                                   appID: String?) throws(HTTPError) -> (App, Principal) {
+        func unauthorized(_ why: String) -> HTTPError {
+            HTTPError(status: 401, code: "invalid_token", message: "the access token is not valid: \(why)",
+                      headers: ["WWW-Authenticate": "Bearer error=\"invalid_token\""])
+        }
+        let jwt: JSONWebToken
+        do { jwt = try JSONWebToken(parsing: token) } catch { throw unauthorized("\(error)") }
+        guard let issuer = jwt.stringClaim("iss"), let app = directory.app(forIssuer: issuer), let oauth = app.oauth else {
+            throw unauthorized("unknown issuer")
+        }
+        do { try jwt.verify(with: oauth.publicKey) } catch { throw unauthorized("\(error)") }
+        let audiences: [String] = switch jwt.claims["aud"] {
+        case .string(let one): [one]
+        case .array(let many): many.compactMap(\.stringValue)
+        default: []
+        }
+        guard audiences.contains(oauth.audience) else { throw unauthorized("wrong audience") }
+        let now = Date().timeIntervalSince1970
+        let skew = Double(clockSkew.components.seconds)
+        guard let expiry = jwt.numericClaim("exp") else { throw unauthorized("no expiry") }
+        guard expiry + skew > now else { throw unauthorized("expired") }
+        if let notBefore = jwt.numericClaim("nbf"), notBefore - skew > now { throw unauthorized("not valid yet") }
+        guard let subject = jwt.stringClaim("sub"), !subject.isEmpty else { throw unauthorized("no subject") }
+        if let appID, appID != app.id {
+            throw HTTPError(status: 403, code: "forbidden", message: "the token does not belong to app \(appID)")
+        }
+        let scopes = (jwt.stringClaim("scope")?.split(separator: " ").map(String.init) ?? [])
+            + (jwt.claims["scp"]?.arrayValue?.compactMap(\.stringValue) ?? [])
+        guard scopes.contains(Self.activitiesScope) else {
+            throw HTTPError(status: 403, code: "insufficient_scope", message: "the token lacks the \(Self.activitiesScope) scope",
+                            headers: ["WWW-Authenticate": "Bearer error=\"insufficient_scope\", scope=\"\(Self.activitiesScope)\""])
+        }
+        let principal = Principal(appID: app.id, kind: .public, user: subject,
+                                  rateLimitKey: "oauth:" + Hex.encode(SHA256.hash(app.id + "\n" + subject)))
+        return (app, principal)
+    }
+
+    private static func credential(_ request: HTTPRequest) -> (value: String, bearer: Bool)? {
+        if let key = request.headers["X-API-Key"], !key.isEmpty { return (key, false) }
+        guard let authorization = request.headers["Authorization"] else { return nil }
+        let parts = authorization.split(separator: " ", maxSplits: 1)
+        guard parts.count == 2, parts[0].lowercased() == "bearer" else { return nil }
+        let value = parts[1].trimmingCharacters(in: .whitespaces)
+        return value.isEmpty ? nil : (value, true)
+    }
+}

@@ -1,0 +1,29 @@
+import HeraldHTTP
+import HeraldRuntime
+
+/// Settings of herald-ingest. The executable fills it from `HERALD_*` variables (see README).
+public struct IngestConfiguration: Sendable {
+    /// `HERALD_INGEST_ADDR`.
+    public var address: HostPort = HostPort(host: "127.0.0.1", port: 8080)
+    /// `HERALD_RATE_LIMIT_PER_MINUTE`: requests per key per fixed 60 s window.
+    public var rateLimitPerMinute = 240
+    /// `HERALD_ACTIVITY_TTL_SECONDS`: a Live Activity registration lives this long after its last re-post.
+    public var activityTTL: Duration = .seconds(3600)
+    /// `HERALD_MAX_BODY_BYTES`.
+    public var maxBodyBytes = 65_536
+    /// `HERALD_TOPIC_JOBS`.
+    public var jobsTopic = "herald.jobs"
+    /// How long a producer request waits for the broker's acknowledgement before answering 503.
+    public var publishTimeout: Duration = .seconds(5)
+    /// HTTP worker threads.
+    public var threads = 2
+    /// Clock skew allowed when checking OAuth tokens' `exp` and `nbf`.
+    public var clockSkew: Duration = .seconds(60)
+
+    public init() {}
+
+    var http: HTTPServerConfiguration {
+        HTTPServerConfiguration(address: address, threads: threads, maxBodyBytes: maxBodyBytes,
+                                requestDeadline: publishTimeout + .seconds(2))
+    }
+}
