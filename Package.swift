@@ -67,6 +67,8 @@ let package = Package(
                                                             "HeraldCrypto", "HeraldRuntime"],
                           swiftSettings: rdkafkaSwift),
         .executableTarget(name: "herald-apns-sim", dependencies: ["HeraldAPNsSimulator", "HeraldRuntime"]),
+        // APNs client throughput against nghttpd, compared with h2load (scripts/bench-apns).
+        .executableTarget(name: "herald-bench-apns", dependencies: ["HeraldAPNs", "HeraldCrypto", "HeraldRuntime"]),
 
         .testTarget(name: "HeraldRuntimeTests", dependencies: ["HeraldRuntime"]),
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
@@ -74,7 +76,7 @@ let package = Package(
         .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldRedis"]),
         .testTarget(name: "HeraldKafkaTests", dependencies: ["HeraldKafka", "CRdKafka"], swiftSettings: rdkafkaSwift),
         .testTarget(name: "HeraldHTTPTests", dependencies: ["HeraldHTTP"]),
-        .testTarget(name: "HeraldAPNsTests", dependencies: ["HeraldAPNs", "HeraldAPNsSimulator"]),
+        .testTarget(name: "HeraldAPNsTests", dependencies: ["HeraldAPNs", "HeraldCrypto", "HeraldRuntime"]),
         .testTarget(name: "HeraldIngestTests", dependencies: ["HeraldIngest"], swiftSettings: rdkafkaSwift),
         .testTarget(name: "HeraldDispatcherTests", dependencies: ["HeraldDispatcher"], swiftSettings: rdkafkaSwift),
     ],
