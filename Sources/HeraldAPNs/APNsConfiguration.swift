@@ -8,12 +8,14 @@ public enum APNsEnvironment: String, Sendable, Hashable, CaseIterable {
 
 /// An APNs server address parsed from `https://host[:port]`.
 public struct APNsEndpoint: Sendable, Hashable, CustomStringConvertible {
-    public var host: String
-    public var port: UInt16
+    public let host: String
+    public let port: UInt16
 
     public init(host: String, port: UInt16 = 443) {
         self.host = host
         self.port = port
+        let hostPart = host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]" : host
+        authority = port == 443 ? hostPart : "\(hostPart):\(port)"
     }
 
     /// Parses `https://host[:port]` (IPv6 literals in brackets). Plain `http` is refused: APNs is TLS only.
@@ -53,10 +55,7 @@ public struct APNsEndpoint: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// The `:authority` pseudo-header.
-    var authority: String {
-        let hostPart = host.contains(":") ? "[\(host)]" : host
-        return port == 443 ? hostPart : "\(hostPart):\(port)"
-    }
+    public private(set) var authority: String
 
     public var description: String { "https://" + authority }
 }

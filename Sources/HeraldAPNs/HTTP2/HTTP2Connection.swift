@@ -32,6 +32,9 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     private var ssl: OpaquePointer?
     private var session: OpaquePointer?
     private var writeInterest = false
+    private var addresses: [SocketAddress] = []
+    private var nextAddress = 0
+    private var attemptsLeft = 0
     private var outgoing: [UInt8] = []
     private var outgoingOffset = 0
     var isDirty = false
@@ -107,15 +110,32 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
 
     private func connect(_ resolution: Result<[SocketAddress], APNsError>) {
         guard state == .resolving else { return }
-        let addresses: [SocketAddress]
         switch resolution {
         case .failure(let error): return close(error)
         case .success(let list): addresses = list
         }
-        // Successive connections of a pool spread over the resolved addresses.
-        let address = addresses[id % addresses.count]
+        // Successive connections of a pool start at different addresses; each tries them all in turn.
+        nextAddress = id % addresses.count
+        attemptsLeft = addresses.count
+        connectNextAddress(after: nil)
+    }
+
+    private func connectNextAddress(after error: APNsError?) {
+        if fd >= 0 {
+            core.loop.unregister(fd)
+            Glibc.close(fd)
+            fd = -1
+        }
+        guard attemptsLeft > 0 else {
+            return close(error ?? APNsError(.connectionFailed, "no address of \(endpoint) accepted a connection"))
+        }
+        attemptsLeft -= 1
+        let address = addresses[nextAddress % addresses.count]
+        nextAddress += 1
         fd = socket(address.family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return close(APNsError(.connectionFailed, "socket: \(String(cString: strerror(errno)))")) }
+        guard fd >= 0 else {
+            return connectNextAddress(after: APNsError(.connectionFailed, "socket: \(String(cString: strerror(errno)))"))
+        }
         var one: Int32 = 1
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
         var target = address
@@ -123,7 +143,8 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, address.length) }
         }
         guard result == 0 || errno == EINPROGRESS else {
-            return close(APNsError(.connectionFailed, "connect to \(endpoint): \(String(cString: strerror(errno)))"))
+            let message = "connect to \(endpoint): \(String(cString: strerror(errno)))"
+            return connectNextAddress(after: APNsError(.connectionFailed, message))
         }
         state = .connecting
         writeInterest = true
@@ -137,7 +158,8 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
             var length = socklen_t(MemoryLayout<Int32>.size)
             getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
             if error != 0 {
-                return close(APNsError(.connectionFailed, "connect to \(endpoint): \(String(cString: strerror(error)))"))
+                let message = "connect to \(endpoint): \(String(cString: strerror(error)))"
+                return connectNextAddress(after: APNsError(.connectionFailed, message))
             }
             startTLS()
         case .handshaking:
@@ -181,6 +203,10 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
             case SSL_ERROR_WANT_READ: setWriteInterest(false)
             case SSL_ERROR_WANT_WRITE: setWriteInterest(true)
             default:
+                // A server that speaks no protocol we offered may refuse the handshake with this alert.
+                if Int32(ERR_peek_error() & 0x7F_FFFF) == SSL_R_TLSV1_ALERT_NO_APPLICATION_PROTOCOL {
+                    return close(APNsError(.http2NotNegotiated, "\(endpoint) does not offer ALPN h2" + TLSContext.errors()))
+                }
                 let verify = SSL_get_verify_result(ssl)
                 let detail = verify != X509_V_OK
                     ? String(cString: X509_verify_cert_error_string(verify)) + TLSContext.errors()
@@ -315,15 +341,23 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     /// Opens a stream for `request`. Returns false when the session refuses (the caller re-queues it).
     func submit(_ request: PendingRequest) -> Bool {
         guard let session, state == .ready else { return false }
+        // nghttp2 copies names and values during the call, so they may point into the request's buffer.
+        let fields = request.headers.fields
+        let context = Unmanaged.passUnretained(request).toOpaque()
         let streamID: Int32 = request.headers.bytes.withUnsafeBufferPointer { bytes in
             let base = UnsafeMutablePointer(mutating: bytes.baseAddress!)
-            var nameValues = request.headers.fields.map { field in
-                nghttp2_nv(name: base + field.nameStart, value: base + field.valueStart, namelen: field.nameLength,
-                           valuelen: field.valueLength, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
+            return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: fields.count) { nameValues in
+                for (index, field) in fields.enumerated() {
+                    nameValues[index] = nghttp2_nv(name: base + field.nameStart, value: base + field.valueStart,
+                                                   namelen: field.nameLength, valuelen: field.valueLength,
+                                                   flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
+                }
+                var provider = nghttp2_data_provider()
+                provider.read_callback = readBodyCallback
+                // The stream's user data is the request, unretained: `streams` keeps it alive until nghttp2 closes
+                // the stream (or the session is deleted).
+                return nghttp2_submit_request(session, nil, nameValues.baseAddress, fields.count, &provider, context)
             }
-            var provider = nghttp2_data_provider()
-            provider.read_callback = readBodyCallback
-            return nghttp2_submit_request(session, nil, &nameValues, nameValues.count, &provider, nil)
         }
         guard streamID > 0 else {
             logger.warning("stream refused by nghttp2", ["apns.error": String(cString: nghttp2_strerror(streamID))])
@@ -412,11 +446,11 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
             }
         }
         teardown()
-        if let error {
+        if let error, error.code != .shutdown {
             logger.warning("APNs connection closed", ["apns.error": error.message, "apns.state": previous.rawValue,
                                                       "apns.failed_requests": String(pending.count)])
         } else {
-            logger.debug("APNs connection closed after draining")
+            logger.debug("APNs connection closed", ["apns.state": previous.rawValue])
         }
         pool.connectionClosed(self, error: error)
     }
@@ -470,27 +504,35 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
                 goawayReceived = true
             }
         case NGHTTP2_HEADERS.rawValue, NGHTTP2_DATA.rawValue:
-            if header.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0 {
-                streams[header.stream_id]?.responseComplete = true
+            if header.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0, let session,
+               let request = Self.request(session, header.stream_id) {
+                request.responseComplete = true
             }
         default:
             break
         }
     }
 
-    fileprivate func headerReceived(stream: Int32, name: UnsafeBufferPointer<UInt8>, value: UnsafeBufferPointer<UInt8>) {
-        guard let request = streams[stream] else { return }
-        if name.elementsEqual(":status".utf8) {
+    private static let statusName: StaticString = ":status"
+    private static let apnsIDName: StaticString = "apns-id"
+
+    private static func matches(_ name: UnsafeBufferPointer<UInt8>, _ expected: StaticString) -> Bool {
+        name.count == expected.utf8CodeUnitCount && memcmp(name.baseAddress!, expected.utf8Start, name.count) == 0
+    }
+
+    fileprivate func headerReceived(_ request: PendingRequest, name: UnsafeBufferPointer<UInt8>,
+                                    value: UnsafeBufferPointer<UInt8>) {
+        if Self.matches(name, Self.statusName) {
             var status = 0
             for digit in value { status = status * 10 + Int(digit &- UInt8(ascii: "0")) }
             request.status = status
-        } else if name.elementsEqual("apns-id".utf8) {
+        } else if Self.matches(name, Self.apnsIDName) {
             request.apnsID = String(decoding: value, as: UTF8.self)
         }
     }
 
-    fileprivate func dataReceived(stream: Int32, data: UnsafeBufferPointer<UInt8>) {
-        guard let request = streams[stream], request.status != 200 else { return }
+    fileprivate func dataReceived(_ request: PendingRequest, data: UnsafeBufferPointer<UInt8>) {
+        guard request.status != 200 else { return }
         // Error bodies are tiny JSON; cap what a misbehaving server can make us hold.
         let room = max(0, 4096 - request.responseBody.count)
         request.responseBody.append(contentsOf: data.prefix(room))
@@ -508,12 +550,8 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
         }
     }
 
-    fileprivate func readBody(stream: Int32, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
-                              flags: UnsafeMutablePointer<UInt32>) -> Int {
-        guard let request = streams[stream] else {
-            flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue
-            return 0
-        }
+    fileprivate static func readBody(_ request: PendingRequest, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
+                                     flags: UnsafeMutablePointer<UInt32>) -> Int {
         let count = min(length, request.body.count - request.bodyOffset)
         request.body.withUnsafeBufferPointer { body in
             buffer.update(from: body.baseAddress! + request.bodyOffset, count: count)
@@ -521,6 +559,14 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
         request.bodyOffset += count
         if request.bodyOffset == request.body.count { flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue }
         return count
+    }
+}
+
+extension HTTP2Connection {
+    /// The request a stream was opened for (its nghttp2 stream user data).
+    fileprivate static func request(_ session: OpaquePointer, _ stream: Int32) -> PendingRequest? {
+        guard let context = nghttp2_session_get_stream_user_data(session, stream) else { return nil }
+        return Unmanaged<PendingRequest>.fromOpaque(context).takeUnretainedValue()
     }
 }
 
@@ -539,17 +585,17 @@ private func onFrameReceived(_ session: OpaquePointer?, _ frame: UnsafePointer<n
 private func onHeader(_ session: OpaquePointer?, _ frame: UnsafePointer<nghttp2_frame>?, _ name: UnsafePointer<UInt8>?,
                       _ nameLength: Int, _ value: UnsafePointer<UInt8>?, _ valueLength: Int, _ flags: UInt8,
                       _ context: UnsafeMutableRawPointer?) -> Int32 {
-    guard let frame, let name, let value else { return 0 }
-    connection(context).headerReceived(stream: frame.pointee.hd.stream_id,
-                                       name: UnsafeBufferPointer(start: name, count: nameLength),
+    guard let session, let frame, let name, let value,
+          let request = HTTP2Connection.request(session, frame.pointee.hd.stream_id) else { return 0 }
+    connection(context).headerReceived(request, name: UnsafeBufferPointer(start: name, count: nameLength),
                                        value: UnsafeBufferPointer(start: value, count: valueLength))
     return 0
 }
 
 private func onDataChunk(_ session: OpaquePointer?, _ flags: UInt8, _ stream: Int32, _ data: UnsafePointer<UInt8>?,
                          _ length: Int, _ context: UnsafeMutableRawPointer?) -> Int32 {
-    guard let data else { return 0 }
-    connection(context).dataReceived(stream: stream, data: UnsafeBufferPointer(start: data, count: length))
+    guard let session, let data, let request = HTTP2Connection.request(session, stream) else { return 0 }
+    connection(context).dataReceived(request, data: UnsafeBufferPointer(start: data, count: length))
     return 0
 }
 
@@ -562,6 +608,8 @@ private func onStreamClose(_ session: OpaquePointer?, _ stream: Int32, _ errorCo
 private func readBodyCallback(_ session: OpaquePointer?, _ stream: Int32, _ buffer: UnsafeMutablePointer<UInt8>?, _ length: Int,
                       _ flags: UnsafeMutablePointer<UInt32>?, _ source: UnsafeMutablePointer<nghttp2_data_source>?,
                       _ context: UnsafeMutableRawPointer?) -> Int {
-    guard let buffer, let flags else { return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) }
-    return connection(context).readBody(stream: stream, into: buffer, length: length, flags: flags)
+    guard let session, let buffer, let flags, let request = HTTP2Connection.request(session, stream) else {
+        return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue)
+    }
+    return HTTP2Connection.readBody(request, into: buffer, length: length, flags: flags)
 }
