@@ -42,6 +42,7 @@ public final class APNsClient: Sendable {
         self.core = core
         loop.execute { [loop] in
             loop.afterBatch = { core.afterBatch() }
+            loop.onRequest = { core.enqueue($0) }
             loop.onTick = { core.tick(now: $0) }
         }
     }
@@ -89,8 +90,7 @@ public final class APNsClient: Sendable {
             raw = try await withTaskCancellationHandler {
                 try await withCheckedThrowingContinuation { continuation in
                     pending.continuation = continuation
-                    let core = core
-                    if !loop.execute({ core.enqueue(pending) }) {
+                    if !loop.submit(pending) {
                         pending.continuation = nil
                         continuation.resume(throwing: APNsError(.shutdown, "the APNs client was shut down"))
                     }

@@ -23,6 +23,8 @@ protocol EventLoopHandler: AnyObject {
 final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the hooks are loop-thread only; the inbox is a Mutex.
     private struct Inbox {
         var work: [@Sendable () -> Void] = []
+        /// Requests get their own lane: no closure allocation per push.
+        var requests: [PendingRequest] = []
         var wakeupPending = false
         var stopped = false
     }
@@ -38,6 +40,8 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
 
     /// Runs after every batch of events and posted closures (flush writes once per batch, not per request).
     var afterBatch: () -> Void = {}
+    /// Receives requests posted with `submit`, in order, on the loop thread.
+    var onRequest: (PendingRequest) -> Void = { _ in }
     /// Runs about every `tickInterval` (timeouts, PINGs, reconnects).
     var onTick: (UInt64) -> Void = { _ in }
 
@@ -68,6 +72,23 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
         let wake: Bool? = inbox.withLock { box in
             if box.stopped { return nil }
             box.work.append(work)
+            if box.wakeupPending { return false }
+            box.wakeupPending = true
+            return true
+        }
+        guard let wake else { return false }
+        if wake {
+            var one: UInt64 = 1
+            _ = write(wakeFD, &one, 8)
+        }
+        return true
+    }
+
+    /// Posts a request to `onRequest`. Returns false (and drops it) once the loop has stopped.
+    func submit(_ request: PendingRequest) -> Bool {
+        let wake: Bool? = inbox.withLock { box in
+            if box.stopped { return nil }
+            box.requests.append(request)
             if box.wakeupPending { return false }
             box.wakeupPending = true
             return true
@@ -147,6 +168,7 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
         afterBatch()
         handlers.removeAll()
         afterBatch = {}
+        onRequest = { _ in }
         onTick = { _ in }
         let waiters = finished.withLock { state in
             state.done = true
@@ -156,13 +178,19 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
     }
 
     private func drainInbox() {
+        var requests: [PendingRequest] = []
         while true {
             let work = inbox.withLock { box in
                 box.wakeupPending = false
+                swap(&requests, &box.requests)
                 return box.work.isEmpty ? [] : box.work.swapAndClear()
             }
-            if work.isEmpty { return }
+            if work.isEmpty, requests.isEmpty { return }
+            // Closures first: they may be cancellations of requests posted just before them.
             for item in work { item() }
+            for request in requests { onRequest(request) }
+            // Hand the emptied buffer back so its capacity is reused by the next batch.
+            requests.removeAll(keepingCapacity: true)
         }
     }
 }
