@@ -223,6 +223,26 @@ import Testing
         server.kill()
     }
 
+    @Test func unansweredPingClosesTheConnection() async throws {
+        let server = try NGHTTPServer(port: 20312, tokens: [Fixtures.token])
+        let metrics = MetricsRegistry()
+        var configuration = Fixtures.configuration(port: 20312)
+        configuration.pingInterval = .milliseconds(150)
+        configuration.pingTimeout = .milliseconds(300)
+        let client = try APNsClient(configuration: configuration, logger: Fixtures.logger, metrics: metrics)
+        #expect(try await client.send(Fixtures.request(), credentials: Fixtures.credentials, environment: .production).status == 200)
+        let connections = metrics.gauge("herald_apns_connections", help: "").labels()
+        // Idle but answering PINGs: the connection stays.
+        try await Task.sleep(for: .milliseconds(700))
+        #expect(connections.current == 1)
+        server.pause()
+        #expect(await eventually(timeout: .seconds(3)) { connections.current == 0 })
+        server.resume()
+        #expect(await eventually(timeout: .seconds(5)) { connections.current == 1 })
+        await client.shutdown()
+        server.kill()
+    }
+
     @Test func listenerThatNeverHandshakesTimesOut() async throws {
         // Accepts TCP (the kernel completes the handshake from the backlog) but never speaks TLS.
         try ensurePortIsFree(20308)
