@@ -89,7 +89,10 @@ final class NGHTTPServer: @unchecked Sendable {  // @unchecked: used from one te
         try start()
     }
 
-    deinit { kill() }
+    deinit {
+        kill()
+        try? FileManager.default.removeItem(at: directory)
+    }
 
     func start() throws {
         try ensurePortIsFree(port)
