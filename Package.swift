@@ -75,6 +75,8 @@ let package = Package(
         // Producer throughput through HeraldKafka (scripts/bench-kafka compares it with a reference producer).
         .executableTarget(name: "herald-bench-kafka", dependencies: ["HeraldKafka", "HeraldRuntime"],
                           swiftSettings: rdkafkaSwift),
+        // APNs client throughput against nghttpd, compared with h2load (scripts/bench-apns).
+        .executableTarget(name: "herald-bench-apns", dependencies: ["HeraldAPNs", "HeraldCrypto", "HeraldRuntime"]),
 
         .testTarget(name: "HeraldRuntimeTests", dependencies: ["HeraldRuntime"]),
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
@@ -83,7 +85,8 @@ let package = Package(
         .testTarget(name: "HeraldKafkaTests", dependencies: ["HeraldKafka", "CRdKafka"], swiftSettings: rdkafkaSwift),
         .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldStore", "HeraldCrypto"]),
         .testTarget(name: "HeraldHTTPTests", dependencies: ["HeraldHTTP"]),
-        .testTarget(name: "HeraldAPNsTests", dependencies: ["HeraldAPNs", "HeraldAPNsSimulator"]),
+        .testTarget(name: "HeraldAPNsTests", dependencies: ["HeraldAPNs", "HeraldAPNsSimulator", "HeraldCrypto",
+                                                   "HeraldRuntime"]),
         .testTarget(name: "HeraldAPNsSimulatorTests", dependencies: ["HeraldAPNsSimulator", "HeraldCrypto",
                                                                      "HeraldRuntime"]),
         .testTarget(name: "HeraldIngestTests", dependencies: ["HeraldIngest"], swiftSettings: rdkafkaSwift),

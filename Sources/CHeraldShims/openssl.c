@@ -8,9 +8,10 @@ int herald_ssl_set_tlsext_host_name(SSL *ssl, const char *name) {
     return (int)SSL_set_tlsext_host_name(ssl, name);
 }
 
+long herald_ssl_ctx_set_mode(SSL_CTX *ctx, long mode) { return SSL_CTX_set_mode(ctx, mode); }
+
 void herald_openssl_free(void *pointer) { OPENSSL_free(pointer); }
 
-long herald_ssl_ctx_set_mode(SSL_CTX *ctx, long mode) { return SSL_CTX_set_mode(ctx, mode); }
 
 static int herald_alpn_select_h2(SSL *ssl, const unsigned char **out, unsigned char *outlen,
                                  const unsigned char *in, unsigned int inlen, void *arg) {

@@ -3,4 +3,5 @@
 // Prefixed C wrappers for the macros and variadic functions Swift cannot call. One header per C library.
 #include "herald_openssl.h"
 #include "herald_microhttpd.h"
+#include "herald_nghttp2.h"
 #endif

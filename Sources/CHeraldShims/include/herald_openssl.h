@@ -6,10 +6,10 @@
 int herald_ssl_ctx_set_min_proto_version(SSL_CTX *ctx, int version);
 /// SSL_set_tlsext_host_name (a macro): SNI.
 int herald_ssl_set_tlsext_host_name(SSL *ssl, const char *name);
+/// SSL_CTX_set_mode (a macro): e.g. partial writes and moving write buffers for non-blocking sockets.
+long herald_ssl_ctx_set_mode(SSL_CTX *ctx, long mode);
 /// OPENSSL_free (a macro).
 void herald_openssl_free(void *pointer);
-/// SSL_CTX_set_mode (a macro), e.g. SSL_MODE_ENABLE_PARTIAL_WRITE.
-long herald_ssl_ctx_set_mode(SSL_CTX *ctx, long mode);
 /// Server side: no renegotiation, no compression (option macros built from SSL_OP_BIT do not import).
 void herald_ssl_ctx_set_server_options(SSL_CTX *ctx);
 /// Server side: accept only clients that offer ALPN "h2" (others get a fatal no_application_protocol alert).

@@ -1,0 +1,149 @@
+import Foundation
+import HeraldCrypto
+import HeraldRuntime
+
+/// An HTTP/2 APNs client with token (JWT) authentication.
+///
+/// One event-loop thread drives every connection: TLS 1.2+ with ALPN `h2` and full certificate and host-name
+/// verification, requests multiplexed up to the server's SETTINGS_MAX_CONCURRENT_STREAMS, a pool of connections
+/// per (provider key, endpoint), PING health checks, GOAWAY handling and reconnects with backoff. Provider tokens
+/// are signed once per key and shared (see `APNsProviderTokenCache`).
+///
+/// Call `shutdown()` before dropping the client.
+public final class APNsClient: Sendable {
+    private let production: APNsEndpoint
+    private let sandbox: APNsEndpoint
+    private let requestTimeout: UInt64
+    private let loop: EventLoop
+    private let core: ClientCore
+    private let metrics: APNsMetrics
+    private let logger: Logger
+    /// The provider-token cache this client signs with.
+    public let providerTokens: APNsProviderTokenCache
+
+    /// - Parameters:
+    ///   - now: the wall clock used for provider tokens (injectable for tests).
+    /// - Throws: `APNsError` `.invalidConfiguration` for a bad URL or an unreadable CA file.
+    public init(configuration: APNsConfiguration = APNsConfiguration(), logger: Logger,
+                metrics: MetricsRegistry = .shared, now: @escaping @Sendable () -> Date = { Date() }) throws(APNsError) {
+        production = try APNsEndpoint(url: configuration.productionURL)
+        sandbox = try APNsEndpoint(url: configuration.sandboxURL)
+        requestTimeout = configuration.requestTimeout.nanoseconds
+        self.logger = logger
+        self.metrics = APNsMetrics(metrics)
+        providerTokens = APNsProviderTokenCache(maximumAge: configuration.providerTokenMaximumAge,
+                                                minimumInterval: configuration.providerTokenMinimumInterval,
+                                                now: now, metrics: metrics)
+        // A peer that vanishes must surface as a write error, not kill the process: OpenSSL writes with write(2).
+        signal(SIGPIPE, SIG_IGN)
+        let tls = try TLSContext(extraCAFile: configuration.extraCAFile)
+        loop = try EventLoop(name: "herald-apns", tickInterval: .milliseconds(25))
+        let core = ClientCore(configuration: configuration, loop: loop, tls: tls, metrics: self.metrics, logger: logger)
+        self.core = core
+        loop.execute { [loop] in
+            loop.afterBatch = { core.afterBatch() }
+            loop.onRequest = { core.enqueue($0) }
+            loop.onTick = { core.tick(now: $0) }
+        }
+    }
+
+    deinit {
+        loop.execute { [core] in core.beginShutdown(gracePeriod: .zero) }
+    }
+
+    /// Sends one notification and returns APNs' answer (any status; see `APNsResponse.disposition`).
+    ///
+    /// The request is checked locally first (payload size, collapse id, token format). On 403
+    /// ExpiredProviderToken the provider token is re-signed, when the 20-minute rule allows, and the request is
+    /// sent once more.
+    /// - Throws: `APNsError` when there is no answer (`isRetriable` says whether to try again), or
+    ///   `CancellationError`.
+    public func send(_ request: APNsRequest, credentials: APNsCredentials,
+                     environment: APNsEnvironment) async throws -> APNsResponse {
+        do {
+            try request.validate()
+        } catch {
+            metrics.pushes.labels("error", error.kind).increment()
+            throw error
+        }
+        let endpoint = environment == .production ? production : sandbox
+        let token = try providerTokens.token(for: credentials)
+        let response = try await perform(request, token: token, credentials: credentials, endpoint: endpoint)
+        guard response.needsProviderTokenRefresh,
+              let fresh = try providerTokens.token(afterRejecting: token, for: credentials) else { return response }
+        logger.info("APNs refused the provider token as expired; retrying with a fresh one",
+                    ["apns.key_id": credentials.keyID])
+        return try await perform(request, token: fresh, credentials: credentials, endpoint: endpoint)
+    }
+
+    private func perform(_ request: APNsRequest, token: APNsProviderTokenCache.Token, credentials: APNsCredentials,
+                         endpoint: APNsEndpoint) async throws -> APNsResponse {
+        let started = ContinuousClock.now
+        let pending = PendingRequest(headers: Self.headers(request, token: token.value, endpoint: endpoint),
+                                     body: request.payload, deadline: Monotonic.now() + requestTimeout,
+                                     poolKey: PoolKey(teamID: credentials.teamID, keyID: credentials.keyID,
+                                                      endpoint: endpoint))
+        metrics.inFlight.add(1)
+        defer { metrics.inFlight.add(-1) }
+        let raw: RawResponse
+        do {
+            raw = try await withTaskCancellationHandler {
+                try await withCheckedThrowingContinuation { continuation in
+                    pending.continuation = continuation
+                    if !loop.submit(pending) {
+                        pending.continuation = nil
+                        continuation.resume(throwing: APNsError(.shutdown, "the APNs client was shut down"))
+                    }
+                }
+            } onCancel: { [loop, core] in
+                loop.execute { core.cancel(pending) }
+            }
+        } catch let error as APNsError {
+            metrics.pushes.labels("error", error.kind).increment()
+            throw error
+        }
+        metrics.latency.observe(since: started)
+        let response = raw.status == 200 ? APNsResponse(status: 200, apnsID: raw.apnsID, reason: nil, timestamp: nil)
+                                         : APNsResponse(status: raw.status, apnsID: raw.apnsID, body: raw.body)
+        if raw.status == 200 {
+            metrics.delivered.increment()
+        } else {
+            metrics.pushes.labels(String(raw.status), response.reason?.description ?? "").increment()
+        }
+        return response
+    }
+
+    private static func headers(_ request: APNsRequest, token: String, endpoint: APNsEndpoint) -> HeaderBlock {
+        var headers = HeaderBlock(capacity: 384 + token.utf8.count)
+        headers.add(":method", "POST")
+        headers.add(":scheme", "https")
+        headers.add(":authority", endpoint.authority)
+        headers.add(":path", "/3/device/" + request.deviceToken.lowercased())
+        headers.add("authorization", "bearer " + token)
+        headers.add("apns-push-type", request.pushType.rawValue)
+        headers.add("apns-topic", request.topic)
+        headers.add("apns-priority", String(request.effectivePriority.rawValue))
+        if let expiration = request.expiration {
+            headers.add("apns-expiration", String(Int64(max(0, expiration.timeIntervalSince1970.rounded(.down)))))
+        }
+        if let collapseID = request.collapseID { headers.add("apns-collapse-id", collapseID) }
+        if let apnsID = request.apnsID { headers.add("apns-id", apnsID.uuidString.lowercased()) }
+        headers.add("content-length", String(request.payload.count))
+        return headers
+    }
+
+    /// Lets in-flight requests finish for up to `gracePeriod`, fails queued and remaining ones with `.shutdown`,
+    /// sends GOAWAY on every connection and stops the event loop. Later sends fail with `.shutdown`.
+    public func shutdown(gracePeriod: Duration = .seconds(5)) async {
+        loop.execute { [core] in core.beginShutdown(gracePeriod: gracePeriod) }
+        await loop.waitUntilFinished()
+    }
+
+    /// The pool's connections as the loop sees them now.
+    public func connections() async -> [APNsConnectionInfo] {
+        await withCheckedContinuation { continuation in
+            let core = core
+            if !loop.execute({ continuation.resume(returning: core.snapshot()) }) { continuation.resume(returning: []) }
+        }
+    }
+}

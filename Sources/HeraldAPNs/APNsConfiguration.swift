@@ -1,0 +1,118 @@
+import Foundation
+import HeraldCrypto
+
+/// Apple's two APNs environments.
+public enum APNsEnvironment: String, Sendable, Hashable, CaseIterable {
+    case production, sandbox
+}
+
+/// An APNs server address parsed from `https://host[:port]`.
+public struct APNsEndpoint: Sendable, Hashable, CustomStringConvertible {
+    public let host: String
+    public let port: UInt16
+
+    public init(host: String, port: UInt16 = 443) {
+        self.host = host
+        self.port = port
+        let hostPart = host.utf8.contains(UInt8(ascii: ":")) ? "[\(host)]" : host
+        authority = port == 443 ? hostPart : "\(hostPart):\(port)"
+    }
+
+    /// Parses `https://host[:port]` (IPv6 literals in brackets). Plain `http` is refused: APNs is TLS only.
+    public init(url: String) throws(APNsError) {
+        guard url.hasPrefix("https://") else {
+            throw APNsError(.invalidConfiguration, "APNs URL must start with https:// (got \(url))")
+        }
+        var rest = Substring(url.dropFirst("https://".count))
+        if rest.hasSuffix("/") { rest = rest.dropLast() }
+        var host: Substring
+        var portText: Substring?
+        if rest.hasPrefix("[") {
+            guard let close = rest.firstIndex(of: "]") else {
+                throw APNsError(.invalidConfiguration, "unterminated IPv6 literal in \(url)")
+            }
+            host = rest[rest.index(after: rest.startIndex)..<close]
+            let after = rest[rest.index(after: close)...]
+            if after.hasPrefix(":") { portText = after.dropFirst() }
+            else if !after.isEmpty { throw APNsError(.invalidConfiguration, "unexpected text after host in \(url)") }
+        } else if let colon = rest.lastIndex(of: ":") {
+            host = rest[..<colon]
+            portText = rest[rest.index(after: colon)...]
+        } else {
+            host = rest
+        }
+        guard !host.isEmpty, !host.contains("/") else {
+            throw APNsError(.invalidConfiguration, "APNs URL must be https://host[:port] (got \(url))")
+        }
+        var port: UInt16 = 443
+        if let portText {
+            guard let parsed = UInt16(portText), parsed > 0 else {
+                throw APNsError(.invalidConfiguration, "invalid port in \(url)")
+            }
+            port = parsed
+        }
+        self.init(host: String(host), port: port)
+    }
+
+    /// The `:authority` pseudo-header.
+    public private(set) var authority: String
+
+    public var description: String { "https://" + authority }
+}
+
+/// A provider-token signing identity: Apple team id, key id and the `.p8` private key.
+public struct APNsCredentials: Sendable {
+    public var teamID: String
+    public var keyID: String
+    public var privateKey: PrivateKey
+
+    public init(teamID: String, keyID: String, privateKey: PrivateKey) {
+        self.teamID = teamID
+        self.keyID = keyID
+        self.privateKey = privateKey
+    }
+}
+
+/// How the APNs client connects. Defaults follow Apple's guidance; tests shorten the times.
+public struct APNsConfiguration: Sendable {
+    /// `https://host[:port]` of production APNs.
+    public var productionURL = "https://api.push.apple.com"
+    /// `https://host[:port]` of sandbox APNs.
+    public var sandboxURL = "https://api.sandbox.push.apple.com"
+    /// An extra PEM file of trusted roots, added to the system trust store (the simulator's CA). Verification
+    /// itself cannot be turned off.
+    public var extraCAFile: String?
+    /// Connections kept open per (provider key, endpoint).
+    public var connectionsPerEndpoint = 2
+    /// Delay between opening successive connections of one pool (Apple dislikes bursts of connects).
+    public var connectionStagger: Duration = .milliseconds(500)
+    /// Time for one request, queueing included; on expiry its stream is reset and it fails as `.timeout`.
+    public var requestTimeout: Duration = .seconds(10)
+    /// Time to connect, finish TLS and receive the server's SETTINGS.
+    public var connectTimeout: Duration = .seconds(10)
+    /// A connection that received nothing for this long is sent a PING.
+    public var pingInterval: Duration = .seconds(30)
+    /// A PING unanswered for this long closes the connection (its requests fail as retryable).
+    public var pingTimeout: Duration = .seconds(10)
+    /// First reconnect delay after a failure; doubles per consecutive failure up to `reconnectMaximumDelay`.
+    public var reconnectInitialDelay: Duration = .milliseconds(500)
+    public var reconnectMaximumDelay: Duration = .seconds(30)
+    /// Requests waiting for a free stream per pool; beyond it `send` fails fast with `.queueFull`.
+    public var maximumQueuedRequests = 10_000
+    /// Our own cap on streams per connection, below the server's SETTINGS_MAX_CONCURRENT_STREAMS.
+    public var maximumStreamsPerConnection = 1000
+    /// A provider token older than this is re-signed before use (Apple refuses tokens older than an hour).
+    public var providerTokenMaximumAge: Duration = .seconds(50 * 60)
+    /// A provider token is never re-signed sooner than this after the last one (Apple answers 429
+    /// TooManyProviderTokenUpdates otherwise).
+    public var providerTokenMinimumInterval: Duration = .seconds(20 * 60)
+
+    public init() {}
+}
+
+extension Duration {
+    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
+    var nanoseconds: UInt64 {
+        UInt64(max(0, components.seconds)) * 1_000_000_000 + UInt64(max(0, components.attoseconds) / 1_000_000_000)
+    }
+}

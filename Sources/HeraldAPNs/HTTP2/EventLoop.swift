@@ -1,0 +1,205 @@
+import Foundation
+import Synchronization
+internal import CHeraldShims
+
+/// Monotonic time in nanoseconds (CLOCK_MONOTONIC): cheap enough to read per request.
+enum Monotonic {
+    static func now() -> UInt64 {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
+    }
+}
+
+/// Something with a file descriptor registered on the loop.
+protocol EventLoopHandler: AnyObject {
+    /// Called on the loop thread with the epoll event bits.
+    func handle(events: UInt32)
+}
+
+/// One thread running `epoll_wait`: socket readiness, closures posted from other threads, and a periodic tick.
+///
+/// Everything registered here is touched only on the loop thread; other threads talk to it through `execute`.
+final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the hooks are loop-thread only; the inbox is a Mutex.
+    private struct Inbox {
+        var work: [@Sendable () -> Void] = []
+        /// Requests get their own lane: no closure allocation per push.
+        var requests: [PendingRequest] = []
+        var wakeupPending = false
+        var stopped = false
+    }
+
+    private let epollFD: Int32
+    private let wakeFD: Int32
+    private let inbox = Mutex(Inbox())
+    private var handlers: [Int32: any EventLoopHandler] = [:]
+    private let tickInterval: UInt64
+    private var lastTick: UInt64 = 0
+    private var running = true
+    private let finished = Mutex<(done: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+
+    /// Runs after every batch of events and posted closures (flush writes once per batch, not per request).
+    var afterBatch: () -> Void = {}
+    /// Receives requests posted with `submit`, in order, on the loop thread.
+    var onRequest: (PendingRequest) -> Void = { _ in }
+    /// Runs about every `tickInterval` (timeouts, PINGs, reconnects).
+    var onTick: (UInt64) -> Void = { _ in }
+
+    init(name: String, tickInterval: Duration) throws(APNsError) {
+        epollFD = epoll_create1(Int32(EPOLL_CLOEXEC))
+        wakeFD = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
+        self.tickInterval = tickInterval.nanoseconds
+        guard epollFD >= 0, wakeFD >= 0 else {
+            throw APNsError(.invalidConfiguration, "cannot create epoll/eventfd: errno \(errno)")
+        }
+        var event = epoll_event()
+        event.events = EPOLLIN.rawValue
+        event.data.fd = wakeFD
+        epoll_ctl(epollFD, EPOLL_CTL_ADD, wakeFD, &event)
+        let thread = Thread { [self] in run() }
+        thread.name = name
+        thread.start()
+    }
+
+    deinit {
+        close(epollFD)
+        close(wakeFD)
+    }
+
+    /// Posts `work` to the loop thread. Returns false (and drops it) once the loop has stopped.
+    @discardableResult
+    func execute(_ work: @escaping @Sendable () -> Void) -> Bool {
+        let wake: Bool? = inbox.withLock { box in
+            if box.stopped { return nil }
+            box.work.append(work)
+            if box.wakeupPending { return false }
+            box.wakeupPending = true
+            return true
+        }
+        guard let wake else { return false }
+        if wake {
+            var one: UInt64 = 1
+            _ = write(wakeFD, &one, 8)
+        }
+        return true
+    }
+
+    /// Posts a request to `onRequest`. Returns false (and drops it) once the loop has stopped.
+    func submit(_ request: PendingRequest) -> Bool {
+        let wake: Bool? = inbox.withLock { box in
+            if box.stopped { return nil }
+            box.requests.append(request)
+            if box.wakeupPending { return false }
+            box.wakeupPending = true
+            return true
+        }
+        guard let wake else { return false }
+        if wake {
+            var one: UInt64 = 1
+            _ = write(wakeFD, &one, 8)
+        }
+        return true
+    }
+
+    /// Stops the loop after the current batch; closures posted before this still run. Loop thread only.
+    func stop() { running = false }
+
+    /// Waits until the loop thread has exited.
+    func waitUntilFinished() async {
+        await withCheckedContinuation { continuation in
+            let resumeNow = finished.withLock { state in
+                if state.done { return true }
+                state.waiters.append(continuation)
+                return false
+            }
+            if resumeNow { continuation.resume() }
+        }
+    }
+
+    func register(_ fd: Int32, _ handler: any EventLoopHandler, events: UInt32) {
+        handlers[fd] = handler
+        var event = epoll_event()
+        event.events = events
+        event.data.fd = fd
+        epoll_ctl(epollFD, EPOLL_CTL_ADD, fd, &event)
+    }
+
+    func modify(_ fd: Int32, events: UInt32) {
+        var event = epoll_event()
+        event.events = events
+        event.data.fd = fd
+        epoll_ctl(epollFD, EPOLL_CTL_MOD, fd, &event)
+    }
+
+    func unregister(_ fd: Int32) {
+        handlers[fd] = nil
+        epoll_ctl(epollFD, EPOLL_CTL_DEL, fd, nil)
+    }
+
+    private func run() {
+        var events = [epoll_event](repeating: epoll_event(), count: 64)
+        let timeoutMilliseconds = Int32(max(1, tickInterval / 1_000_000))
+        while running {
+            let count = events.withUnsafeMutableBufferPointer { buffer in
+                epoll_wait(epollFD, buffer.baseAddress, Int32(buffer.count), timeoutMilliseconds)
+            }
+            if count > 0 {
+                for index in 0..<Int(count) {
+                    let fd = events[index].data.fd
+                    if fd == wakeFD {
+                        var value: UInt64 = 0
+                        _ = read(wakeFD, &value, 8)
+                    } else if let handler = handlers[fd] {
+                        handler.handle(events: events[index].events)
+                    }
+                }
+            }
+            drainInbox()
+            let now = Monotonic.now()
+            if now &- lastTick >= tickInterval {
+                lastTick = now
+                onTick(now)
+            }
+            afterBatch()
+        }
+        // Anything posted after stop() was decided is refused by `execute`; run what got in before.
+        inbox.withLock { $0.stopped = true }
+        drainInbox()
+        afterBatch()
+        handlers.removeAll()
+        afterBatch = {}
+        onRequest = { _ in }
+        onTick = { _ in }
+        let waiters = finished.withLock { state in
+            state.done = true
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    private func drainInbox() {
+        var requests: [PendingRequest] = []
+        while true {
+            let work = inbox.withLock { box in
+                box.wakeupPending = false
+                swap(&requests, &box.requests)
+                return box.work.isEmpty ? [] : box.work.swapAndClear()
+            }
+            if work.isEmpty, requests.isEmpty { return }
+            // Closures first: they may be cancellations of requests posted just before them.
+            for item in work { item() }
+            for request in requests { onRequest(request) }
+            // Hand the emptied buffer back so its capacity is reused by the next batch.
+            requests.removeAll(keepingCapacity: true)
+        }
+    }
+}
+
+extension Array {
+    /// Returns the elements and leaves the array empty, keeping neither (so the old buffer is freed).
+    fileprivate mutating func swapAndClear() -> [Element] {
+        var taken: [Element] = []
+        swap(&taken, &self)
+        return taken
+    }
+}

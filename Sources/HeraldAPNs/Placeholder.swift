@@ -1,1 +1,0 @@
-// HeraldAPNs: filled in by its issue (see Package.swift for what this target is for).

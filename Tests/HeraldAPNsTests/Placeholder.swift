@@ -1,1 +1,0 @@
-// HeraldAPNsTests: filled in by its issue.

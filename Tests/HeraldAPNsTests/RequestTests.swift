@@ -1,0 +1,216 @@
+import Foundation
+import HeraldAPNs
+import HeraldCrypto
+import HeraldRuntime
+import Testing
+
+@Suite struct APNsRequestValidationTests {
+    private func problem(_ request: APNsRequest) -> APNsRequestProblem? {
+        do {
+            try request.validate()
+            return nil
+        } catch {
+            guard case .invalidRequest(let problem) = error.code else { return nil }
+            #expect(!error.isRetriable)
+            return problem
+        }
+    }
+
+    @Test func payloadLimitsDependOnPushType() {
+        var request = Fixtures.request()
+        request.payload = [UInt8](repeating: 0x20, count: 4096)
+        #expect(problem(request) == nil)
+        request.payload.append(0x20)
+        #expect(problem(request) == .payloadTooLarge(size: 4097, limit: 4096))
+        request.pushType = .voip
+        #expect(problem(request) == nil)
+        request.payload = [UInt8](repeating: 0x20, count: 5121)
+        #expect(problem(request) == .payloadTooLarge(size: 5121, limit: 5120))
+        request.payload = []
+        #expect(problem(request) == .payloadEmpty)
+    }
+
+    @Test func collapseIDIsAtMost64Bytes() {
+        var request = Fixtures.request()
+        request.collapseID = String(repeating: "c", count: 64)
+        #expect(problem(request) == nil)
+        request.collapseID = String(repeating: "c", count: 65)
+        #expect(problem(request) == .collapseIDTooLong(size: 65))
+        // Bytes, not characters: 22 × "é" (2 bytes each) + 21 ASCII = 65 bytes.
+        request.collapseID = String(repeating: "é", count: 22) + String(repeating: "c", count: 21)
+        #expect(problem(request) == .collapseIDTooLong(size: 65))
+        request.collapseID = "a\r\nb"
+        #expect(problem(request) == .invalidCollapseID)
+    }
+
+    @Test func deviceTokenAndTopicAreChecked() {
+        #expect(problem(Fixtures.request(token: "")) == .invalidDeviceToken)
+        #expect(problem(Fixtures.request(token: "abc/../x")) == .invalidDeviceToken)
+        #expect(problem(Fixtures.request(token: "ABCDEF0123")) == nil)
+        var request = Fixtures.request()
+        request.topic = ""
+        #expect(problem(request) == .invalidTopic)
+        request.topic = "com.example\napns-priority: 1"
+        #expect(problem(request) == .invalidTopic)
+    }
+
+    @Test func priorityDefaultsToTenAndFiveForBackground() {
+        var request = Fixtures.request()
+        #expect(request.effectivePriority == .immediate)
+        request.pushType = .background
+        #expect(request.effectivePriority == .powerConsiderate)
+        request.priority = .low
+        #expect(request.effectivePriority == .low)
+    }
+
+    @Test func invalidRequestsFailLocallyWithoutConnecting() async throws {
+        // Nothing listens on this port: a network attempt would fail as connectionFailed, not invalidRequest.
+        let client = try APNsClient(configuration: Fixtures.configuration(port: 20329), logger: Fixtures.logger,
+                                    metrics: MetricsRegistry())
+        var oversize = Fixtures.request()
+        oversize.payload = [UInt8](repeating: 0x20, count: 4097)
+        var longCollapse = Fixtures.request()
+        longCollapse.collapseID = String(repeating: "x", count: 65)
+        for request in [oversize, longCollapse] {
+            await #expect {
+                _ = try await client.send(request, credentials: Fixtures.credentials, environment: .production)
+            } throws: { error in
+                guard let error = error as? APNsError, case .invalidRequest = error.code else { return false }
+                return true
+            }
+        }
+        #expect(await client.connections().isEmpty)
+        await client.shutdown()
+    }
+
+    @Test func endpointURLsAreParsed() throws {
+        #expect(try APNsEndpoint(url: "https://api.push.apple.com") == APNsEndpoint(host: "api.push.apple.com", port: 443))
+        #expect(try APNsEndpoint(url: "https://localhost:2197/") == APNsEndpoint(host: "localhost", port: 2197))
+        #expect(try APNsEndpoint(url: "https://[::1]:8443").authority == "[::1]:8443")
+        #expect(throws: APNsError.self) { try APNsEndpoint(url: "http://localhost:80") }
+        #expect(throws: APNsError.self) { try APNsEndpoint(url: "https://localhost:notaport") }
+    }
+
+    @Test func unreadableCAFileIsAConfigurationError() {
+        var configuration = APNsConfiguration()
+        configuration.extraCAFile = "/nonexistent/ca.pem"
+        #expect {
+            _ = try APNsClient(configuration: configuration, logger: Fixtures.logger, metrics: MetricsRegistry())
+        } throws: { error in
+            (error as? APNsError)?.code == .invalidConfiguration
+        }
+    }
+}
+
+@Suite struct APNsResponseClassificationTests {
+    /// Apple's documented status/reason pairs and what each means for the caller.
+    static let documented: [(Int, String, APNsDisposition)] = [
+        (400, "BadCollapseId", .permanent), (400, "BadDeviceToken", .removeToken),
+        (400, "BadExpirationDate", .permanent), (400, "BadMessageId", .permanent), (400, "BadPriority", .permanent),
+        (400, "BadTopic", .permanent), (400, "DeviceTokenNotForTopic", .removeToken),
+        (400, "DuplicateHeaders", .permanent), (400, "IdleTimeout", .permanent), (400, "InvalidPushType", .permanent),
+        (400, "MissingDeviceToken", .permanent), (400, "MissingTopic", .permanent), (400, "PayloadEmpty", .permanent),
+        (400, "TopicDisallowed", .permanent), (403, "BadCertificate", .permanent),
+        (403, "BadCertificateEnvironment", .permanent), (403, "ExpiredProviderToken", .refreshProviderToken),
+        (403, "Forbidden", .permanent), (403, "InvalidProviderToken", .permanent),
+        (403, "MissingProviderToken", .permanent), (403, "UnrelatedKeyIdInToken", .permanent),
+        (403, "BadEnvironmentKeyInToken", .permanent), (404, "BadPath", .permanent),
+        (405, "MethodNotAllowed", .permanent), (410, "Unregistered", .removeToken), (410, "ExpiredToken", .removeToken),
+        (413, "PayloadTooLarge", .permanent), (429, "TooManyProviderTokenUpdates", .retry),
+        (429, "TooManyRequests", .retry), (500, "InternalServerError", .retry), (503, "ServiceUnavailable", .retry),
+        (503, "Shutdown", .retry),
+    ]
+
+    @Test func documentedPairsAreClassified() {
+        for (status, reasonText, expected) in Self.documented {
+            let reason = APNsReason(reasonText)
+            #expect(reason.description == reasonText)
+            if case .unknown = reason { Issue.record("\(reasonText) is not a known reason") }
+            let body = Array(#"{"reason":"\#(reasonText)"}"#.utf8)
+            let response = APNsResponse(status: status, apnsID: nil, body: body)
+            #expect(response.reason == reason)
+            #expect(response.disposition == expected, "\(status) \(reasonText)")
+            #expect(response.isRetriable == (expected == .retry))
+            #expect(response.isTokenInvalid == (expected == .removeToken))
+            #expect(response.needsProviderTokenRefresh == (expected == .refreshProviderToken))
+        }
+        #expect(Set(Self.documented.map { APNsReason($0.1) }) == Set(APNsReason.allKnown))
+    }
+
+    @Test func successAndUnknownReasons() {
+        let ok = APNsResponse(status: 200, apnsID: "6b0c9f1e-1234-4cde-8f00-0123456789ab", body: [])
+        #expect(ok.isDelivered && ok.reason == nil && !ok.isRetriable)
+        let odd = APNsResponse(status: 400, apnsID: nil, body: Array(#"{"reason":"SomethingNew"}"#.utf8))
+        #expect(odd.reason == .unknown("SomethingNew") && odd.disposition == .permanent)
+        let notJSON = APNsResponse(status: 500, apnsID: nil, body: Array("<html>".utf8))
+        #expect(notJSON.reason == nil && notJSON.isRetriable)
+    }
+
+    @Test func unregisteredCarriesTheTimestamp() {
+        let body = Array(#"{"reason":"Unregistered","timestamp":1700000000123}"#.utf8)
+        let response = APNsResponse(status: 410, apnsID: nil, body: body)
+        #expect(response.isTokenInvalid)
+        #expect(response.timestamp == Date(timeIntervalSince1970: 1_700_000_000.123))
+    }
+
+    @Test func errorsSayWhetherToRetry() {
+        let retriable: [APNsError.Code] = [.timeout, .connectionFailed, .notProcessed, .protocolError, .queueFull, .shutdown]
+        let permanent: [APNsError.Code] = [.invalidRequest(.payloadEmpty), .tlsFailure, .http2NotNegotiated,
+                                           .providerTokenFailure, .invalidConfiguration]
+        for code in retriable { #expect(APNsError(code, "").isRetriable) }
+        for code in permanent { #expect(!APNsError(code, "").isRetriable) }
+    }
+}
+
+@Suite struct APNsProviderTokenTests {
+    @Test func tokenHasTheAPNsShapeAndVerifies() throws {
+        let clock = TestClock()
+        let cache = APNsProviderTokenCache(now: { clock.now }, metrics: MetricsRegistry())
+        let token = try cache.token(for: Fixtures.credentials)
+        let jwt = try JSONWebToken(parsing: token.value)
+        #expect(jwt.header == ["alg": .string("ES256"), "kid": .string("KEY1234567")])
+        #expect(jwt.claims == ["iss": .string("TEAM123456"), "iat": .number(clock.now.timeIntervalSince1970)])
+        // iat is a JSON number, not a string.
+        let claimsText = String(decoding: Base64URL.decode(token.value.split(separator: ".")[1])!, as: UTF8.self)
+        #expect(claimsText.contains("\"iat\":1800000000"))
+        #expect(jwt.signature.count == 64)
+        try jwt.verify(with: Fixtures.credentials.privateKey.publicKey)
+    }
+
+    @Test func reusedUntilMaximumAgeThenRefreshed() throws {
+        let clock = TestClock()
+        let metrics = MetricsRegistry()
+        let cache = APNsProviderTokenCache(maximumAge: .seconds(50 * 60), minimumInterval: .seconds(20 * 60),
+                                           now: { clock.now }, metrics: metrics)
+        let first = try cache.token(for: Fixtures.credentials)
+        clock.advance(by: 49 * 60)
+        #expect(try cache.token(for: Fixtures.credentials) == first)
+        clock.advance(by: 61)
+        let second = try cache.token(for: Fixtures.credentials)
+        #expect(second != first && second.issuedAt == clock.now)
+        #expect(metrics.counter("herald_apns_provider_token_refreshes_total", help: "").labels().current == 2)
+        // Another key has its own token.
+        let other = APNsCredentials(teamID: "TEAM123456", keyID: "OTHERKEY12", privateKey: try PrivateKey.generateP256())
+        #expect(try cache.token(for: other) != second)
+    }
+
+    @Test func expiredProviderTokenRefreshesOnlyAfterTheMinimumInterval() throws {
+        let clock = TestClock()
+        let cache = APNsProviderTokenCache(now: { clock.now }, metrics: MetricsRegistry())
+        let first = try cache.token(for: Fixtures.credentials)
+        clock.advance(by: 5 * 60)
+        #expect(try cache.token(afterRejecting: first, for: Fixtures.credentials) == nil)
+        clock.advance(by: 16 * 60)
+        let second = try #require(try cache.token(afterRejecting: first, for: Fixtures.credentials))
+        #expect(second != first)
+        // A second request rejected with the old token gets the new one, without another signature.
+        #expect(try cache.token(afterRejecting: first, for: Fixtures.credentials) == second)
+        #expect(try cache.token(for: Fixtures.credentials) == second)
+    }
+
+    @Test func nonES256KeysAreRefused() throws {
+        let rsa = APNsCredentials(teamID: "TEAM123456", keyID: "RSAKEY1234", privateKey: try PrivateKey.generateRSA())
+        let cache = APNsProviderTokenCache(metrics: MetricsRegistry())
+        #expect { _ = try cache.token(for: rsa) } throws: { ($0 as? APNsError)?.code == .providerTokenFailure }
+    }
+}
