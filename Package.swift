@@ -78,18 +78,23 @@ let package = Package(
         // APNs client throughput against nghttpd, compared with h2load (scripts/bench-apns).
         .executableTarget(name: "herald-bench-apns", dependencies: ["HeraldAPNs", "HeraldCrypto", "HeraldRuntime"]),
 
+        // Helpers shared by the test targets: a raw HTTP/1.1 client, apps files with fresh keys, schema checks.
+        .target(name: "HeraldTestSupport", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldRuntime"]),
+
         .testTarget(name: "HeraldRuntimeTests", dependencies: ["HeraldRuntime"]),
-        .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
+        .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore", "HeraldTestSupport"]),
         .testTarget(name: "HeraldCryptoTests", dependencies: ["HeraldCrypto", "HeraldRuntime"]),
         .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldRedis"]),
         .testTarget(name: "HeraldKafkaTests", dependencies: ["HeraldKafka", "CRdKafka"], swiftSettings: rdkafkaSwift),
-        .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldStore", "HeraldCrypto"]),
-        .testTarget(name: "HeraldHTTPTests", dependencies: ["HeraldHTTP"]),
+        .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldStore", "HeraldCrypto", "HeraldTestSupport"]),
+        .testTarget(name: "HeraldHTTPTests", dependencies: ["HeraldHTTP", "HeraldTestSupport"]),
         .testTarget(name: "HeraldAPNsTests", dependencies: ["HeraldAPNs", "HeraldAPNsSimulator", "HeraldCrypto",
                                                    "HeraldRuntime"]),
         .testTarget(name: "HeraldAPNsSimulatorTests", dependencies: ["HeraldAPNsSimulator", "HeraldCrypto",
                                                                      "HeraldRuntime"]),
-        .testTarget(name: "HeraldIngestTests", dependencies: ["HeraldIngest"], swiftSettings: rdkafkaSwift),
+        .testTarget(name: "HeraldIngestTests", dependencies: ["HeraldIngest", "HeraldTestSupport", "HeraldKafka",
+                                                     "HeraldRedis", "HeraldStore"],
+                    swiftSettings: rdkafkaSwift),
         .testTarget(name: "HeraldDispatcherTests", dependencies: ["HeraldDispatcher"], swiftSettings: rdkafkaSwift),
     ],
     swiftLanguageModes: [.v6]

@@ -1,5 +1,6 @@
 import Foundation
 import HeraldCore
+import HeraldTestSupport
 import HeraldRuntime
 import Testing
 
@@ -79,40 +80,9 @@ import Testing
             try EventIntake.activityEvent(json(#"{"event": "update", "contentState": {}, "final": true, "relevanceScore": 1.5}"#), appID: "shop", postIDHash: "0123abcd", jobID: nil),
             try EventIntake.devicePush(json(#"{"payload": {"aps": {}}, "tokenType": "liveactivity-update", "environment": "sandbox"}"#), appID: "shop", deviceToken: token, jobID: nil),
         ]
-        try SchemaCheck.validate(jobs.map { $0.encoded() }, schema: "push-job.schema.json")
+        try validateAgainstSchema(jobs.map { $0.encoded() }, schema: "push-job.schema.json")
         var broken = jobs[0]
         broken.priority = 3
-        #expect(throws: (any Error).self) { try SchemaCheck.validate([broken.encoded()], schema: "push-job.schema.json") }
-    }
-}
-
-/// Validates JSON documents against a schema in schemas/ with Python's jsonschema (installed by scripts/setup).
-enum SchemaCheck {
-    struct Failure: Error, CustomStringConvertible { let description: String }
-
-    static func validate(_ documents: [[UInt8]], schema: String) throws {
-        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        let schemaPath = root.appendingPathComponent("schemas/\(schema)").path
-        let script = """
-            import json, sys, jsonschema
-            schema = json.load(open(sys.argv[1]))
-            jsonschema.Draft202012Validator.check_schema(schema)
-            v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-            for line in sys.stdin:
-                errors = sorted(v.iter_errors(json.loads(line)), key=str)
-                if errors: sys.exit("invalid: " + errors[0].message)
-            """
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", "-c", script, schemaPath]
-        let input = Pipe(), errors = Pipe()
-        process.standardInput = input
-        process.standardError = errors
-        try process.run()
-        for document in documents { input.fileHandleForWriting.write(Data(document + [0x0a])) }
-        try input.fileHandleForWriting.close()
-        process.waitUntilExit()
-        let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        guard process.terminationStatus == 0 else { throw Failure(description: message) }
+        #expect(throws: (any Error).self) { try validateAgainstSchema([broken.encoded()], schema: "push-job.schema.json") }
     }
 }

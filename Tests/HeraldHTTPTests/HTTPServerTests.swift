@@ -1,3 +1,4 @@
+import HeraldTestSupport
 import Foundation
 @testable import HeraldHTTP
 import HeraldRuntime

@@ -1,4 +1,5 @@
 @testable import HeraldHTTP
+import HeraldTestSupport
 import Testing
 
 @Suite("HTTP router and types")

@@ -4,6 +4,7 @@ import HeraldCrypto
 import HeraldRedis
 import HeraldRuntime
 import HeraldStore
+import HeraldTestSupport
 import Testing
 
 /// A client for the Redis `scripts/test` started, and a fresh app id so tests never see each other's keys.
@@ -12,16 +13,8 @@ struct TestRedis {
     let app = "test-" + SecureRandom.hex(6)
 
     init() throws {
-        guard let url = ProcessInfo.processInfo.environment["HERALD_TEST_REDIS_URL"] else {
-            throw TestSetupError("HERALD_TEST_REDIS_URL is not set: run the tests with scripts/test")
-        }
-        client = RedisClient(configuration: try RedisConfiguration(url: url))
+        client = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
     }
-}
-
-struct TestSetupError: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
 }
 
 func json(_ text: String) -> JSONValue { try! JSONDecoder().decode(JSONValue.self, from: Data(text.utf8)) }

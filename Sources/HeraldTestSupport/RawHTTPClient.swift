@@ -2,18 +2,18 @@ import Foundation
 
 /// A deliberately small blocking HTTP/1.1 client on a POSIX socket, so tests control every byte (chunked bodies,
 /// early disconnects, keep-alive) and see exactly what the server wrote.
-final class RawHTTPClient {
-    struct Failure: Error, CustomStringConvertible {
-        var description: String
+public final class RawHTTPClient {
+    public struct Failure: Error, CustomStringConvertible {
+        public var description: String
     }
 
-    struct Response {
-        var status: Int
+    public struct Response: Sendable {
+        public var status: Int
         /// Lower-cased names.
-        var headers: [String: String]
-        var body: [UInt8]
-        var text: String { String(decoding: body, as: UTF8.self) }
-        func json() throws -> [String: Any] {
+        public var headers: [String: String]
+        public var body: [UInt8]
+        public var text: String { String(decoding: body, as: UTF8.self) }
+        public func json() throws -> [String: Any] {
             guard let object = try JSONSerialization.jsonObject(with: Data(body)) as? [String: Any] else {
                 throw Failure(description: "not a JSON object: \(text)")
             }
@@ -25,7 +25,7 @@ final class RawHTTPClient {
     private var buffer: [UInt8] = []
 
     /// Connects to 127.0.0.1:`port`; every read and write times out after `timeout` seconds.
-    init(port: UInt16, timeout: Int = 5) throws {
+    public init(port: UInt16, timeout: Int = 5) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw Failure(description: "socket: \(errno)") }
         var time = timeval(tv_sec: timeout, tv_usec: 0)
@@ -49,9 +49,9 @@ final class RawHTTPClient {
 
     deinit { Foundation.close(fd) }
 
-    func send(_ text: String) throws { try send(Array(text.utf8)) }
+    public func send(_ text: String) throws { try send(Array(text.utf8)) }
 
-    func send(_ bytes: [UInt8]) throws {
+    public func send(_ bytes: [UInt8]) throws {
         var offset = 0
         while offset < bytes.count {
             let written = bytes[offset...].withUnsafeBytes { Foundation.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
@@ -61,7 +61,7 @@ final class RawHTTPClient {
     }
 
     /// Sends a request with `Content-Length` (when there is a body) and reads the response.
-    func request(_ method: String, _ path: String, headers: [String: String] = [:], body: String? = nil) throws -> Response {
+    public func request(_ method: String, _ path: String, headers: [String: String] = [:], body: String? = nil) throws -> Response {
         var head = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         for (name, value) in headers { head += "\(name): \(value)\r\n" }
         if let body { head += "Content-Length: \(body.utf8.count)\r\n" }
@@ -70,7 +70,7 @@ final class RawHTTPClient {
     }
 
     /// Reads one response framed by Content-Length (all this server sends), or up to EOF without one.
-    func readResponse() throws -> Response {
+    public func readResponse() throws -> Response {
         let headerEnd = try readUntil(Array("\r\n\r\n".utf8))
         let head = String(decoding: buffer[..<headerEnd], as: UTF8.self)
         buffer.removeFirst(headerEnd + 4)
@@ -96,7 +96,7 @@ final class RawHTTPClient {
     }
 
     /// True when the server has closed the connection (EOF before any byte).
-    func isClosedByServer() -> Bool {
+    public func isClosedByServer() -> Bool {
         (try? fill()) == false
     }
 
@@ -126,7 +126,7 @@ final class RawHTTPClient {
 
 /// Runs blocking socket code on a thread of its own, keeping Swift's small cooperative pool (2 threads on this
 /// box) free for the server's handlers.
-func onThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+public func onThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
     try await withCheckedThrowingContinuation { continuation in
         let thread = Thread {
             do { continuation.resume(returning: try body()) } catch { continuation.resume(throwing: error) }

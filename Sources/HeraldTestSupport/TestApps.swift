@@ -1,0 +1,79 @@
+import Foundation
+import HeraldCore
+import HeraldCrypto
+import HeraldRuntime
+
+/// An apps file with fresh ids and keys in a temporary folder, for tests. App ids are random so tests sharing
+/// one Redis never see each other's keys.
+public struct TestApps: Sendable {
+    public struct Entry: Sendable {
+        public let id: String
+        public let bundleID: String
+        public let publicKey: String
+        public let secretKey: String
+        /// A public key with a user (`user-<id>`), for Live Activity registrations.
+        public let userKey: String
+        public let teamID = "TEAM123456"
+        public let keyID: String
+        public let apnsKey: PrivateKey
+        /// The OAuth issuer's signing key (ES256) and issuer/audience.
+        public let oauthKey: PrivateKey
+        public let issuer: String
+        public let audience = "herald"
+    }
+
+    public let folder: URL
+    public let path: String
+    public let apps: [Entry]
+    public let directory: AppDirectory
+
+    public init(count: Int = 2) throws {
+        folder = FileManager.default.temporaryDirectory.appendingPathComponent("herald-apps-\(SecureRandom.hex(6))")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        var entries: [Entry] = []
+        var json: [String] = []
+        for index in 0..<count {
+            let id = "app\(index)-\(SecureRandom.hex(4))"
+            let keyID = String(("K" + SecureRandom.hex(8).uppercased()).prefix(10))
+            let entry = Entry(id: id, bundleID: "com.example.\(id.replacingOccurrences(of: "-", with: ""))",
+                              publicKey: NewAPIKey.generate(kind: .public).key,
+                              secretKey: NewAPIKey.generate(kind: .secret).key,
+                              userKey: NewAPIKey.generate(kind: .public).key,
+                              keyID: keyID, apnsKey: try PrivateKey.generateP256(),
+                              oauthKey: try PrivateKey.generateP256(), issuer: "https://auth-\(id).example.com")
+            try entry.apnsKey.pem.write(to: folder.appendingPathComponent("\(id).p8"), atomically: true, encoding: .utf8)
+            try entry.oauthKey.publicKey.pem.write(to: folder.appendingPathComponent("\(id)-oauth.pem"), atomically: true,
+                                                  encoding: .utf8)
+            json.append("""
+                {"id": "\(id)", "keys": [{"kind": "public", "sha256": "\(SHA256.hex(entry.publicKey))"},
+                                        {"kind": "secret", "sha256": "\(SHA256.hex(entry.secretKey))"},
+                                        {"kind": "public", "sha256": "\(SHA256.hex(entry.userKey))", "user": "user-\(id)"}],
+                 "apns": {"teamId": "\(entry.teamID)", "keyId": "\(keyID)", "privateKeyPath": "\(id).p8",
+                          "bundleId": "\(entry.bundleID)"},
+                 "oauth": {"issuer": "\(entry.issuer)", "audience": "\(entry.audience)", "publicKeyPath": "\(id)-oauth.pem"}}
+                """)
+            entries.append(entry)
+        }
+        let file = folder.appendingPathComponent("apps.json")
+        try Data("{\"apps\": [\(json.joined(separator: ",\n"))]}".utf8).write(to: file)
+        path = file.path
+        apps = entries
+        directory = try AppDirectory.load(path: path)
+    }
+
+    /// An OAuth access token for `app`, signed by its issuer; override any claim (nil removes it).
+    public func accessToken(for app: Entry, subject: String = "alice", scope: String? = "activities:write",
+                            lifetime: TimeInterval = 300, claims overrides: [String: JSONValue?] = [:],
+                            key: PrivateKey? = nil) throws -> String {
+        let now = Date().timeIntervalSince1970
+        var claims: [String: JSONValue] = [
+            "iss": .string(app.issuer), "aud": .string(app.audience), "sub": .string(subject),
+            "iat": .number(now.rounded(.down)), "exp": .number((now + lifetime).rounded(.down)),
+        ]
+        if let scope { claims["scope"] = .string(scope) }
+        for (name, value) in overrides { claims[name] = value }
+        return try JSONWebToken.sign(claims: claims, keyID: nil, key: key ?? app.oauthKey)
+    }
+
+    public func remove() { try? FileManager.default.removeItem(at: folder) }
+}

@@ -1,0 +1,63 @@
+import Foundation
+
+/// What `scripts/test` provides to integration tests. A missing variable fails the test (never a silent skip).
+public enum TestEnvironment {
+    public struct Missing: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    public static func redisURL() throws -> String { try value("HERALD_TEST_REDIS_URL") }
+    public static func kafkaBrokers() throws -> String { try value("HERALD_TEST_KAFKA_BROKERS") }
+
+    static func value(_ name: String) throws -> String {
+        guard let value = ProcessInfo.processInfo.environment[name], !value.isEmpty else {
+            throw Missing(description: "\(name) is not set: run the tests with scripts/test")
+        }
+        return value
+    }
+
+    /// The repository's root folder (for schemas/, scripts/ and built executables).
+    public static var repositoryRoot: URL {
+        var url = URL(fileURLWithPath: #filePath)
+        for _ in 0..<3 { url.deleteLastPathComponent() }
+        return url
+    }
+}
+
+/// Runs a command line tool to completion and returns its standard output; throws with its stderr when it fails.
+public func runTool(_ tool: String, _ arguments: [String], input: Data? = nil) throws -> String {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    process.arguments = [tool] + arguments
+    let output = Pipe(), errors = Pipe(), stdin = Pipe()
+    process.standardOutput = output
+    process.standardError = errors
+    process.standardInput = stdin
+    try process.run()
+    if let input { stdin.fileHandleForWriting.write(input) }
+    try stdin.fileHandleForWriting.close()
+    let out = output.fileHandleForReading.readDataToEndOfFile()
+    let err = errors.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    guard process.terminationStatus == 0 else {
+        throw TestEnvironment.Missing(description: "\(tool) failed (\(process.terminationStatus)): \(String(decoding: err, as: UTF8.self))")
+    }
+    return String(decoding: out, as: UTF8.self)
+}
+
+/// Validates JSON documents (one per element) against a schema in schemas/ with Python's jsonschema.
+public func validateAgainstSchema(_ documents: [[UInt8]], schema: String) throws {
+    let schemaPath = TestEnvironment.repositoryRoot.appendingPathComponent("schemas/\(schema)").path
+    let script = """
+        import json, sys, jsonschema
+        schema = json.load(open(sys.argv[1]))
+        jsonschema.Draft202012Validator.check_schema(schema)
+        v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        for n, line in enumerate(sys.stdin):
+            errors = sorted(v.iter_errors(json.loads(line)), key=str)
+            if errors: sys.exit(f"document {n}: " + errors[0].message)
+        """
+    var input = Data()
+    for document in documents { input.append(contentsOf: document + [0x0a]) }
+    _ = try runTool("python3", ["-c", script, schemaPath], input: input)
+}
