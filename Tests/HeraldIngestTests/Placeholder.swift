@@ -1,1 +1,0 @@
-// HeraldIngestTests: filled in by its issue.
