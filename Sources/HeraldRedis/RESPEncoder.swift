@@ -1,0 +1,52 @@
+/// Writes commands in the Redis protocol (RESP2 arrays of bulk strings).
+///
+/// Commands are encoded by the calling task, so the connection thread only concatenates ready bytes and hands
+/// them to hiredis with one `redisAppendFormattedCommand` per call.
+struct RESPEncoder {
+    private(set) var bytes: [UInt8] = []
+    private(set) var commandCount = 0
+
+    init(capacity: Int = 64) {
+        bytes.reserveCapacity(capacity)
+    }
+
+    mutating func append(_ arguments: [String]) {
+        precondition(!arguments.isEmpty, "a Redis command needs at least its name")
+        header(UInt8(ascii: "*"), arguments.count)
+        for argument in arguments {
+            let utf8 = argument.utf8
+            header(UInt8(ascii: "$"), utf8.count)
+            bytes.append(contentsOf: utf8)
+            bytes.append(13)
+            bytes.append(10)
+        }
+        commandCount += 1
+    }
+
+    mutating func append(_ arguments: [[UInt8]]) {
+        precondition(!arguments.isEmpty, "a Redis command needs at least its name")
+        header(UInt8(ascii: "*"), arguments.count)
+        for argument in arguments {
+            header(UInt8(ascii: "$"), argument.count)
+            bytes.append(contentsOf: argument)
+            bytes.append(13)
+            bytes.append(10)
+        }
+        commandCount += 1
+    }
+
+    /// `<marker><decimal>\r\n` without going through String formatting.
+    private mutating func header(_ marker: UInt8, _ value: Int) {
+        bytes.append(marker)
+        var divisor = 1
+        while divisor <= value / 10 { divisor *= 10 }
+        var remaining = value
+        while divisor > 0 {
+            bytes.append(UInt8(ascii: "0") + UInt8(remaining / divisor))
+            remaining %= divisor
+            divisor /= 10
+        }
+        bytes.append(13)
+        bytes.append(10)
+    }
+}

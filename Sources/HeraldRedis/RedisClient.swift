@@ -1,0 +1,120 @@
+import Foundation
+import HeraldRuntime
+
+/// A Redis client for many concurrent tasks: a pool of `poolSize` connections, each driven by a thread the client
+/// owns, so blocking hiredis calls never occupy Swift's cooperative pool.
+///
+/// Calls made concurrently are pipelined automatically: a connection thread writes every queued command at once
+/// and then reads the replies. Every call has a deadline (`commandTimeout`, counted from the call): past it the
+/// call throws `RedisError.Code.timeout` and the connection it waited on is reset. A connection that broke (Redis
+/// restarted, network cut) is reopened by the next call, so one client lives as long as the process.
+///
+/// A call that fails with a connection error may or may not have been executed by Redis.
+public final class RedisClient: Sendable {
+    public let configuration: RedisConfiguration
+    private let queue: RedisRequestQueue
+
+    /// Starts the connection threads. Connections open lazily, on the first call each thread serves, so a client
+    /// can be created while Redis is still down.
+    public init(configuration: RedisConfiguration, logger: Logger = Logger(label: "herald.redis")) {
+        self.configuration = configuration
+        queue = RedisRequestQueue(workerCount: configuration.poolSize,
+                                  maxQueuedCommands: configuration.maxQueuedCommands)
+        for index in 0..<configuration.poolSize {
+            let worker = RedisWorker(index: index, configuration: configuration, queue: queue, logger: logger)
+            let thread = Thread { worker.run() }
+            thread.name = "herald-redis-\(index)"
+            thread.start()
+        }
+    }
+
+    /// Lets the threads exit once their queued calls are answered; they hold only the queue, not the client.
+    deinit {
+        queue.shutdown()
+    }
+
+    /// Refuses new calls (they throw `.closed`), answers the queued ones, and returns when every connection thread
+    /// has exited and closed its connection.
+    public func close() async {
+        queue.shutdown()
+        await queue.waitUntilStopped()
+    }
+
+    /// Runs one command, e.g. `["SET", key, value, "EX", "60"]`.
+    ///
+    /// - Throws: `RedisError` — `.server`/`.noScript` for an error reply, or a connection failure.
+    @discardableResult
+    public func command(_ arguments: [String]) async throws -> RedisValue {
+        var encoder = RESPEncoder()
+        encoder.append(arguments)
+        return try checked(await single(encoder))
+    }
+
+    /// Runs one command whose arguments are arbitrary bytes (binary keys or values).
+    @discardableResult
+    public func command(_ arguments: [[UInt8]]) async throws -> RedisValue {
+        var encoder = RESPEncoder()
+        encoder.append(arguments)
+        return try checked(await single(encoder))
+    }
+
+    /// Sends the commands together on one connection, in order, and returns one reply per command.
+    ///
+    /// Error replies are returned in place as `RedisValue.error` so one failing command does not hide the others'
+    /// replies; only connection failures throw. `MULTI` … `EXEC` inside one pipeline runs as a transaction.
+    @discardableResult
+    public func pipeline(_ commands: [[String]]) async throws -> [RedisValue] {
+        guard !commands.isEmpty else { return [] }
+        var encoder = RESPEncoder(capacity: commands.count * 32)
+        for command in commands { encoder.append(command) }
+        return try await many(encoder)
+    }
+
+    /// `pipeline(_:)` for commands whose arguments are arbitrary bytes.
+    @discardableResult
+    public func pipeline(_ commands: [[[UInt8]]]) async throws -> [RedisValue] {
+        guard !commands.isEmpty else { return [] }
+        var encoder = RESPEncoder(capacity: commands.count * 32)
+        for command in commands { encoder.append(command) }
+        return try await many(encoder)
+    }
+
+    /// Runs a Lua script with `EVALSHA`; when Redis does not know it yet (`NOSCRIPT`), sends it once with `EVAL`,
+    /// which also caches it for later calls.
+    @discardableResult
+    public func run(_ script: RedisScript, keys: [String], args: [String]) async throws -> RedisValue {
+        var arguments = ["EVALSHA", script.sha1, String(keys.count)]
+        arguments.append(contentsOf: keys)
+        arguments.append(contentsOf: args)
+        do {
+            return try await command(arguments)
+        } catch let error as RedisError where error.code == .noScript {
+            arguments[0] = "EVAL"
+            arguments[1] = script.source
+            return try await command(arguments)
+        }
+    }
+
+    private func single(_ encoder: RESPEncoder) async throws -> RedisValue {
+        let deadline = ContinuousClock.now + configuration.commandTimeout
+        return try await withCheckedThrowingContinuation { continuation in
+            let request = RedisRequest(payload: encoder.bytes, replyCount: 1, deadline: deadline,
+                                       completion: .single(continuation))
+            if let error = queue.enqueue(request) { continuation.resume(throwing: error) }
+        }
+    }
+
+    private func many(_ encoder: RESPEncoder) async throws -> [RedisValue] {
+        let deadline = ContinuousClock.now + configuration.commandTimeout
+        return try await withCheckedThrowingContinuation { continuation in
+            let request = RedisRequest(payload: encoder.bytes, replyCount: encoder.commandCount, deadline: deadline,
+                                       completion: .many(continuation))
+            if let error = queue.enqueue(request) { continuation.resume(throwing: error) }
+        }
+    }
+
+    private func checked(_ reply: RedisValue) throws(RedisError) -> RedisValue {
+        if case .error(let message) = reply { throw RedisError.fromReply(message) }
+        return reply
+    }
+}

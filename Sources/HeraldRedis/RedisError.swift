@@ -1,0 +1,54 @@
+/// Why a Redis call failed.
+///
+/// `isConnectionFailure` separates "Redis is unreachable or too slow" (answer HTTP 503, retry later) from errors
+/// Redis itself returned for a command (a bug or bad data: 500).
+public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
+    public enum Code: Sendable, Hashable {
+        /// The TCP connection could not be opened or broke (the hiredis message says which).
+        case connection
+        /// No reply before the call's deadline; the connection was reset.
+        case timeout
+        /// Redis sent bytes hiredis could not parse; the connection was reset.
+        case `protocol`
+        /// `AUTH` was refused.
+        case authentication
+        /// Redis answered with an error reply (`ERR …`, `WRONGTYPE …`).
+        case server
+        /// `EVALSHA` of a script Redis does not have (`run(_:keys:args:)` handles this itself).
+        case noScript
+        /// Too many commands already queued: the caller should shed load.
+        case overloaded
+        /// The client was closed.
+        case closed
+    }
+
+    public var code: Code
+    /// hiredis' error text for connection errors, or Redis' error reply for server errors.
+    public var message: String
+
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    /// Redis could not be reached, did not answer in time, or refused the credentials: a 503, not a bug.
+    public var isConnectionFailure: Bool {
+        switch code {
+        case .connection, .timeout, .protocol, .authentication, .overloaded, .closed: true
+        case .server, .noScript: false
+        }
+    }
+
+    /// The first word of a server error reply (`ERR`, `WRONGTYPE`, `NOSCRIPT`…); `nil` for other codes.
+    public var serverErrorPrefix: String? {
+        guard code == .server || code == .noScript else { return nil }
+        return message.split(separator: " ", maxSplits: 1).first.map(String.init)
+    }
+
+    public var description: String { "redis \(code): \(message)" }
+
+    /// The error a `command` call throws for an error reply.
+    static func fromReply(_ message: String) -> RedisError {
+        RedisError(message.hasPrefix("NOSCRIPT") ? .noScript : .server, message)
+    }
+}

@@ -1,1 +1,0 @@
-// HeraldRedisTests: filled in by its issue.

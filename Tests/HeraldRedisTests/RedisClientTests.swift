@@ -1,0 +1,235 @@
+import Foundation
+import HeraldRedis
+import Testing
+
+/// Against the real Redis started by scripts/test (HERALD_TEST_REDIS_URL).
+@Suite struct RedisClientTests {
+    @Test func basicCommandsReturnTypedReplies() async throws {
+        let client = RedisClient(configuration: try sharedRedisConfiguration())
+        let key = freshPrefix() + "greeting"
+        #expect(try await client.command(["SET", key, "hello", "EX", "60"]) == .status("OK"))
+        #expect(try await client.command(["GET", key]).string == "hello")
+        #expect(try await client.command(["GET", key + ":missing"]) == .null)
+        #expect(try await client.command(["APPEND", key, " world"]) == .integer(11))
+        #expect(try await client.command(["INCRBY", key + ":n", "5"]).int == 5)
+        #expect(try await client.command(["GET", key + ":n"]).int == 5)
+        try await client.command(["HSET", key + ":h", "a", "1", "b", "2"])
+        #expect(try await client.command(["HGETALL", key + ":h"]).fieldValues == ["a": "1", "b": "2"])
+        try await client.command(["DEL", key, key + ":n", key + ":h"])
+        await client.close()
+    }
+
+    @Test func binaryKeysAndValuesRoundTrip() async throws {
+        let client = RedisClient(configuration: try sharedRedisConfiguration())
+        let key = Array(freshPrefix().utf8) + [0, 255, 13, 10]
+        let value = (0...255).map(UInt8.init) + [13, 10, 0]
+        #expect(try await client.command([Array("SET".utf8), key, value]) == .status("OK"))
+        #expect(try await client.command([Array("GET".utf8), key]) == .bulk(value))
+        #expect(try await client.command([Array("STRLEN".utf8), key]) == .integer(259))
+        let large = [UInt8]((0..<1_000_000).map { UInt8(truncatingIfNeeded: $0 &* 31) })
+        let replies = try await client.pipeline([[Array("SET".utf8), key, large], [Array("GET".utf8), key],
+                                                 [Array("DEL".utf8), key]])
+        #expect(replies == [.status("OK"), .bulk(large), .integer(1)])
+        await client.close()
+    }
+
+    @Test func arrayRepliesWithManyElements() async throws {
+        let client = RedisClient(configuration: try sharedRedisConfiguration())
+        let key = freshPrefix() + "list"
+        let values = (0..<10_000).map { "item-\($0)" }
+        #expect(try await client.command(["RPUSH", key] + values) == .integer(10_000))
+        let listed = try await client.command(["LRANGE", key, "0", "-1"])
+        #expect(listed.strings == values)
+        try await client.command(["DEL", key])
+        await client.close()
+    }
+
+    @Test func thousandCommandPipelineRepliesInOrder() async throws {
+        let client = RedisClient(configuration: try sharedRedisConfiguration())
+        let prefix = freshPrefix()
+        var commands: [[String]] = []
+        for index in 0..<500 {
+            commands.append(["SET", "\(prefix)\(index)", "value-\(index)"])
+            commands.append(["GET", "\(prefix)\(index)"])
+        }
+        let replies = try await client.pipeline(commands)
+        #expect(replies.count == 1_000)
+        for index in 0..<500 {
+            #expect(replies[2 * index] == .status("OK"))
+            #expect(replies[2 * index + 1].string == "value-\(index)")
+        }
+        try await client.command(["DEL"] + (0..<500).map { "\(prefix)\($0)" })
+        await client.close()
+    }
+
+    @Test func pipelineReturnsErrorRepliesInPlaceAndTransactionsWork() async throws {
+        let client = RedisClient(configuration: try sharedRedisConfiguration())
+        let key = freshPrefix() + "k"
+        let replies = try await client.pipeline([["SET", key, "text"], ["INCR", key], ["GET", key],
+                                                 ["MULTI"], ["INCR", key + ":c"], ["INCR", key + ":c"], ["EXEC"]])
+        #expect(replies[0] == .status("OK"))
+        #expect(replies[1].errorMessage?.hasPrefix("ERR") == true)
+        #expect(replies[2].string == "text")
+        #expect(replies[3] == .status("OK"))
+        #expect(replies[4] == .status("QUEUED"))
+        #expect(replies[6] == .array([.integer(1), .integer(2)]))
+        try await client.command(["DEL", key, key + ":c"])
+        await client.close()
+    }
+
+    @Test func serverErrorsAreTypedAndNotConnectionFailures() async throws {
+        let client = RedisClient(configuration: try sharedRedisConfiguration())
+        let key = freshPrefix() + "s"
+        try await client.command(["SET", key, "text"])
+        let wrongType = await #expect(throws: RedisError.self) { try await client.command(["LPUSH", key, "x"]) }
+        #expect(wrongType?.code == .server)
+        #expect(wrongType?.serverErrorPrefix == "WRONGTYPE")
+        #expect(wrongType?.isConnectionFailure == false)
+        let unknown = await #expect(throws: RedisError.self) { try await client.command(["NOSUCHCOMMAND"]) }
+        #expect(unknown?.code == .server)
+        #expect(unknown?.message.contains("unknown command") == true)
+        // The connection is still usable after error replies.
+        #expect(try await client.command(["GET", key]).string == "text")
+        try await client.command(["DEL", key])
+        await client.close()
+    }
+
+    @Test func manyConcurrentTasksGetTheirOwnReplies() async throws {
+        let client = RedisClient(configuration: try sharedRedisConfiguration(poolSize: 3))
+        let prefix = freshPrefix()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for task in 0..<400 {
+                group.addTask {
+                    for round in 0..<10 {
+                        let value = "task-\(task)-round-\(round)"
+                        try await client.command(["SET", "\(prefix)\(task)", value])
+                        let read = try await client.command(["GET", "\(prefix)\(task)"])
+                        #expect(read.string == value)
+                        try await client.command(["INCR", "\(prefix)counter"])
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        #expect(try await client.command(["GET", "\(prefix)counter"]).int == 4_000)
+        try await client.command(["DEL", "\(prefix)counter"] + (0..<400).map { "\(prefix)\($0)" })
+        await client.close()
+    }
+
+    @Test func luaScriptUsesEvalshaAndRecoversFromScriptFlush() async throws {
+        let client = RedisClient(configuration: try sharedRedisConfiguration())
+        let key = freshPrefix() + "script"
+        let script = RedisScript(source: "local n = redis.call('INCRBY', KEYS[1], ARGV[1]) return {KEYS[1], n}")
+        let loaded = try await client.command(["SCRIPT", "LOAD", script.source])
+        #expect(loaded.string == script.sha1)
+
+        #expect(try await client.run(script, keys: [key], args: ["5"]) == .array([.bulk(Array(key.utf8)), .integer(5)]))
+
+        try await client.command(["SCRIPT", "FLUSH"])
+        #expect(try await client.command(["SCRIPT", "EXISTS", script.sha1]) == .array([.integer(0)]))
+        let unknown = await #expect(throws: RedisError.self) {
+            try await client.command(["EVALSHA", script.sha1, "1", key, "1"])
+        }
+        #expect(unknown?.code == .noScript)
+
+        // NOSCRIPT → EVAL fallback, which also caches the script for the next EVALSHA.
+        #expect(try await client.run(script, keys: [key], args: ["2"]).array?.last == .integer(7))
+        #expect(try await client.command(["SCRIPT", "EXISTS", script.sha1]) == .array([.integer(1)]))
+
+        let failing = RedisScript(source: "return redis.error_reply('HERALD_DENIED no')")
+        let denied = await #expect(throws: RedisError.self) { try await client.run(failing, keys: [], args: []) }
+        #expect(denied?.serverErrorPrefix == "HERALD_DENIED")
+        try await client.command(["DEL", key])
+        await client.close()
+    }
+
+    @Test func selectsTheDatabaseFromTheURL() async throws {
+        var configuration = try sharedRedisConfiguration(poolSize: 1)
+        configuration.database = 3
+        let inDatabase3 = RedisClient(configuration: configuration)
+        configuration.database = 0
+        let inDatabase0 = RedisClient(configuration: configuration)
+        let key = freshPrefix() + "db"
+        try await inDatabase3.command(["SET", key, "3", "EX", "60"])
+        #expect(try await inDatabase3.command(["GET", key]).string == "3")
+        #expect(try await inDatabase0.command(["GET", key]) == .null)
+        try await inDatabase3.command(["DEL", key])
+        await inDatabase3.close()
+        await inDatabase0.close()
+    }
+
+    @Test func slowReplyTimesOutAndTheConnectionIsReset() async throws {
+        let client = RedisClient(configuration: try sharedRedisConfiguration(poolSize: 1, commandTimeout: .milliseconds(300)))
+        let key = freshPrefix() + "empty-list"
+        // BLPOP blocks only this connection for 2 s; the client must give up after 300 ms.
+        var error: RedisError?
+        let elapsed = await seconds {
+            error = await #expect(throws: RedisError.self) { try await client.command(["BLPOP", key, "2"]) }
+        }
+        #expect(error?.code == .timeout)
+        #expect(error?.isConnectionFailure == true)
+        #expect(elapsed >= 0.25 && elapsed < 1.5)
+        // Had the connection not been reset, this would read BLPOP's late nil reply instead of PONG.
+        #expect(try await client.command(["PING"]) == .status("PONG"))
+        await client.close()
+    }
+
+    @Test func closedClientRefusesCalls() async throws {
+        let client = RedisClient(configuration: try sharedRedisConfiguration(poolSize: 2))
+        #expect(try await client.command(["PING"]) == .status("PONG"))
+        await client.close()
+        let error = await #expect(throws: RedisError.self) { try await client.command(["PING"]) }
+        #expect(error?.code == .closed)
+    }
+}
+
+/// Failure paths that need no Redis: a closed port and a server that never answers.
+@Suite struct RedisFailureTests {
+    @Test func connectToClosedPortFailsFastWithConnectionError() async throws {
+        let client = RedisClient(configuration: RedisConfiguration(port: try closedPort(), poolSize: 1))
+        var error: RedisError?
+        let elapsed = await seconds {
+            error = await #expect(throws: RedisError.self) { try await client.command(["PING"]) }
+        }
+        #expect(error?.code == .connection)
+        #expect(error?.isConnectionFailure == true)
+        #expect(error?.message.contains("refused") == true)
+        #expect(elapsed < 0.5)
+        await client.close()
+    }
+
+    @Test func serverThatNeverAnswersTimesOut() async throws {
+        let server = try SilentServer()
+        let client = RedisClient(configuration: RedisConfiguration(port: server.port, commandTimeout: .milliseconds(300),
+                                                                   poolSize: 2))
+        for _ in 0..<2 {
+            var error: RedisError?
+            let elapsed = await seconds {
+                error = await #expect(throws: RedisError.self) { try await client.pipeline([["PING"], ["PING"]]) }
+            }
+            #expect(error?.code == .timeout)
+            #expect(elapsed >= 0.25 && elapsed < 1.5)
+        }
+        await client.close()
+        _ = server
+    }
+
+    @Test func fullQueueFailsFastWithOverloaded() async throws {
+        let server = try SilentServer()
+        let client = RedisClient(configuration: RedisConfiguration(port: server.port, commandTimeout: .seconds(1),
+                                                                   poolSize: 1, maxQueuedCommands: 10))
+        let codes = await withTaskGroup(of: RedisError.Code?.self) { group in
+            for _ in 0..<40 {
+                group.addTask {
+                    do { _ = try await client.command(["PING"]); return nil } catch { return (error as? RedisError)?.code }
+                }
+            }
+            return await group.reduce(into: [RedisError.Code?]()) { $0.append($1) }
+        }
+        // The one connection is stuck on a batch; at most 10 more may wait, the rest are refused at once.
+        #expect(codes.filter { $0 == .overloaded }.count >= 20)
+        #expect(codes.allSatisfy { $0 == .overloaded || $0 == .timeout })
+        await client.close()
+        _ = server
+    }
+}

@@ -1,0 +1,121 @@
+import Testing
+@testable import HeraldRedis
+
+@Suite struct RedisConfigurationTests {
+    @Test func defaultURLParses() throws {
+        let configuration = try RedisConfiguration(url: RedisConfiguration.defaultURL)
+        #expect(configuration.host == "127.0.0.1")
+        #expect(configuration.port == 6379)
+        #expect(configuration.database == 0)
+        #expect(configuration.username == nil)
+        #expect(configuration.password == nil)
+        #expect(configuration.connectTimeout == .seconds(2))
+        #expect(configuration.commandTimeout == .seconds(2))
+        #expect(configuration.poolSize == 4)
+    }
+
+    @Test func passwordOnlyUserAndPasswordAndDatabase() throws {
+        let passwordOnly = try RedisConfiguration(url: "redis://:s3cret@redis.internal:6380/2")
+        #expect(passwordOnly.host == "redis.internal")
+        #expect(passwordOnly.port == 6380)
+        #expect(passwordOnly.username == nil)
+        #expect(passwordOnly.password == "s3cret")
+        #expect(passwordOnly.database == 2)
+
+        let withUser = try RedisConfiguration(url: "redis://herald:p%40ss%3Aword@10.0.0.5/15", poolSize: 8)
+        #expect(withUser.username == "herald")
+        #expect(withUser.password == "p@ss:word")
+        #expect(withUser.port == 6379)
+        #expect(withUser.database == 15)
+        #expect(withUser.poolSize == 8)
+    }
+
+    @Test func hostOnlyIPv6AndTrailingSlash() throws {
+        let bare = try RedisConfiguration(url: "redis://cache")
+        #expect(bare.host == "cache")
+        #expect(bare.port == 6379)
+        #expect(bare.database == 0)
+
+        let ipv6 = try RedisConfiguration(url: "REDIS://[::1]:7000/")
+        #expect(ipv6.host == "::1")
+        #expect(ipv6.port == 7000)
+        #expect(ipv6.description == "redis://[::1]:7000/0")
+    }
+
+    @Test func descriptionNeverShowsThePassword() throws {
+        let configuration = try RedisConfiguration(url: "redis://herald:topsecret@cache:6379/1")
+        #expect(configuration.description == "redis://herald:***@cache:6379/1")
+        #expect(!configuration.description.contains("topsecret"))
+    }
+
+    @Test(arguments: [
+        ("http://localhost:6379", RedisURLError.Problem.unsupportedScheme("http")),
+        ("rediss://localhost:6379", .unsupportedScheme("rediss")),
+        ("localhost:6379", .malformed("expected redis://host:port/db")),
+        ("redis://", .missingHost),
+        ("redis://:pw@:6379/0", .missingHost),
+        ("redis://localhost:0", .invalidPort("0")),
+        ("redis://localhost:65536", .invalidPort("65536")),
+        ("redis://localhost:port", .invalidPort("port")),
+        ("redis://localhost:", .invalidPort("")),
+        ("redis://localhost/abc", .invalidDatabase("abc")),
+        ("redis://localhost/-1", .invalidDatabase("-1")),
+        ("redis://localhost/1/2", .invalidDatabase("1/2")),
+        ("redis://justuser@localhost", .invalidCredentials),
+        ("redis://:bad%zz@localhost", .invalidCredentials),
+        ("redis://localhost?db=1", .malformed("query strings and fragments are not supported")),
+        ("redis://[::1", .malformed("unclosed \"[\" in the host")),
+    ])
+    func badURLsNameTheProblem(url: String, problem: RedisURLError.Problem) {
+        #expect(throws: RedisURLError(problem)) { try RedisConfiguration(url: url) }
+    }
+
+    @Test func urlErrorTextNamesTheProblemWithoutThePassword() {
+        let error = #expect(throws: RedisURLError.self) { try RedisConfiguration(url: "redis://:hunter2@host:99999") }
+        #expect(error?.description == "Redis URL: port must be a number in 1...65535, got \"99999\"")
+        #expect(error?.description.contains("hunter2") == false)
+        #expect(RedisURLError(.unsupportedScheme("rediss")).description.contains("TLS"))
+    }
+}
+
+@Suite struct RedisEncodingTests {
+    @Test func commandsAreEncodedAsRESPArraysOfBulkStrings() {
+        var encoder = RESPEncoder()
+        encoder.append(["SET", "k", "héllo"])
+        encoder.append([[0, 13, 10], []])
+        #expect(encoder.commandCount == 2)
+        let expected = "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$6\r\nhéllo\r\n" + "*2\r\n$3\r\n\0\r\n\r\n$0\r\n\r\n"
+        #expect(encoder.bytes == Array(expected.utf8))
+    }
+
+    @Test func longArgumentsGetMultiDigitLengths() {
+        var encoder = RESPEncoder()
+        encoder.append(Array(repeating: "x", count: 12) + [String(repeating: "y", count: 1_234)])
+        let text = String(decoding: encoder.bytes, as: UTF8.self)
+        #expect(text.hasPrefix("*13\r\n$1\r\nx\r\n"))
+        #expect(text.contains("$1234\r\n"))
+    }
+
+    @Test func scriptSHA1MatchesKnownDigests() {
+        #expect(SHA1.hexDigest([]) == "da39a3ee5e6b4b0d3255bfef95601890afd80709")
+        #expect(SHA1.hexDigest(Array("abc".utf8)) == "a9993e364706816aba3e25717850c26c9cd0d89d")
+        let twoBlocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"
+        #expect(SHA1.hexDigest(Array(twoBlocks.utf8)) == "84983e441c3bd26ebaae4aa1f95129e5e54670f1")
+        #expect(RedisScript(source: "return 1").sha1 == "e0e1f9fabfc9d4800c877a703b823ac0578ff8db")
+    }
+
+    @Test func valueAccessors() {
+        #expect(RedisValue.bulk(Array("42".utf8)).int == 42)
+        #expect(RedisValue.integer(7).int == 7)
+        #expect(RedisValue.status("OK").string == "OK")
+        #expect(RedisValue.null.string == nil)
+        #expect(RedisValue.null.isNull)
+        let hash = RedisValue.array([.bulk(Array("a".utf8)), .bulk(Array("1".utf8)), .bulk(Array("b".utf8)), .bulk([])])
+        #expect(hash.fieldValues == ["a": "1", "b": ""])
+        #expect(hash.strings == ["a", "1", "b", ""])
+        #expect(RedisValue.error("ERR x").errorMessage == "ERR x")
+        #expect(RedisError(.server, "WRONGTYPE Operation").serverErrorPrefix == "WRONGTYPE")
+        #expect(RedisError(.timeout, "slow").isConnectionFailure)
+        #expect(!RedisError(.server, "ERR").isConnectionFailure)
+    }
+}
