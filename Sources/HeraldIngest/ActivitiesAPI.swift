@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldCrypto
 import HeraldHTTP
 import HeraldRuntime
 import HeraldStore

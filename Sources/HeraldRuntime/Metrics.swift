@@ -184,6 +184,7 @@ public final class HistogramFamily: MetricFamily {
     }
 
     public func observe(_ value: Double) { labels().observe(value) }
+    public func observe(since start: ContinuousClock.Instant) { labels().observe(since: start) }
 
     public func render(into out: inout String) {
         out += "# HELP \(name) \(help)\n# TYPE \(name) histogram\n"
