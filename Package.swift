@@ -66,7 +66,7 @@ let package = Package(
                           swiftSettings: rdkafkaSwift),
         .executableTarget(name: "herald-dispatcher", dependencies: ["HeraldDispatcher", "HeraldRuntime"],
                           swiftSettings: rdkafkaSwift),
-        .executableTarget(name: "heraldctl", dependencies: ["HeraldCore", "HeraldKafka", "HeraldRedis",
+        .executableTarget(name: "heraldctl", dependencies: ["HeraldCore", "HeraldKafka", "HeraldRedis", "HeraldStore",
                                                             "HeraldCrypto", "HeraldRuntime"],
                           swiftSettings: rdkafkaSwift),
         .executableTarget(name: "herald-apns-sim", dependencies: ["HeraldAPNsSimulator", "HeraldRuntime"]),
