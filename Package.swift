@@ -67,6 +67,8 @@ let package = Package(
                                                             "HeraldCrypto", "HeraldRuntime"],
                           swiftSettings: rdkafkaSwift),
         .executableTarget(name: "herald-apns-sim", dependencies: ["HeraldAPNsSimulator", "HeraldRuntime"]),
+        // Load generator comparing HeraldRedis with redis-benchmark (scripts/bench-redis).
+        .executableTarget(name: "herald-bench-redis", dependencies: ["HeraldRedis", "HeraldRuntime"]),
 
         .testTarget(name: "HeraldRuntimeTests", dependencies: ["HeraldRuntime"]),
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore"]),
