@@ -78,6 +78,9 @@ let package = Package(
         // APNs client throughput against nghttpd, compared with h2load (scripts/bench-apns).
         .executableTarget(name: "herald-bench-apns", dependencies: ["HeraldAPNs", "HeraldCrypto", "HeraldRuntime"]),
 
+        // Load generator comparing HeraldRedis with redis-benchmark (scripts/bench-redis).
+        .executableTarget(name: "herald-bench-redis", dependencies: ["HeraldRedis", "HeraldRuntime"]),
+
         // Helpers shared by the test targets: a raw HTTP/1.1 client, apps files with fresh keys, schema checks.
         .target(name: "HeraldTestSupport", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldRuntime"]),
 

@@ -9,7 +9,9 @@ import HeraldRuntime
 /// call throws `RedisError.Code.timeout` and the connection it waited on is reset. A connection that broke (Redis
 /// restarted, network cut) is reopened by the next call, so one client lives as long as the process.
 ///
-/// A call that fails with a connection error may or may not have been executed by Redis.
+/// A call that fails with a connection error may or may not have been executed by Redis. Cancelling the calling
+/// task does not withdraw a queued call; its deadline bounds the wait. Blocking commands (`BLPOP`) hold a pooled
+/// connection for their whole wait: give them a client of their own.
 public final class RedisClient: Sendable {
     public let configuration: RedisConfiguration
     private let queue: RedisRequestQueue
@@ -17,6 +19,10 @@ public final class RedisClient: Sendable {
     /// Starts the connection threads. Connections open lazily, on the first call each thread serves, so a client
     /// can be created while Redis is still down.
     public init(configuration: RedisConfiguration, logger: Logger = Logger(label: "herald.redis")) {
+        var configuration = configuration
+        // The properties are plain vars; a pool without threads would leave every call waiting forever.
+        configuration.poolSize = max(1, configuration.poolSize)
+        configuration.maxQueuedCommands = max(1, configuration.maxQueuedCommands)
         self.configuration = configuration
         queue = RedisRequestQueue(workerCount: configuration.poolSize,
                                   maxQueuedCommands: configuration.maxQueuedCommands)

@@ -6,7 +6,9 @@ public struct RedisConfiguration: Sendable, Hashable, CustomStringConvertible {
     /// The URL used when none is configured.
     public static let defaultURL = "redis://127.0.0.1:6379/0"
 
+    /// Host name or IP address (IPv6 without brackets).
     public var host: String
+    /// TCP port. Default 6379.
     public var port: Int
     /// Redis 6 ACL user; `nil` authenticates as the default user (`AUTH password`).
     public var username: String?

@@ -68,7 +68,9 @@ final class RedisRequestQueue: Sendable {
             }
             state.requests.append(request)
             state.queuedCommands += request.replyCount
-            return .success(state.idleWorkers.popLast())
+            // Only the first request into an empty queue wakes a worker: that worker takes everything queued by
+            // the time it runs, so waking one per request would mostly wake threads that find nothing to do.
+            return .success(state.requests.count == 1 ? state.idleWorkers.popLast() : nil)
         }
         switch outcome {
         case .failure(let error): return error
