@@ -49,10 +49,15 @@ public func runTool(_ tool: String, _ arguments: [String], input: Data? = nil) t
 public func validateAgainstSchema(_ documents: [[UInt8]], schema: String) throws {
     let schemaPath = TestEnvironment.repositoryRoot.appendingPathComponent("schemas/\(schema)").path
     let script = """
-        import json, sys, jsonschema
+        import glob, json, os, sys, jsonschema, referencing
         schema = json.load(open(sys.argv[1]))
         jsonschema.Draft202012Validator.check_schema(schema)
-        v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        # Every schema in the folder, by its $id, so that references between them resolve.
+        resources = [json.load(open(p)) for p in glob.glob(os.path.join(os.path.dirname(sys.argv[1]), "*.json"))]
+        registry = referencing.Registry().with_resources(
+            (r["$id"], referencing.Resource.from_contents(r)) for r in resources)
+        v = jsonschema.Draft202012Validator(schema, registry=registry,
+                                            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
         for n, line in enumerate(sys.stdin):
             errors = sorted(v.iter_errors(json.loads(line)), key=str)
             if errors: sys.exit(f"document {n}: " + errors[0].message)

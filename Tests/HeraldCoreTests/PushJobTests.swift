@@ -86,3 +86,28 @@ import Testing
         #expect(throws: (any Error).self) { try validateAgainstSchema([broken.encoded()], schema: "push-job.schema.json") }
     }
 }
+
+@Suite struct DeadLetterTests {
+    @Test func replaysAsADeviceJobMarkedReplayOf() throws {
+        let original = try EventIntake.channelEvent(json(#"{"channel": "c", "alert": {"aps": {"alert": "hi"}}, "priority": 5}"#),
+                                                    appID: "shop", jobID: "job-1")
+        var letter = DeadLetter(appId: "shop", job: original, reason: "ServiceUnavailable", attempts: 5)
+        letter.deviceToken = token
+        letter.tokenType = .alert
+        letter.environment = .sandbox
+        letter.topic = "com.example.shop"
+        letter.pushType = "alert"
+        letter.payload = original.alert
+        letter.priority = 5
+        letter.status = 503
+        #expect(letter.recordKey == "shop/device/\(token)")
+        let replay = try #require(letter.replayJob(partition: 2, offset: 40, id: "replay-1"))
+        try replay.validate()
+        #expect(replay.target.kind == .device && replay.target.environment == .sandbox)
+        #expect(replay.replayOf == PushJob.ReplayOf(jobId: "job-1", dlqPartition: 2, dlqOffset: 40))
+        #expect(try DeadLetter.decode(letter.encoded()) == letter)
+        try validateAgainstSchema([letter.encoded()], schema: "dead-letter.schema.json")
+        try validateAgainstSchema([replay.encoded()], schema: "push-job.schema.json")
+        #expect(DeadLetter(appId: "shop", job: nil, reason: "invalid_job", attempts: 0).replayJob(partition: 0, offset: 0, id: "x") == nil)
+    }
+}
