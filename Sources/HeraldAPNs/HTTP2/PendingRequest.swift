@@ -26,10 +26,42 @@ struct HeaderBlock: Sendable {
     }
 
     mutating func add(_ name: StaticString, _ value: String) {
+        add(name) { $0.append(contentsOf: value.utf8) }
+    }
+
+    /// `prefix` then `value`, without building the joined string.
+    mutating func add(_ name: StaticString, _ prefix: StaticString, _ value: String, lowercased: Bool = false) {
+        add(name) { bytes in
+            bytes.append(contentsOf: UnsafeBufferPointer(start: prefix.utf8Start, count: prefix.utf8CodeUnitCount))
+            if lowercased {
+                // ASCII only: callers pass hex tokens.
+                for byte in value.utf8 {
+                    bytes.append(byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte)
+                }
+            } else {
+                bytes.append(contentsOf: value.utf8)
+            }
+        }
+    }
+
+    /// A non-negative integer in decimal, without a String.
+    mutating func add(_ name: StaticString, _ value: Int) {
+        add(name) { bytes in
+            let start = bytes.count
+            var rest = max(0, value)
+            repeat {
+                bytes.append(UInt8(ascii: "0") + UInt8(rest % 10))
+                rest /= 10
+            } while rest > 0
+            bytes[start...].reverse()
+        }
+    }
+
+    private mutating func add(_ name: StaticString, value: (inout [UInt8]) -> Void) {
         let nameStart = bytes.count
         bytes.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
         let valueStart = bytes.count
-        bytes.append(contentsOf: value.utf8)
+        value(&bytes)
         fields.append(Field(nameStart: nameStart, nameLength: valueStart - nameStart, valueStart: valueStart,
                             valueLength: bytes.count - valueStart))
     }
@@ -42,19 +74,50 @@ struct RawResponse: Sendable {
     let body: [UInt8]
 }
 
+/// Where a request's outcome goes: the one caller of `send(_:)`, or a slot of a `send(_ requests:)` batch.
+enum Completion {
+    case single(UnsafeContinuation<RawResponse, any Error>)
+    case batch(BatchCompletion, index: Int)
+}
+
+/// Collects the outcomes of one batch and resumes its caller once, when the last request is resolved: one task
+/// resumption per batch instead of one per push.
+final class BatchCompletion: @unchecked Sendable {  // @unchecked: `continuation` is set before the batch is posted to the loop; `complete` runs on the loop thread only (or on the caller's thread when the loop never received the batch).
+    private var results: [Result<RawResponse, any Error>?]
+    private var remaining: Int
+    var continuation: UnsafeContinuation<[Result<RawResponse, any Error>], Never>?
+
+    init(count: Int) {
+        results = Array(repeating: nil, count: count)
+        remaining = count
+    }
+
+    func complete(_ index: Int, _ result: Result<RawResponse, any Error>) {
+        results[index] = result
+        remaining -= 1
+        guard remaining == 0, let continuation else { return }
+        self.continuation = nil
+        continuation.resume(returning: results.map { $0! })
+    }
+}
+
 /// One request travelling through the loop: queued in a pool, then on a stream of a connection.
-final class PendingRequest: @unchecked Sendable {  // @unchecked: `continuation` is set once before the request is posted to the loop; all other mutable state is loop-thread only.
+final class PendingRequest: @unchecked Sendable {  // @unchecked: `completion` is set once before the request is posted to the loop; all other mutable state is loop-thread only.
+    /// Streams the server said it did not process are sent again, at most this many times in all.
+    static let maximumAttempts = 3
+
     let headers: HeaderBlock
     let body: [UInt8]
     /// Monotonic nanoseconds after which the request fails as `.timeout`.
     let deadline: UInt64
     let poolKey: PoolKey
-    var continuation: CheckedContinuation<RawResponse, any Error>?
+    var completion: Completion?
 
     // Loop-thread state.
     private(set) var isDone = false
     var cancelled = false
     var enqueued = false
+    var attempts = 0
     var bodyOffset = 0
     var status = 0
     var apnsID: String?
@@ -70,13 +133,32 @@ final class PendingRequest: @unchecked Sendable {  // @unchecked: `continuation`
         self.poolKey = poolKey
     }
 
+    /// True when the server did not process the last attempt and another one is allowed before the deadline.
+    func mayRetry(now: UInt64) -> Bool {
+        !isDone && !cancelled && attempts < Self.maximumAttempts && now < deadline
+    }
+
+    /// Forgets what the last attempt received, before it is sent again.
+    func resetForRetry() {
+        bodyOffset = 0
+        status = 0
+        apnsID = nil
+        responseBody.removeAll()
+        responseComplete = false
+        notProcessed = false
+    }
+
     /// Resolves the caller exactly once; later calls are ignored. Loop thread only.
     func resolve(_ result: Result<RawResponse, any Error>) {
         guard !isDone else { return }
         isDone = true
-        let continuation = continuation
-        self.continuation = nil
-        continuation?.resume(with: result)
+        let completion = completion
+        self.completion = nil
+        switch completion {
+        case .single(let continuation): continuation.resume(with: result)
+        case .batch(let batch, let index): batch.complete(index, result)
+        case nil: break
+        }
     }
 
     func fail(_ code: APNsError.Code, _ message: String) {
