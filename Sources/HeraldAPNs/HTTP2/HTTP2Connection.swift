@@ -302,7 +302,12 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
             case SSL_ERROR_WANT_WRITE: return setWriteInterest(true)
             case SSL_ERROR_WANT_READ: return
             default:
-                return close(APNsError(.connectionFailed, "write to \(endpoint) failed: \(String(cString: strerror(errno)))"))
+                let error = APNsError(.connectionFailed, "write to \(endpoint) failed: \(String(cString: strerror(errno)))")
+                // A server that closed after answering (GOAWAY, then close) may have left answers and its GOAWAY
+                // unread here: take them before failing what is left, so answered requests are not reported lost
+                // and the unprocessed ones are known to be safe to resend.
+                readAvailable()
+                return close(error)
             }
         }
         setWriteInterest(false)
