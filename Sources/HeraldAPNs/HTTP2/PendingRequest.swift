@@ -26,22 +26,29 @@ struct HeaderBlock: Sendable {
     }
 
     mutating func add(_ name: StaticString, _ value: String) {
-        add(name) { $0.append(contentsOf: value.utf8) }
+        add(name) { Self.append(value, to: &$0) }
     }
 
     /// `prefix` then `value`, without building the joined string.
     mutating func add(_ name: StaticString, _ prefix: StaticString, _ value: String, lowercased: Bool = false) {
         add(name) { bytes in
             bytes.append(contentsOf: UnsafeBufferPointer(start: prefix.utf8Start, count: prefix.utf8CodeUnitCount))
-            if lowercased {
-                // ASCII only: callers pass hex tokens.
-                for byte in value.utf8 {
-                    bytes.append(byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte)
+            let start = bytes.count
+            Self.append(value, to: &bytes)
+            guard lowercased else { return }
+            // ASCII only: callers pass hex tokens.
+            bytes.withUnsafeMutableBufferPointer { buffer in
+                for index in start..<buffer.count where buffer[index] >= UInt8(ascii: "A") && buffer[index] <= UInt8(ascii: "Z") {
+                    buffer[index] |= 0x20
                 }
-            } else {
-                bytes.append(contentsOf: value.utf8)
             }
         }
+    }
+
+    /// One copy of the string's UTF-8 bytes (a native string is contiguous; others go byte by byte).
+    private static func append(_ value: String, to bytes: inout [UInt8]) {
+        let copied: Void? = value.utf8.withContiguousStorageIfAvailable { bytes.append(contentsOf: $0) }
+        if copied == nil { bytes.append(contentsOf: value.utf8) }
     }
 
     /// A non-negative integer in decimal, without a String.
