@@ -206,22 +206,25 @@ public final class APNsClient: Sendable {
     }
 
     private static func headers(_ request: APNsRequest, token: String, endpoint: APNsEndpoint) -> HeaderBlock {
-        var headers = HeaderBlock(capacity: 320 + token.utf8.count + request.deviceToken.utf8.count)
-        headers.add(":method", "POST")
-        headers.add(":scheme", "https")
-        headers.add(":authority", endpoint.authority)
-        headers.add(":path", "/3/device/", request.deviceToken, lowercased: true)
-        headers.add("authorization", "bearer ", token)
-        headers.add("apns-push-type", request.pushType.rawValue)
-        headers.add("apns-topic", request.topic)
-        headers.add("apns-priority", request.effectivePriority.rawValue)
-        if let expiration = request.expiration {
-            headers.add("apns-expiration", Int(max(0, expiration.timeIntervalSince1970.rounded(.down))))
+        // Names, fixed values and the longest numbers fit in 256 bytes; the rest is counted.
+        let capacity = 256 + endpoint.authority.utf8.count + request.deviceToken.utf8.count + token.utf8.count
+            + request.topic.utf8.count + (request.collapseID?.utf8.count ?? 0)
+        return HeaderBlock(capacity: capacity) { headers in
+            headers.add(":method", "POST")
+            headers.add(":scheme", "https")
+            headers.add(":authority", endpoint.authority)
+            headers.add(":path", "/3/device/", request.deviceToken, lowercased: true)
+            headers.add("authorization", "bearer ", token)
+            headers.add("apns-push-type", request.pushType.rawValue)
+            headers.add("apns-topic", request.topic)
+            headers.add("apns-priority", request.effectivePriority.rawValue)
+            if let expiration = request.expiration {
+                headers.add("apns-expiration", Int(max(0, expiration.timeIntervalSince1970.rounded(.down))))
+            }
+            if let collapseID = request.collapseID { headers.add("apns-collapse-id", collapseID) }
+            if let apnsID = request.apnsID { headers.add("apns-id", apnsID.uuidString.lowercased()) }
+            headers.add("content-length", request.payload.count)
         }
-        if let collapseID = request.collapseID { headers.add("apns-collapse-id", collapseID) }
-        if let apnsID = request.apnsID { headers.add("apns-id", apnsID.uuidString.lowercased()) }
-        headers.add("content-length", request.payload.count)
-        return headers
     }
 
     /// Lets in-flight requests finish for up to `gracePeriod`, fails queued and remaining ones with `.shutdown`,

@@ -17,60 +17,103 @@ struct HeaderBlock: Sendable {
         let valueLength: Int
     }
 
-    private(set) var bytes: [UInt8] = []
-    private(set) var fields: [Field] = []
+    let bytes: [UInt8]
+    let fields: [Field]
 
-    init(capacity: Int) {
-        bytes.reserveCapacity(capacity)
+    /// Writes the fields straight into one buffer of at most `capacity` bytes (this runs for every push:
+    /// appending to an array piece by piece cost more than the rest of the request's preparation).
+    init(capacity: Int, _ build: (inout Writer) -> Void) {
+        var fields: [Field] = []
         fields.reserveCapacity(12)
+        bytes = [UInt8](unsafeUninitializedCapacity: capacity) { buffer, count in
+            var writer = Writer(buffer: buffer, fields: fields)
+            build(&writer)
+            count = writer.count
+            fields = writer.fields
+        }
+        self.fields = fields
     }
 
-    mutating func add(_ name: StaticString, _ value: String) {
-        add(name) { Self.append(value, to: &$0) }
-    }
+    struct Writer {
+        fileprivate let buffer: UnsafeMutableBufferPointer<UInt8>
+        fileprivate var fields: [Field]
+        fileprivate var count = 0
 
-    /// `prefix` then `value`, without building the joined string.
-    mutating func add(_ name: StaticString, _ prefix: StaticString, _ value: String, lowercased: Bool = false) {
-        add(name) { bytes in
-            bytes.append(contentsOf: UnsafeBufferPointer(start: prefix.utf8Start, count: prefix.utf8CodeUnitCount))
-            let start = bytes.count
-            Self.append(value, to: &bytes)
-            guard lowercased else { return }
-            // ASCII only: callers pass hex tokens.
-            bytes.withUnsafeMutableBufferPointer { buffer in
-                for index in start..<buffer.count where buffer[index] >= UInt8(ascii: "A") && buffer[index] <= UInt8(ascii: "Z") {
+        fileprivate init(buffer: UnsafeMutableBufferPointer<UInt8>, fields: [Field]) {
+            self.buffer = buffer
+            self.fields = fields
+        }
+
+        mutating func add(_ name: StaticString, _ value: String) {
+            let nameStart = start(name)
+            write(value)
+            finish(nameStart, name)
+        }
+
+        /// `prefix` then `value`, without building the joined string; `lowercased` folds ASCII A–Z (hex tokens).
+        mutating func add(_ name: StaticString, _ prefix: StaticString, _ value: String, lowercased: Bool = false) {
+            let nameStart = start(name)
+            write(prefix)
+            let valueStart = count
+            write(value)
+            if lowercased {
+                for index in valueStart..<count where buffer[index] >= UInt8(ascii: "A") && buffer[index] <= UInt8(ascii: "Z") {
                     buffer[index] |= 0x20
                 }
             }
+            finish(nameStart, name)
         }
-    }
 
-    /// One copy of the string's UTF-8 bytes (a native string is contiguous; others go byte by byte).
-    private static func append(_ value: String, to bytes: inout [UInt8]) {
-        let copied: Void? = value.utf8.withContiguousStorageIfAvailable { bytes.append(contentsOf: $0) }
-        if copied == nil { bytes.append(contentsOf: value.utf8) }
-    }
-
-    /// A non-negative integer in decimal, without a String.
-    mutating func add(_ name: StaticString, _ value: Int) {
-        add(name) { bytes in
-            let start = bytes.count
+        /// A non-negative integer in decimal.
+        mutating func add(_ name: StaticString, _ value: Int) {
+            let nameStart = start(name)
+            var digits = 1
             var rest = max(0, value)
-            repeat {
-                bytes.append(UInt8(ascii: "0") + UInt8(rest % 10))
+            while rest >= 10 {
+                digits += 1
                 rest /= 10
-            } while rest > 0
-            bytes[start...].reverse()
+            }
+            reserve(digits)
+            rest = max(0, value)
+            for index in stride(from: count + digits - 1, through: count, by: -1) {
+                buffer[index] = UInt8(ascii: "0") + UInt8(rest % 10)
+                rest /= 10
+            }
+            count += digits
+            finish(nameStart, name)
         }
-    }
 
-    private mutating func add(_ name: StaticString, value: (inout [UInt8]) -> Void) {
-        let nameStart = bytes.count
-        bytes.append(contentsOf: UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount))
-        let valueStart = bytes.count
-        value(&bytes)
-        fields.append(Field(nameStart: nameStart, nameLength: valueStart - nameStart, valueStart: valueStart,
-                            valueLength: bytes.count - valueStart))
+        private mutating func start(_ name: StaticString) -> Int {
+            let nameStart = count
+            write(name)
+            return nameStart
+        }
+
+        private mutating func finish(_ nameStart: Int, _ name: StaticString) {
+            let valueStart = nameStart + name.utf8CodeUnitCount
+            fields.append(Field(nameStart: nameStart, nameLength: name.utf8CodeUnitCount, valueStart: valueStart,
+                                valueLength: count - valueStart))
+        }
+
+        private mutating func write(_ text: StaticString) {
+            write(UnsafeBufferPointer(start: text.utf8Start, count: text.utf8CodeUnitCount))
+        }
+
+        private mutating func write(_ text: String) {
+            let copied: Void? = text.utf8.withContiguousStorageIfAvailable { write($0) }
+            if copied == nil { Array(text.utf8).withUnsafeBufferPointer { write($0) } }
+        }
+
+        private mutating func write(_ bytes: UnsafeBufferPointer<UInt8>) {
+            guard let source = bytes.baseAddress, !bytes.isEmpty else { return }
+            reserve(bytes.count)
+            (buffer.baseAddress! + count).update(from: source, count: bytes.count)
+            count += bytes.count
+        }
+
+        private func reserve(_ more: Int) {
+            precondition(count + more <= buffer.count, "HeaderBlock capacity \(buffer.count) too small")
+        }
     }
 }
 
