@@ -53,9 +53,10 @@ public final class APNsClient: Sendable {
 
     /// Sends one notification and returns APNs' answer (any status; see `APNsResponse.disposition`).
     ///
-    /// The request is checked locally first (payload size, collapse id, token format). On 403
-    /// ExpiredProviderToken the provider token is re-signed, when the 20-minute rule allows, and the request is
-    /// sent once more.
+    /// The request is checked locally first (payload size, collapse id, token format). A request the server did
+    /// not process (REFUSED_STREAM, or above a GOAWAY's last-stream-id) is sent again on a usable connection, up
+    /// to three attempts within the request timeout. On 403 ExpiredProviderToken the provider token is
+    /// re-signed, when the 20-minute rule allows, and the request is sent once more.
     /// - Throws: `APNsError` when there is no answer (`isRetriable` says whether to try again), or
     ///   `CancellationError`.
     public func send(_ request: APNsRequest, credentials: APNsCredentials,
@@ -76,6 +77,54 @@ public final class APNsClient: Sendable {
         return try await perform(request, token: fresh, credentials: credentials, endpoint: endpoint)
     }
 
+    /// Sends many notifications signed with one provider key; returns one outcome per request, in order.
+    ///
+    /// Each request is treated as `send(_:credentials:environment:)` treats it (local checks, transparent resend
+    /// when not processed, one refresh and resend on 403 ExpiredProviderToken), but the whole batch costs one
+    /// task suspension and one hand-over to the event loop instead of one per request: use it to fan one
+    /// notification out to many devices. Requests beyond `maximumQueuedRequests` waiting in the pool fail as
+    /// `.queueFull`, so keep batches well below it.
+    /// - Throws: `CancellationError` only, when the calling task was cancelled (requests still in flight are
+    ///   reset and the rest of the outcomes are dropped).
+    public func send(_ requests: [APNsRequest], credentials: APNsCredentials,
+                     environment: APNsEnvironment) async throws -> [Result<APNsResponse, APNsError>] {
+        var results = [Result<APNsResponse, APNsError>?](repeating: nil, count: requests.count)
+        var valid: [Int] = []
+        valid.reserveCapacity(requests.count)
+        for (index, request) in requests.enumerated() {
+            do {
+                try request.validate()
+                valid.append(index)
+            } catch {
+                metrics.pushes.labels("error", error.kind).increment()
+                results[index] = .failure(error)
+            }
+        }
+        let endpoint = environment == .production ? production : sandbox
+        do {
+            guard !valid.isEmpty else { return results.map { $0! } }
+            let token = try providerTokens.token(for: credentials)
+            let outcomes = try await perform(valid.map { requests[$0] }, token: token, credentials: credentials,
+                                             endpoint: endpoint)
+            var expired: [Int] = []
+            for (position, outcome) in zip(valid, outcomes) {
+                results[position] = outcome
+                if case .success(let response) = outcome, response.needsProviderTokenRefresh { expired.append(position) }
+            }
+            if !expired.isEmpty, let fresh = try providerTokens.token(afterRejecting: token, for: credentials) {
+                logger.info("APNs refused the provider token as expired; retrying with a fresh one",
+                            ["apns.key_id": credentials.keyID, "apns.requests": String(expired.count)])
+                let retried = try await perform(expired.map { requests[$0] }, token: fresh, credentials: credentials,
+                                                endpoint: endpoint)
+                for (position, outcome) in zip(expired, retried) { results[position] = outcome }
+            }
+        } catch let error as APNsError {
+            // Only signing the provider token throws APNsError here: nothing of what is left was sent.
+            for index in results.indices where results[index] == nil { results[index] = .failure(error) }
+        }
+        return results.map { $0! }
+    }
+
     private func perform(_ request: APNsRequest, token: APNsProviderTokenCache.Token, credentials: APNsCredentials,
                          endpoint: APNsEndpoint) async throws -> APNsResponse {
         let started = ContinuousClock.now
@@ -88,10 +137,10 @@ public final class APNsClient: Sendable {
         let raw: RawResponse
         do {
             raw = try await withTaskCancellationHandler {
-                try await withCheckedThrowingContinuation { continuation in
-                    pending.continuation = continuation
+                try await withUnsafeThrowingContinuation { continuation in
+                    pending.completion = .single(continuation)
                     if !loop.submit(pending) {
-                        pending.continuation = nil
+                        pending.completion = nil
                         continuation.resume(throwing: APNsError(.shutdown, "the APNs client was shut down"))
                     }
                 }
@@ -102,34 +151,80 @@ public final class APNsClient: Sendable {
             metrics.pushes.labels("error", error.kind).increment()
             throw error
         }
+        return response(raw, started: started)
+    }
+
+    /// One hand-over to the loop and one suspension for the whole batch.
+    private func perform(_ requests: [APNsRequest], token: APNsProviderTokenCache.Token,
+                         credentials: APNsCredentials,
+                         endpoint: APNsEndpoint) async throws -> [Result<APNsResponse, APNsError>] {
+        let started = ContinuousClock.now
+        let deadline = Monotonic.now() + requestTimeout
+        let poolKey = PoolKey(teamID: credentials.teamID, keyID: credentials.keyID, endpoint: endpoint)
+        let batch = BatchCompletion(count: requests.count)
+        let pending = requests.enumerated().map { index, request in
+            let pending = PendingRequest(headers: Self.headers(request, token: token.value, endpoint: endpoint),
+                                         body: request.payload, deadline: deadline, poolKey: poolKey)
+            pending.completion = .batch(batch, index: index)
+            return pending
+        }
+        metrics.inFlight.add(Int64(pending.count))
+        defer { metrics.inFlight.add(-Int64(pending.count)) }
+        let raws = await withTaskCancellationHandler {
+            await withUnsafeContinuation { continuation in
+                batch.continuation = continuation
+                if !loop.submit(pending) {
+                    // The loop never saw them: resolving here resumes the continuation once the last one is done.
+                    for request in pending { request.fail(.shutdown, "the APNs client was shut down") }
+                }
+            }
+        } onCancel: { [loop, core] in
+            loop.execute { for request in pending { core.cancel(request) } }
+        }
+        return try raws.map { raw throws -> Result<APNsResponse, APNsError> in
+            switch raw {
+            case .success(let raw):
+                return .success(response(raw, started: started))
+            case .failure(let error as APNsError):
+                metrics.pushes.labels("error", error.kind).increment()
+                return .failure(error)
+            case .failure(let error):
+                throw error
+            }
+        }
+    }
+
+    private func response(_ raw: RawResponse, started: ContinuousClock.Instant) -> APNsResponse {
         metrics.latency.observe(since: started)
-        let response = raw.status == 200 ? APNsResponse(status: 200, apnsID: raw.apnsID, reason: nil, timestamp: nil)
-                                         : APNsResponse(status: raw.status, apnsID: raw.apnsID, body: raw.body)
         if raw.status == 200 {
             metrics.delivered.increment()
-        } else {
-            metrics.pushes.labels(String(raw.status), response.reason?.description ?? "").increment()
+            return APNsResponse(status: 200, apnsID: raw.apnsID, reason: nil, timestamp: nil)
         }
+        let response = APNsResponse(status: raw.status, apnsID: raw.apnsID, body: raw.body)
+        metrics.pushes.labels(String(raw.status), response.reason?.description ?? "").increment()
         return response
     }
 
     private static func headers(_ request: APNsRequest, token: String, endpoint: APNsEndpoint) -> HeaderBlock {
-        var headers = HeaderBlock(capacity: 384 + token.utf8.count)
-        headers.add(":method", "POST")
-        headers.add(":scheme", "https")
-        headers.add(":authority", endpoint.authority)
-        headers.add(":path", "/3/device/" + request.deviceToken.lowercased())
-        headers.add("authorization", "bearer " + token)
-        headers.add("apns-push-type", request.pushType.rawValue)
-        headers.add("apns-topic", request.topic)
-        headers.add("apns-priority", String(request.effectivePriority.rawValue))
-        if let expiration = request.expiration {
-            headers.add("apns-expiration", String(Int64(max(0, expiration.timeIntervalSince1970.rounded(.down)))))
+        // Names, fixed values and the longest numbers fit in 256 bytes; the rest is counted.
+        let capacity = 256 + endpoint.authority.utf8.count + request.deviceToken.utf8.count + token.utf8.count
+            + request.topic.utf8.count + (request.collapseID?.utf8.count ?? 0)
+        return HeaderBlock(capacity: capacity) { headers in
+            headers.add(":method", "POST")
+            headers.add(":scheme", "https")
+            headers.add(":authority", endpoint.authority)
+            headers.add(":path", "/3/device/", request.deviceToken, lowercased: true)
+            headers.add("authorization", "bearer ", token)
+            headers.add("apns-push-type", request.pushType.rawValue)
+            headers.add("apns-topic", request.topic)
+            headers.add("apns-priority", request.effectivePriority.rawValue)
+            if let expiration = request.expiration {
+                headers.add("apns-expiration", Int(max(0, expiration.timeIntervalSince1970.rounded(.down))))
+            }
+            if let collapseID = request.collapseID { headers.add("apns-collapse-id", collapseID) }
+            if let apnsID = request.apnsID { headers.add("apns-id", apnsID.uuidString.lowercased()) }
+            headers.add("content-length", request.payload.count)
         }
-        if let collapseID = request.collapseID { headers.add("apns-collapse-id", collapseID) }
-        if let apnsID = request.apnsID { headers.add("apns-id", apnsID.uuidString.lowercased()) }
-        headers.add("content-length", String(request.payload.count))
-        return headers
     }
 
     /// Lets in-flight requests finish for up to `gracePeriod`, fails queued and remaining ones with `.shutdown`,

@@ -94,8 +94,7 @@ public struct APNsRequest: Sendable {
 
     /// Checks everything APNs would refuse that can be known without asking it.
     public func validate() throws(APNsError) {
-        let token = deviceToken.utf8
-        guard (1...200).contains(token.count), token.allSatisfy(Self.isHexDigit) else {
+        guard (1...200).contains(deviceToken.utf8.count), Self.allBytes(of: deviceToken, satisfy: Self.isHexDigit) else {
             throw APNsError(.invalidRequest(.invalidDeviceToken), "invalid device token")
         }
         guard !topic.isEmpty, Self.isHeaderValue(topic) else {
@@ -124,6 +123,13 @@ public struct APNsRequest: Sendable {
 
     /// Visible ASCII and spaces only: no CR/LF or other control bytes that could split a header.
     private static func isHeaderValue(_ value: String) -> Bool {
-        value.utf8.allSatisfy { $0 >= 0x20 && $0 != 0x7F }
+        allBytes(of: value) { $0 >= 0x20 && $0 != 0x7F }
+    }
+
+    /// Checks the UTF-8 bytes in place (this runs for every push; iterating `String.UTF8View` costs several times
+    /// more than a buffer).
+    private static func allBytes(of text: String, satisfy predicate: (UInt8) -> Bool) -> Bool {
+        if let result = text.utf8.withContiguousStorageIfAvailable({ $0.allSatisfy(predicate) }) { return result }
+        return text.utf8.allSatisfy(predicate)
     }
 }

@@ -45,6 +45,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
     /// How much one connection reads before it writes again, so a busy client cannot starve its answers.
     private static let readBudget = 256 * 1024
     private static let shutdownDeadline = Duration.seconds(2)
+    private static let lingerTime = Duration.seconds(1)
 
     init(descriptor: Int32, id: Int, simulator: APNsSimulator) {
         self.descriptor = descriptor
@@ -74,7 +75,28 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         logger.debug("connection open", ["sim.tls": tls.protocolVersion])
         guard startSession() else { return }
         serve(tls)
-        if !dropRequested { tls.shutdown() }
+        if !dropRequested {
+            tls.shutdown()
+            linger()
+        }
+    }
+
+    /// Closing a socket with unread input makes the kernel send RST, and the client's kernel may then drop the
+    /// answers and the GOAWAY still on their way to it. So stop writing, and read (discarding) until the client
+    /// closes too, for a short while.
+    private func linger() {
+        _ = Glibc.shutdown(descriptor, Int32(SHUT_WR))
+        let deadline = ContinuousClock.now + Self.lingerTime
+        let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: 16 * 1024, alignment: 8)
+        defer { scratch.deallocate() }
+        while case let remaining = deadline - .now, remaining > .zero {
+            var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
+            let ready = poll(&poller, 1, Int32(min(100, max(1, remaining.milliseconds))))
+            if ready < 0, errno != EINTR { return }
+            guard ready > 0 else { continue }
+            let count = read(descriptor, scratch.baseAddress, scratch.count)
+            if count == 0 || (count < 0 && errno != EAGAIN && errno != EINTR) { return }
+        }
     }
 
     // MARK: TLS and I/O
@@ -308,6 +330,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         case .success(let value): token = value
         }
         if let rejection = RequestValidator.duplicates(request) { return .failure(rejection) }
+        let issuedAt: Double
         switch simulator.verifier.verify(authorization: request.header("authorization"), now: now) {
         case .failure(let rejection):
             return .failure(rejection)
@@ -317,8 +340,14 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                 concurrencyRaised = true
                 submitSettings(maxConcurrentStreams: simulator.configuration.maxConcurrentStreams)
             }
+            issuedAt = verified.issuedAt
         }
         return RequestValidator.notification(request, token: token, allowedTopics: simulator.configuration.allowedTopics)
+            .map { push in
+                var push = push
+                push.providerTokenIssuedAt = issuedAt
+                return push
+            }
     }
 
     private func send(_ answer: Answer) {

@@ -34,7 +34,8 @@ final class LineRecorder: Sendable {
 
 /// Builds the record lines. Accepted pushes (`--record`):
 /// `{"time": ms, "status": 200, "apnsId", "token", "topic", "pushType", "priority", "expiration" (or null),
-/// "collapseId" (or null), "payload": {...}, "connection": n}`.
+/// "collapseId" (or null), "payload": {...}, "connection": n, "providerTokenIssuedAt": iat}` (the provider token's
+/// `iat`, so tests can tell which token, and how many, a client used).
 /// Rejected requests (`--record-rejected`) have the same keys where known, `status` ≥ 400, `reason`, and
 /// `timestamp` for 410; `payload` is omitted, `payloadBytes` gives the body size.
 enum RecordLine {
@@ -51,6 +52,7 @@ enum RecordLine {
             "collapseId": push.collapseID.map { .string($0) } ?? .null,
             "payload": push.payload,
             "connection": .number(Double(connection)),
+            "providerTokenIssuedAt": .number(push.providerTokenIssuedAt),
         ])
     }
 

@@ -74,6 +74,8 @@ struct AcceptedPush {
     var expiration: Int64?
     var collapseID: String?
     var payload: JSONValue
+    /// The `iat` of the provider token it came with (seconds).
+    var providerTokenIssuedAt: Double = 0
 }
 
 /// Apple's request rules, in the order the simulator applies them. Pure functions: no connection state.

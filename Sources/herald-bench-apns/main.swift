@@ -7,10 +7,11 @@ import Synchronization
 
 let usage = """
     usage: herald-bench-apns --url https://host:port --ca-file FILE --key FILE [--count N] [--connections N]
-                             [--concurrency N] [--payload FILE] [--token HEX]
+                             [--concurrency N] [--batch N] [--payload FILE] [--token HEX] [--topic TOPIC]
            herald-bench-apns --print-jwt --key FILE
-    Sends --count pushes (after a 10,000-push warm-up) with --concurrency requests in flight over --connections
-    HTTP/2 connections, then prints the rate and the process RSS after the warm-up and after the run.
+    Sends --count pushes (after a 10,000-push warm-up) over --connections HTTP/2 connections from --concurrency
+    tasks, each looping on `send(_:)` (or, with --batch N, on `send(_ requests:)` with N requests), then prints
+    the rate, the CPU time per push and the process RSS after the warm-up and after the run.
     """
 
 struct Options {
@@ -21,7 +22,9 @@ struct Options {
     var connections = 2
     var concurrency = 200
     var payloadFile: String?
+    var batch = 0
     var token = String(repeating: "ab12", count: 16)
+    var topic = "com.example.bench"
     var printJWT = false
 }
 
@@ -41,13 +44,16 @@ func parseOptions() -> Options {
         case "--connections": options.connections = Int(value(flag)) ?? 0
         case "--concurrency": options.concurrency = Int(value(flag)) ?? 0
         case "--payload": options.payloadFile = value(flag)
+        case "--batch": options.batch = Int(value(flag)) ?? -1
         case "--token": options.token = value(flag)
+        case "--topic": options.topic = value(flag)
         case "--print-jwt": options.printJWT = true
         default: CommandLineTool.exitWithUsage(usage)
         }
     }
     guard !options.keyFile.isEmpty, options.printJWT || !options.url.isEmpty, options.count > 0,
-          options.connections > 0, options.concurrency > 0 else { CommandLineTool.exitWithUsage(usage) }
+          options.connections > 0, options.concurrency > 0,
+          options.batch >= 0 else { CommandLineTool.exitWithUsage(usage) }
     return options
 }
 
@@ -59,9 +65,18 @@ func residentMiB() -> Double {
     return kilobytes / 1024
 }
 
-/// Runs `total` sends with `concurrency` workers; returns (seconds, failures).
-func run(client: APNsClient, request: APNsRequest, credentials: APNsCredentials, total: Int,
-         concurrency: Int) async -> (Double, Int) {
+/// User + system CPU seconds of this process so far.
+func cpuSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec)
+        + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+}
+
+/// Runs `total` sends from `concurrency` tasks, one request per call, or `batch` per call when it is above 0;
+/// returns (seconds, failures).
+func run(client: APNsClient, request: APNsRequest, credentials: APNsCredentials, total: Int, concurrency: Int,
+         batch: Int) async -> (Double, Int) {
     final class Progress: Sendable {
         let next = Atomic<Int>(0)
         let failures = Atomic<Int>(0)
@@ -71,6 +86,19 @@ func run(client: APNsClient, request: APNsRequest, credentials: APNsCredentials,
     await withTaskGroup(of: Void.self) { group in
         for _ in 0..<concurrency {
             group.addTask {
+                if batch > 0 {
+                    while case let first = progress.next.add(batch, ordering: .relaxed).oldValue, first < total {
+                        let requests = Array(repeating: request, count: min(batch, total - first))
+                        do {
+                            let results = try await client.send(requests, credentials: credentials, environment: .production)
+                            let failed = results.count { (try? $0.get().status) != 200 }
+                            progress.failures.add(failed, ordering: .relaxed)
+                        } catch {
+                            progress.failures.add(requests.count, ordering: .relaxed)
+                        }
+                    }
+                    return
+                }
                 while progress.next.add(1, ordering: .relaxed).oldValue < total {
                     do {
                         let response = try await client.send(request, credentials: credentials, environment: .production)
@@ -82,9 +110,12 @@ func run(client: APNsClient, request: APNsRequest, credentials: APNsCredentials,
             }
         }
     }
-    let elapsed = ContinuousClock.now - started
-    return (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18,
-            progress.failures.load(ordering: .relaxed))
+    return (seconds(since: started), progress.failures.load(ordering: .relaxed))
+}
+
+func seconds(since start: ContinuousClock.Instant) -> Double {
+    let elapsed = ContinuousClock.now - start
+    return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
 }
 
 let options = parseOptions()
@@ -103,19 +134,22 @@ do {
     configuration.connectionStagger = .milliseconds(10)
     let payload = try options.payloadFile.map { Array(try Data(contentsOf: URL(fileURLWithPath: $0))) }
         ?? Array(#"{"aps":{"alert":{"title":"Benchmark","body":"Hello from Herald"},"sound":"default"}}"#.utf8)
-    let request = APNsRequest(deviceToken: options.token, pushType: .alert, topic: "com.example.bench", payload: payload)
+    let request = APNsRequest(deviceToken: options.token, pushType: .alert, topic: options.topic, payload: payload)
     let client = try APNsClient(configuration: configuration, logger: Logger(label: "bench", minimumLevel: .warning),
                                 metrics: MetricsRegistry())
     let (warmSeconds, warmFailures) = await run(client: client, request: request, credentials: credentials,
-                                                total: 10_000, concurrency: options.concurrency)
+                                                total: 10_000, concurrency: options.concurrency, batch: options.batch)
     let rssWarm = residentMiB()
+    let cpuBefore = cpuSeconds()
     let (seconds, failures) = await run(client: client, request: request, credentials: credentials,
-                                        total: options.count, concurrency: options.concurrency)
+                                        total: options.count, concurrency: options.concurrency, batch: options.batch)
+    let cpuPerPush = (cpuSeconds() - cpuBefore) * 1e6 / Double(options.count)
     let rssEnd = residentMiB()
     await client.shutdown()
     print(String(format: "herald-bench-apns: warmup=10000 in %.2fs; pushes=%d seconds=%.3f rate=%.0f/s failures=%d "
-                 + "rss_after_10k_mib=%.1f rss_after_%d_mib=%.1f",
+                 + "cpu_us_per_push=%.1f rss_after_10k_mib=%.1f rss_after_%d_mib=%.1f",
                  warmSeconds, options.count, seconds, Double(options.count) / seconds, failures + warmFailures,
+                 cpuPerPush,
                  rssWarm, 10_000 + options.count, rssEnd))
 } catch {
     CommandLineTool.exitWithConfigurationError("herald-bench-apns", error)

@@ -46,6 +46,8 @@ final class ClientCore: @unchecked Sendable {  // @unchecked: every method runs 
 
     deinit { readBuffer.deallocate() }
 
+    var isShuttingDown: Bool { shutdownDeadline != nil }
+
     func nextConnectionID() -> Int {
         connectionCounter += 1
         return connectionCounter
@@ -68,7 +70,7 @@ final class ClientCore: @unchecked Sendable {  // @unchecked: every method runs 
 
     func cancel(_ request: PendingRequest) {
         request.cancelled = true
-        // Before `enqueue` ran, the caller may still be storing the continuation: `enqueue` sees the flag instead.
+        // Posted before the request itself reached the loop (both come through the inbox): `enqueue` sees the flag.
         guard !request.isDone, request.enqueued else { return }
         pools[request.poolKey]?.cancel(request)
         request.resolve(.failure(CancellationError()))

@@ -48,6 +48,18 @@ final class ConnectionPool {
         needsDispatch()
     }
 
+    /// Puts back a request the server did not process, ahead of the queue: it is older than anything waiting.
+    func retry(_ request: PendingRequest) {
+        guard !core.isShuttingDown else { return request.fail(.shutdown, "the APNs client is shutting down") }
+        if queueHead > 0 {
+            queueHead -= 1
+            queue[queueHead] = request
+        } else {
+            queue.insert(request, at: 0)
+        }
+        needsDispatch()
+    }
+
     func needsDispatch() {
         guard !dispatchNeeded else { return }
         dispatchNeeded = true

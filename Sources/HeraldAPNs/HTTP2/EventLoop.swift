@@ -86,9 +86,19 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
 
     /// Posts a request to `onRequest`. Returns false (and drops it) once the loop has stopped.
     func submit(_ request: PendingRequest) -> Bool {
+        post { $0.append(request) }
+    }
+
+    /// Posts a batch of requests to `onRequest` under one lock and at most one wake-up. Returns false (and drops
+    /// them all) once the loop has stopped.
+    func submit(_ requests: [PendingRequest]) -> Bool {
+        post { $0.append(contentsOf: requests) }
+    }
+
+    private func post(_ add: (inout [PendingRequest]) -> Void) -> Bool {
         let wake: Bool? = inbox.withLock { box in
             if box.stopped { return nil }
-            box.requests.append(request)
+            add(&box.requests)
             if box.wakeupPending { return false }
             box.wakeupPending = true
             return true

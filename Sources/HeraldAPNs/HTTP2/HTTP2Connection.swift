@@ -302,7 +302,12 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
             case SSL_ERROR_WANT_WRITE: return setWriteInterest(true)
             case SSL_ERROR_WANT_READ: return
             default:
-                return close(APNsError(.connectionFailed, "write to \(endpoint) failed: \(String(cString: strerror(errno)))"))
+                let error = APNsError(.connectionFailed, "write to \(endpoint) failed: \(String(cString: strerror(errno)))")
+                // A server that closed after answering (GOAWAY, then close) may have left answers and its GOAWAY
+                // unread here: take them before failing what is left, so answered requests are not reported lost
+                // and the unprocessed ones are known to be safe to resend.
+                readAvailable()
+                return close(error)
             }
         }
         setWriteInterest(false)
@@ -365,6 +370,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
             return false
         }
         streams[streamID] = request
+        request.attempts += 1
         streamsOpened += 1
         peakActiveStreams = max(peakActiveStreams, streams.count)
         // Stream ids are 31 bits; at APNs rates they run out in hours, so hand over before they do.
@@ -440,7 +446,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
         streams.removeAll()
         for (_, request) in pending {
             if request.notProcessed {
-                request.fail(.notProcessed, "\(endpoint) did not process the request (GOAWAY)")
+                notProcessed(request, "\(endpoint) did not process the request (GOAWAY)")
             } else {
                 request.resolve(.failure(failure))
             }
@@ -544,10 +550,18 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
         if request.status != 0, errorCode == NGHTTP2_NO_ERROR.rawValue || request.responseComplete {
             request.resolve(.success(RawResponse(status: request.status, apnsID: request.apnsID, body: request.responseBody)))
         } else if request.notProcessed || errorCode == NGHTTP2_REFUSED_STREAM.rawValue {
-            request.fail(.notProcessed, "\(endpoint) refused the stream; it was not processed")
+            notProcessed(request, "\(endpoint) refused the stream; it was not processed")
         } else {
             request.fail(.protocolError, "\(endpoint) reset the stream: \(String(cString: nghttp2_http2_strerror(errorCode)))")
         }
+    }
+
+    /// The server did not process `request` (REFUSED_STREAM, or above a GOAWAY's last-stream-id), so it cannot
+    /// have been delivered: send it again on a usable connection, or report it when attempts or time ran out.
+    private func notProcessed(_ request: PendingRequest, _ message: String) {
+        guard request.mayRetry(now: Monotonic.now()) else { return request.fail(.notProcessed, message) }
+        request.resetForRetry()
+        pool.retry(request)
     }
 
     fileprivate static func readBody(_ request: PendingRequest, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
