@@ -1,3 +1,4 @@
+import HeraldCrypto
 import Foundation
 import HeraldRuntime
 internal import COpenSSL
@@ -88,7 +89,7 @@ public enum SimulatorCertificates {
             return Key(key)
         }
 
-        var pem: String { PEM.write { PEM_write_bio_PrivateKey($0, pointer, nil, nil, 0, nil, nil) } }
+        var pem: String { PEMWriter.write { PEM_write_bio_PrivateKey($0, pointer, nil, nil, 0, nil, nil) } }
     }
 
     /// An X509 with one owner.
@@ -135,18 +136,6 @@ public enum SimulatorCertificates {
 
         deinit { X509_free(pointer) }
 
-        var pem: String { PEM.write { PEM_write_bio_X509($0, pointer) } }
-    }
-
-    enum PEM {
-        static func write(_ body: (OpaquePointer) -> Int32) -> String {
-            guard let bio = BIO_new(BIO_s_mem()) else { return "" }
-            defer { BIO_free(bio) }
-            guard body(bio) == 1 else { return "" }
-            let length = Int(BIO_ctrl_pending(bio))
-            var buffer = [UInt8](repeating: 0, count: length)
-            _ = BIO_read(bio, &buffer, Int32(length))
-            return String(decoding: buffer, as: UTF8.self)
-        }
+        var pem: String { PEMWriter.write { PEM_write_bio_X509($0, pointer) } }
     }
 }

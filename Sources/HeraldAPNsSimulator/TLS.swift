@@ -1,3 +1,4 @@
+import HeraldCrypto
 import Foundation
 import HeraldRuntime
 internal import COpenSSL
@@ -9,38 +10,27 @@ final class TLSServerContext: @unchecked Sendable {  // @unchecked: configured o
 
     init(certificateChain: String, privateKey: String) throws(ConfigurationError) {
         guard let context = SSL_CTX_new(TLS_server_method()) else {
-            throw ConfigurationError("tls", "SSL_CTX_new failed" + Self.errors())
+            throw ConfigurationError("tls", "SSL_CTX_new failed" + OpenSSLErrors.drain())
         }
         pointer = context
         guard herald_ssl_ctx_set_min_proto_version(context, TLS1_2_VERSION) == 1 else {
-            throw ConfigurationError("tls", "cannot require TLS 1.2" + Self.errors())
+            throw ConfigurationError("tls", "cannot require TLS 1.2" + OpenSSLErrors.drain())
         }
         herald_ssl_ctx_set_server_options(context)
         _ = herald_ssl_ctx_set_mode(context, Int(SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER))
         guard SSL_CTX_use_certificate_chain_file(context, certificateChain) == 1 else {
-            throw ConfigurationError("cert", "cannot load the certificate chain \(certificateChain)" + Self.errors())
+            throw ConfigurationError("cert", "cannot load the certificate chain \(certificateChain)" + OpenSSLErrors.drain())
         }
         guard SSL_CTX_use_PrivateKey_file(context, privateKey, SSL_FILETYPE_PEM) == 1 else {
-            throw ConfigurationError("cert-key", "cannot load the private key \(privateKey)" + Self.errors())
+            throw ConfigurationError("cert-key", "cannot load the private key \(privateKey)" + OpenSSLErrors.drain())
         }
         guard SSL_CTX_check_private_key(context) == 1 else {
-            throw ConfigurationError("cert-key", "\(privateKey) does not match \(certificateChain)" + Self.errors())
+            throw ConfigurationError("cert-key", "\(privateKey) does not match \(certificateChain)" + OpenSSLErrors.drain())
         }
         herald_ssl_ctx_require_alpn_h2(context)
     }
 
     deinit { SSL_CTX_free(pointer) }
-
-    /// Drains OpenSSL's thread-local error queue into text.
-    static func errors() -> String {
-        var parts: [String] = []
-        while case let code = ERR_get_error(), code != 0 {
-            var buffer = [CChar](repeating: 0, count: 256)
-            ERR_error_string_n(code, &buffer, buffer.count)
-            parts.append(String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
-        }
-        return parts.isEmpty ? "" : " (" + parts.joined(separator: "; ") + ")"
-    }
 }
 
 /// One server-side TLS session over a non-blocking socket. Used by one connection thread only.

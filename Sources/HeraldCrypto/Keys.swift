@@ -17,13 +17,17 @@ public struct CryptoError: Error, CustomStringConvertible, Equatable {
 
     init(_ code: Code, _ message: String) {
         self.code = code
-        self.message = message + CryptoError.openSSLErrors()
+        self.message = message + OpenSSLErrors.drain()
     }
 
     public var description: String { message }
+}
 
-    /// Drains OpenSSL's thread-local error queue into text (and keeps it from leaking into later calls).
-    static func openSSLErrors() -> String {
+/// OpenSSL's thread-local error queue.
+public enum OpenSSLErrors {
+    /// Drains the queue into text for an error message (`" (reason; reason)"`, or "" when empty), so stale
+    /// entries never leak into a later call's report.
+    public static func drain() -> String {
         var parts: [String] = []
         while case let code = ERR_get_error(), code != 0 {
             var buffer = [CChar](repeating: 0, count: 256)
@@ -158,7 +162,7 @@ public struct PublicKey: Sendable {
         guard let context = EVP_MD_CTX_new() else { return false }
         defer {
             EVP_MD_CTX_free(context)
-            _ = CryptoError.openSSLErrors()
+            _ = OpenSSLErrors.drain()
         }
         let input = Array(message)
         return EVP_DigestVerifyInit(context, nil, EVP_sha256(), nil, handle.pointer) == 1
@@ -211,14 +215,15 @@ enum PEMReader {
             guard let bio = BIO_new_mem_buf(buffer.baseAddress, Int32(buffer.count)) else { return nil }
             defer { BIO_free(bio) }
             let result = body(bio)
-            _ = CryptoError.openSSLErrors()
+            _ = OpenSSLErrors.drain()
             return result
         }
     }
 }
 
-enum PEMWriter {
-    static func write(_ body: (OpaquePointer) -> Int32) -> String {
+/// Text written by an OpenSSL `PEM_write_bio_*` function.
+public enum PEMWriter {
+    public static func write(_ body: (OpaquePointer) -> Int32) -> String {
         guard let bio = BIO_new(BIO_s_mem()) else { return "" }
         defer { BIO_free(bio) }
         guard body(bio) == 1 else { return "" }

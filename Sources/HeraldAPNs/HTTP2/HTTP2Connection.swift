@@ -1,3 +1,4 @@
+import HeraldCrypto
 import Foundation
 import HeraldRuntime
 internal import CNghttp2
@@ -174,7 +175,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
 
     private func startTLS() {
         guard let ssl = SSL_new(core.tls.pointer) else {
-            return close(APNsError(.tlsFailure, "SSL_new failed" + TLSContext.errors()))
+            return close(APNsError(.tlsFailure, "SSL_new failed" + OpenSSLErrors.drain()))
         }
         self.ssl = ssl
         SSL_set_fd(ssl, fd)
@@ -205,12 +206,12 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
             default:
                 // A server that speaks no protocol we offered may refuse the handshake with this alert.
                 if Int32(ERR_peek_error() & 0x7F_FFFF) == SSL_R_TLSV1_ALERT_NO_APPLICATION_PROTOCOL {
-                    return close(APNsError(.http2NotNegotiated, "\(endpoint) does not offer ALPN h2" + TLSContext.errors()))
+                    return close(APNsError(.http2NotNegotiated, "\(endpoint) does not offer ALPN h2" + OpenSSLErrors.drain()))
                 }
                 let verify = SSL_get_verify_result(ssl)
                 let detail = verify != X509_V_OK
-                    ? String(cString: X509_verify_cert_error_string(verify)) + TLSContext.errors()
-                    : "handshake failed" + TLSContext.errors()
+                    ? String(cString: X509_verify_cert_error_string(verify)) + OpenSSLErrors.drain()
+                    : "handshake failed" + OpenSSLErrors.drain()
                 close(APNsError(.tlsFailure, "TLS with \(endpoint): \(detail)"))
             }
             return
@@ -267,7 +268,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
             case SSL_ERROR_ZERO_RETURN: return close(APNsError(.connectionFailed, "\(endpoint) closed the connection"))
             default:
                 let reason = errno != 0 ? String(cString: strerror(errno)) : "end of stream"
-                return close(APNsError(.connectionFailed, "connection to \(endpoint) lost: \(reason)" + TLSContext.errors()))
+                return close(APNsError(.connectionFailed, "connection to \(endpoint) lost: \(reason)" + OpenSSLErrors.drain()))
             }
         }
     }
