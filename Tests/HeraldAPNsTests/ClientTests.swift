@@ -44,6 +44,8 @@ import Testing
         #expect(try await client.send(background, credentials: Fixtures.credentials, environment: .sandbox).status == 200)
         await client.shutdown()
 
+        // nghttpd writes its -v log asynchronously: give the last frames a moment to arrive.
+        for _ in 0..<40 where !server.log.contains("recv GOAWAY frame") { try await Task.sleep(for: .milliseconds(50)) }
         let log = server.log
         #expect(log.contains("The negotiated protocol: h2"))
         #expect(log.contains(":method: POST"))
