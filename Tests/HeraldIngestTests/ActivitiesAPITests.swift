@@ -97,10 +97,10 @@ import Testing
     }
 
     @Test func registrationsExpireFromThePostIndexOnTheirOwn() async throws {
-        try await withIngest(activityTTL: .seconds(2)) { ingest in
+        try await withIngest(activityTTL: .seconds(4)) { ingest in
             let app = ingest.apps.apps[0]
             let keys = RedisKeys(app: app.id)
-            let store = ActivityStore(redis: ingest.redis, ttl: .seconds(2))
+            let store = ActivityStore(redis: ingest.redis, ttl: .seconds(4))
             let post = postHash()
             let (stale, kept, late) = (SecureRandom.hex(32), SecureRandom.hex(32), SecureRandom.hex(32))
             func register(_ token: String) async throws -> String {
@@ -113,11 +113,11 @@ import Testing
             let keptID = try await register(kept)
             #expect(try await store.postBatch(app: app.id, postIDHash: post, cursor: "0").registrations.count == 2)
 
-            try await Task.sleep(for: .milliseconds(1_200))
-            _ = try await register(kept)  // renewed: lives until ~3.2 s
-            try await Task.sleep(for: .milliseconds(1_200))
+            try await Task.sleep(for: .milliseconds(2_000))
+            _ = try await register(kept)  // renewed: lives until ~6 s
+            try await Task.sleep(for: .milliseconds(2_500))
 
-            // ~2.4 s: the stale registration is gone. A new registration prunes it from the index before any reader
+            // ~4.5 s: the stale registration is gone. A new registration prunes it from the index before any reader
             // comes (a busy post's index keeps live members only), and the dispatcher's read does not see it.
             #expect(try await ingest.redis.command(["EXISTS", keys.registration(staleID)]).int == 0)
             let lateID = try await register(late)
@@ -125,8 +125,8 @@ import Testing
             let batch = try await store.postBatch(app: app.id, postIDHash: post, cursor: "0")
             #expect(Set(batch.registrations.map(\.id)) == [keptID, lateID])
 
-            // ~4.8 s: every registration has expired, and with no reader or writer the index has gone with them.
-            try await Task.sleep(for: .milliseconds(2_400))
+            // ~9 s: every registration has expired, and with no reader or writer the index has gone with them.
+            try await Task.sleep(for: .milliseconds(4_500))
             for key in [keys.post(post), keys.registration(keptID), keys.registration(lateID), keys.activityToken(kept),
                         keys.activityToken(late), keys.activityToken(stale)] {
                 #expect(try await ingest.redis.command(["EXISTS", key]).int == 0, "\(key) outlived its registrations")
