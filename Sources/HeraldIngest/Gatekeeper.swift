@@ -113,6 +113,7 @@ struct Gatekeeper: Sendable {
         if let notBefore = jwt.numericClaim("nbf"), notBefore - skew > now { throw unauthorized("not valid yet") }
         guard let subject = jwt.stringClaim("sub"), !subject.isEmpty else { throw unauthorized("no subject") }
         if let appID, appID != app.id {
+            if directory.apps[appID] == nil { throw HTTPError.notFound("no app \(appID)") }
             throw HTTPError(status: 403, code: "forbidden", message: "the token does not belong to app \(appID)")
         }
         let scopes = (jwt.stringClaim("scope")?.split(separator: " ").map(String.init) ?? [])

@@ -15,7 +15,9 @@ public struct ActivityRegistration: Sendable, Equatable {
 }
 
 /// Live Activity push-token registrations in Redis. Each registration is a hash with a TTL that every re-post
-/// renews; the post's index is a sorted set scored by expiry, so readers skip (and prune) expired members.
+/// renews; the post's index is a sorted set scored by expiry, so readers skip expired members. Expired members
+/// are pruned by every registration and every batch read of their index, and an index outlives its newest
+/// member by nothing (its own TTL), so nothing is kept once a post goes quiet.
 public struct ActivityStore: Sendable {
     let redis: RedisClient
     public let ttl: Duration
@@ -94,6 +96,10 @@ public struct ActivityStore: Sendable {
 extension Scripts {
     /// KEYS: registration, post index, token index. ARGV: id, user, post, token, environment, bundle, now
     /// (RFC 3339), now (ms), ttl (ms). Returns {existed (0/1), createdAt}.
+    ///
+    /// Each index first drops its expired members (so a busy post's index holds live registrations only), then
+    /// keeps a TTL no shorter than its newest member's: it vanishes with its last registration, and a lowered
+    /// `ttl` never expires an index under registrations that still live.
     static let register = RedisScript(source: """
         local reg, post, tok = KEYS[1], KEYS[2], KEYS[3]
         local now, nowMs, ttl = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -105,8 +111,9 @@ extension Scripts {
         redis.call('HSET', reg, 'environment', ARGV[5], 'bundleId', ARGV[6], 'lastSeenAt', now, 'lastSeenMs', nowMs)
         redis.call('PEXPIRE', reg, ttl)
         for _, index in ipairs({post, tok}) do
+          redis.call('ZREMRANGEBYSCORE', index, '-inf', nowMs)
           redis.call('ZADD', index, nowMs + ttl, ARGV[1])
-          redis.call('PEXPIRE', index, ttl)
+          if redis.call('PTTL', index) < ttl then redis.call('PEXPIRE', index, ttl) end
         end
         return {existed, redis.call('HGET', reg, 'createdAt')}
         """)

@@ -16,7 +16,8 @@ public struct TestApps: Sendable {
         public let teamID = "TEAM123456"
         public let keyID: String
         public let apnsKey: PrivateKey
-        /// The OAuth issuer's signing key (ES256) and issuer/audience.
+        /// The OAuth issuer's signing key (ES256, or RS256 when the apps were made with `oauthAlgorithm: .rs256`)
+        /// and issuer/audience; the apps file configures its public key.
         public let oauthKey: PrivateKey
         public let issuer: String
         public let audience = "herald"
@@ -27,7 +28,8 @@ public struct TestApps: Sendable {
     public let apps: [Entry]
     public let directory: AppDirectory
 
-    public init(count: Int = 2) throws {
+    /// `count` apps; `oauthAlgorithm` picks the kind of every app's OAuth issuer key.
+    public init(count: Int = 2, oauthAlgorithm: SignatureAlgorithm = .es256) throws {
         folder = FileManager.default.temporaryDirectory.appendingPathComponent("herald-apps-\(SecureRandom.hex(6))")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         var entries: [Entry] = []
@@ -35,12 +37,13 @@ public struct TestApps: Sendable {
         for index in 0..<count {
             let id = "app\(index)-\(SecureRandom.hex(4))"
             let keyID = String(("K" + SecureRandom.hex(8).uppercased()).prefix(10))
+            let oauthKey = oauthAlgorithm == .es256 ? try PrivateKey.generateP256() : try PrivateKey.generateRSA()
             let entry = Entry(id: id, bundleID: "com.example.\(id.replacingOccurrences(of: "-", with: ""))",
                               publicKey: NewAPIKey.generate(kind: .public).key,
                               secretKey: NewAPIKey.generate(kind: .secret).key,
                               userKey: NewAPIKey.generate(kind: .public).key,
                               keyID: keyID, apnsKey: try PrivateKey.generateP256(),
-                              oauthKey: try PrivateKey.generateP256(), issuer: "https://auth-\(id).example.com")
+                              oauthKey: oauthKey, issuer: "https://auth-\(id).example.com")
             try entry.apnsKey.pem.write(to: folder.appendingPathComponent("\(id).p8"), atomically: true, encoding: .utf8)
             try entry.oauthKey.publicKey.pem.write(to: folder.appendingPathComponent("\(id)-oauth.pem"), atomically: true,
                                                   encoding: .utf8)

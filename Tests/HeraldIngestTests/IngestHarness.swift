@@ -18,9 +18,11 @@ final class IngestHarness: Sendable {
     let port: UInt16
     private let task: Task<Void, any Error>
 
+    /// `apps`: the apps file to serve (default: two fresh ES256-issuer apps); the harness removes it on `stop()`.
     static func start(rateLimit: Int = 240, activityTTL: Duration = .seconds(3600),
-                      publishTimeout: Duration = .seconds(5), brokers: String? = nil) async throws -> IngestHarness {
-        let apps = try TestApps()
+                      publishTimeout: Duration = .seconds(5), brokers: String? = nil,
+                      apps: TestApps? = nil) async throws -> IngestHarness {
+        let apps = try apps ?? TestApps()
         let brokerList = try brokers ?? TestEnvironment.kafkaBrokers()
         let topic = "herald.jobs.test-" + SecureRandom.hex(6)
         if brokers == nil {
