@@ -134,11 +134,11 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
 
     @Test func expiredRegistrationsLeaveThePostOnTheirOwn() async throws {
         let redis = try TestRedis()
-        let store = ActivityStore(redis: redis.client, ttl: .milliseconds(1500))
+        let store = ActivityStore(redis: redis.client, ttl: .seconds(3))
         let app = try Self.app()
         for _ in 0..<3 { _ = try await store.register(app: redis.app, user: "u", try input(app, post: "feedbeef", token: token())) }
         #expect(try await store.postBatch(app: redis.app, postIDHash: "feedbeef", cursor: "0").registrations.count == 3)
-        try await Task.sleep(for: .milliseconds(1700))
+        try await Task.sleep(for: .milliseconds(3300))
         #expect(try await store.postBatch(app: redis.app, postIDHash: "feedbeef", cursor: "0").registrations.isEmpty)
         #expect(try await redis.client.command(["EXISTS", "herald:{\(redis.app)}:post:feedbeef"]).int == 0)
     }
