@@ -168,7 +168,7 @@ struct Counts {
     var first: Date?
     var last: Date?
 
-    mutating func add(_ letter: DeadLetter, at time: Date?) {
+    mutating func add(_ letter: DeadLetterView, at time: Date?) {
         matched += 1
         byReason[letter.reason, default: 0] += 1
         byStatus[letter.status.map(String.init) ?? "none", default: 0] += 1
@@ -187,14 +187,14 @@ enum Row {
                          "REASON".padding(26), "ATTEMPTS".padding(8), "PUSH TYPE".padding(12), "TOKEN".padding(10),
                          "TARGET"].joined(separator: " ")
 
-    static func text(_ entry: DLQEntry, _ letter: DeadLetter) -> String {
+    static func text(_ entry: DLQEntry, _ letter: DeadLetterView) -> String {
         [letter.deadLetteredAt.padding(24), "\(entry.partition):\(entry.offset)".padding(17), letter.appId.padding(12),
          (letter.status.map(String.init) ?? "-").padding(6), letter.reason.padding(26), String(letter.attempts).padding(8),
          (letter.effectivePushType ?? "-").padding(12), maskedToken(letter.deviceToken).padding(10),
          letter.targetDescription].joined(separator: " ")
     }
 
-    static func json(_ entry: DLQEntry, _ letter: DeadLetter) -> JSONValue {
+    static func json(_ entry: DLQEntry, _ letter: DeadLetterView) -> JSONValue {
         var object: [String: JSONValue] = [
             "partition": .number(Double(entry.partition)), "offset": .number(Double(entry.offset)),
             "appId": .string(letter.appId), "reason": .string(letter.reason),
@@ -202,7 +202,7 @@ enum Row {
             "status": letter.status.map { .number(Double($0)) } ?? .null,
             "token": .string(maskedToken(letter.deviceToken)),
         ]
-        if let jobId = letter.jobId { object["jobId"] = .string(jobId) }
+        if let jobId = letter.jobId ?? letter.job?.id { object["jobId"] = .string(jobId) }
         if let pushType = letter.effectivePushType { object["pushType"] = .string(pushType) }
         if let tokenType = letter.tokenType { object["tokenType"] = .string(tokenType.rawValue) }
         if let environment = letter.environment { object["environment"] = .string(environment.rawValue) }

@@ -57,7 +57,7 @@ struct DLQFilter: Sendable {
     }
 
     /// Whether a dead letter written at `time` (its record timestamp) matches every filter.
-    func matches(_ letter: DeadLetter, at time: Date?) -> Bool {
+    func matches(_ letter: DeadLetterView, at time: Date?) -> Bool {
         if let since, let time, time < since { return false }
         if let until, let time, time >= until { return false }
         if !apps.isEmpty, !apps.contains(letter.appId) { return false }
@@ -99,25 +99,6 @@ struct DLQFilter: Sendable {
         if let date = try? Date(text + "T00:00:00Z", strategy: .iso8601) { return date }
         throw ConfigurationError(flag, "expected a time: a duration ago such as 2h, 30m or 1d12h, an RFC 3339 time such "
                                  + "as 2024-05-01T10:00:00Z, or a date such as 2024-05-01; got \"\(text)\"")
-    }
-}
-
-extension DeadLetter {
-    /// `apns-push-type` as sent, else what the job asked for, else what its token type implies.
-    var effectivePushType: String? {
-        if let pushType { return pushType }
-        if let job { return job.target.kind == .device ? job.resolvedPushType.rawValue : job.pushType }
-        return nil
-    }
-
-    /// What the failed job was addressed to, for people: `channel:news`, `post:ab12…`, `device`.
-    var targetDescription: String {
-        guard let target = job?.target else { return "-" }
-        switch target.kind {
-        case .channel: return "channel:" + (target.channel ?? "")
-        case .post: return "post:" + (target.postIdHash ?? "")
-        case .device: return "device"
-        }
     }
 }
 

@@ -17,7 +17,9 @@ struct DLQEntry: Sendable {
     /// When it was dead-lettered: the record's timestamp, else the record's `deadLetteredAt`.
     var time: Date?
     /// `nil` when the record is not a dead letter this version understands.
-    var letter: DeadLetter?
+    var letter: DeadLetterView?
+    /// The record's text (a replay copies the payload from it).
+    var record: [UInt8]
 }
 
 /// Reads the dead-letter topic from `--since` (found with offsets-for-times) or the beginning up to the end each
@@ -26,13 +28,14 @@ struct DLQEntry: Sendable {
 /// Records written after the reader opened are left for a later run. Two things make "the end" less simple than
 /// an offset: a broker may report a high watermark below the last record (Tansu reports the start of the last
 /// batch), and transaction markers take offsets no record is read at. So a partition is finished when it yields a
-/// record stamped after the start, or when every partition has reached its end and the broker has nothing more.
+/// record stamped after the start, or shortly after every partition has reached its end offset.
 final class DLQReader {
     /// Kafka's ListOffsets treats timestamp −1 as "the end of the log" and −2 as "the first record kept";
     /// `offsets(forTimestamp:)` floors to whole milliseconds, so these dates ask for exactly those.
     private static let endOfLog = Date(timeIntervalSince1970: -0.0005)
     private static let startOfLog = Date(timeIntervalSince1970: -0.0015)
-    /// How long an empty poll must last, once every partition reached its end, before the scan is over.
+    /// How long to keep reading once every partition reached its end offset (for the records a broker's end
+    /// offset may leave out, such as the rest of Tansu's last batch).
     private static let settle: Duration = .milliseconds(300)
     /// How long the broker may send nothing while partitions have not reached their end.
     private static let stall: Duration = .seconds(5)
@@ -68,7 +71,7 @@ final class DLQReader {
         let startedAt = Date()
         var kafka = connections.kafka
         // The fetch queue is what a reader holds in memory: keep it well below librdkafka's 64 MiB default.
-        kafka.properties["queued.max.messages.kbytes"] = "8192"
+        kafka.properties["queued.max.messages.kbytes"] = "32768"
         let consumer = try KafkaConsumer(configuration: KafkaConsumerConfiguration(kafka: kafka, groupID: nil),
                                          logger: connections.logger)
         let topic = connections.dlqTopic
@@ -101,9 +104,14 @@ final class DLQReader {
     /// snapshot is read or `body` returns false.
     func read(_ body: ([DLQEntry]) async throws -> Bool) async throws {
         var lastRecordAt = ContinuousClock.now
+        var atEndsSince: ContinuousClock.Instant?
         while partitions.values.contains(where: { !$0.finished }) {
             let atEnds = partitions.values.allSatisfy { $0.finished || $0.next >= $0.end }
-            let records = try await consumer.poll(maxRecords: 500, timeout: atEnds ? Self.settle : .milliseconds(500))
+            if atEnds, atEndsSince == nil { atEndsSince = .now }
+            // Past the ends, wait only briefly for records the broker's end offset left out; records keep
+            // coming on a busy topic, so this is a deadline, not an idle timeout.
+            if let atEndsSince, ContinuousClock.now - atEndsSince > Self.settle { break }
+            let records = try await consumer.poll(maxRecords: 2000, timeout: atEnds ? Self.settle : .milliseconds(500))
             if records.isEmpty {
                 if atEnds { break }
                 if ContinuousClock.now - lastRecordAt > Self.stall {
@@ -113,8 +121,8 @@ final class DLQReader {
                 continue
             }
             lastRecordAt = .now
-            var entries: [DLQEntry] = []
-            entries.reserveCapacity(records.count)
+            var kept: [KafkaRecord] = []
+            kept.reserveCapacity(records.count)
             for record in records {
                 guard var partition = partitions[record.partition], !partition.finished else { continue }
                 if record.offset >= partition.end, let stamp = record.timestamp, stamp > startedAt {
@@ -125,8 +133,10 @@ final class DLQReader {
                 partition.next = max(partition.next, record.offset + 1)
                 partitions[record.partition] = partition
                 scanned.value.add(1, ordering: .relaxed)
-                if let entry = entry(record) { entries.append(entry) }
+                kept.append(record)
             }
+            let filter = self.filter
+            let entries = parallelMap(kept) { Self.entry($0, filter: filter) }.compactMap { $0 }
             if !entries.isEmpty, try await !body(entries) { return }
         }
     }
@@ -136,14 +146,15 @@ final class DLQReader {
     }
 
     /// Decodes a record, skipping the work for records outside `--since`/`--until` by their timestamp.
-    private func entry(_ record: KafkaRecord) -> DLQEntry? {
+    private static func entry(_ record: KafkaRecord, filter: DLQFilter) -> DLQEntry? {
         if let stamp = record.timestamp {
             if let since = filter.since, stamp < since { return nil }
             if let until = filter.until, stamp >= until { return nil }
         }
-        let letter = try? DeadLetter.decode(record.value)
+        let letter = DeadLetterView.decode(record.value)
         return DLQEntry(partition: record.partition, offset: record.offset,
-                        time: record.timestamp ?? letter.flatMap { Timestamp.parse($0.deadLetteredAt) }, letter: letter)
+                        time: record.timestamp ?? letter.flatMap { Timestamp.parse($0.deadLetteredAt) }, letter: letter,
+                        record: record.value)
     }
 
     /// A partition one offset short is normal (a transaction marker at the end); more means the broker stopped

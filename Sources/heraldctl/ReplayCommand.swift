@@ -85,7 +85,18 @@ enum ReplayCommand {
                               includeRemoved: flags.has("include-removed"), json: flags.has("json"))
         let connections = Connections()
         let redis = try connections.redis()
-        defer { Task { await redis.close() } }
+        do {
+            let code = try await run(options, filter: filter, connections: connections, redis: redis)
+            await redis.close()
+            return code
+        } catch {
+            await redis.close()
+            throw error
+        }
+    }
+
+    private static func run(_ options: Options, filter: DLQFilter, connections: Connections,
+                            redis: RedisClient) async throws -> Int32 {
         do {
             _ = try await redis.command(["PING"])
         } catch {
@@ -132,6 +143,9 @@ enum ReplayCommand {
         let topic = Connections().dlqTopic
         return "auto-" + Hex.encode(SHA256.hash("\(topic)\n\(filter.canonical)").prefix(6))
     }
+
+    /// A replayed job's id: the same dead letter replayed by the same replay always gets the same id.
+    static func jobID(name: String, entry: DLQEntry) -> String { "replay-\(name)-\(entry.partition)-\(entry.offset)" }
 
     struct Options {
         var name: String
@@ -207,7 +221,11 @@ final class Replay {
 
     /// Handles one batch; false stops the scan.
     private func handle(_ entries: [DLQEntry]) async throws -> Bool {
-        var candidates: [(entry: DLQEntry, letter: DeadLetter, member: String)] = []
+        if stopRequested?.isSet == true {
+            summary.stop = .interrupted
+            return false
+        }
+        var candidates: [(entry: DLQEntry, letter: DeadLetterView, member: String)] = []
         for entry in entries {
             guard let letter = entry.letter else {
                 summary.unreadable += 1
@@ -226,23 +244,28 @@ final class Replay {
         guard !candidates.isEmpty else { return true }
         let already = try await ledger.alreadySent(candidates.map(\.member))
         let live = options.includeRemoved ? nil : try await registeredTokens(candidates.map(\.letter))
-        for (entry, letter, member) in candidates {
-            if already.contains(member) {
+        var toSend: [(entry: DLQEntry, letter: DeadLetterView, member: String)] = []
+        for candidate in candidates {
+            if already.contains(candidate.member) {
                 summary.alreadyRepublished += 1
                 counters.already.add(1, ordering: .relaxed)
-                continue
-            }
-            if let live, !live.contains(TokenKey(app: letter.appId, token: letter.deviceToken ?? "")) {
+            } else if let live, !live.contains(TokenKey(app: candidate.letter.appId, token: candidate.letter.deviceToken ?? "")) {
                 skip("token_removed")
-                continue
+            } else {
+                toSend.append(candidate)
             }
-            let id = "replay-\(options.name)-\(entry.partition)-\(entry.offset)"
-            guard let job = letter.replayJob(partition: entry.partition, offset: entry.offset, id: id) else {
-                skip("not_replayable")
-                continue
+        }
+        let now = Date(), name = options.name
+        let jobs = parallelMap(toSend) { candidate -> Result<(key: String, bytes: [UInt8])?, ValidationError> in
+            let (entry, letter, _) = candidate
+            return Result { () throws(ValidationError) in
+                try letter.replayJob(record: entry.record, partition: entry.partition, offset: entry.offset,
+                                     id: ReplayCommand.jobID(name: name, entry: entry), now: now)
             }
-            do { try job.validate() } catch {
-                skip("invalid_job")
+        }
+        for ((entry, letter, member), built) in zip(toSend, jobs) {
+            guard case .success(let job?) = built else {
+                if case .failure = built { skip("invalid_job") } else { skip("not_replayable") }
                 continue
             }
             if options.limit > 0, counters.sent.load(ordering: .relaxed) >= options.limit {
@@ -255,10 +278,10 @@ final class Replay {
             }
             await pace()
             if let producer {
-                send(job, member: member, producer: producer)
+                send(job.bytes, key: job.key, member: member, producer: producer)
                 await ledger.waitForInFlight(below: ReplayCommand.maxInFlight)
             } else {
-                list(job, reason: letter.reason)
+                list(id: ReplayCommand.jobID(name: name, entry: entry), entry: entry, letter: letter)
             }
             counters.sent.add(1, ordering: .relaxed)
         }
@@ -270,11 +293,11 @@ final class Replay {
         counters.skipped.add(1, ordering: .relaxed)
     }
 
-    private func send(_ job: PushJob, member: String, producer: KafkaProducer) {
+    private func send(_ job: [UInt8], key: String, member: String, producer: KafkaProducer) {
         let ledger = self.ledger
         ledger.sending()
         do {
-            try producer.send(topic: connections.jobsTopic, key: Array(job.recordKey.utf8), value: job.encoded()) { result in
+            try producer.send(topic: connections.jobsTopic, key: Array(key.utf8), value: job) { result in
                 ledger.delivered(member, result)
             }
         } catch {
@@ -283,19 +306,18 @@ final class Replay {
     }
 
     /// A dry run's line for one job (the token shortened: it is a credential).
-    private func list(_ job: PushJob, reason: String) {
+    private func list(id: String, entry: DLQEntry, letter: DeadLetterView) {
+        let original = letter.jobId ?? letter.job?.id ?? "unknown"
         if options.json {
             let line: JSONValue = .object([
-                "id": .string(job.id), "appId": .string(job.appId),
-                "token": .string(maskedToken(job.target.deviceToken)),
-                "dlqPartition": .number(Double(job.replayOf?.dlqPartition ?? 0)),
-                "dlqOffset": .number(Double(job.replayOf?.dlqOffset ?? 0)),
-                "replayOf": .string(job.replayOf?.jobId ?? ""), "reason": .string(reason),
+                "id": .string(id), "appId": .string(letter.appId), "token": .string(maskedToken(letter.deviceToken)),
+                "dlqPartition": .number(Double(entry.partition)), "dlqOffset": .number(Double(entry.offset)),
+                "replayOf": .string(original), "reason": .string(letter.reason),
             ])
             output.write((listed == 0 ? "\n" : ",\n") + String(decoding: line.encoded(), as: UTF8.self))
         } else {
-            output.write("would send \(job.id)  app \(job.appId)  token \(maskedToken(job.target.deviceToken))  "
-                         + "replayOf \(job.replayOf?.jobId ?? "-")  (\(reason))\n")
+            output.write("would send \(id)  app \(letter.appId)  token \(maskedToken(letter.deviceToken))  "
+                         + "replayOf \(original)  (\(letter.reason))\n")
         }
         listed += 1
     }
@@ -309,7 +331,7 @@ final class Replay {
     }
 
     /// Which of these letters' (app, token) pairs still have a subscription or a live Live Activity registration.
-    private func registeredTokens(_ letters: [DeadLetter]) async throws -> Set<TokenKey> {
+    private func registeredTokens(_ letters: [DeadLetterView]) async throws -> Set<TokenKey> {
         let keys = Array(Set(letters.compactMap { letter in letter.deviceToken.map { TokenKey(app: letter.appId, token: $0) } }))
         let now = String(Int64(Date().timeIntervalSince1970 * 1000))
         var commands: [[String]] = []

@@ -154,7 +154,12 @@ struct CtlHarness {
             target = .device(token ?? "00", tokenType: .alert, environment: .sandbox)
         }
         var job = PushJob(id: "job-" + SecureRandom.hex(6), appId: app, target: target)
-        let payload: JSONValue = .object(["aps": .object(["alert": .string("Your order shipped")]), "order": .string("1234")])
+        // Quotes, braces, escapes and non-ASCII text: replay copies this payload's JSON text into the new job.
+        let payload: JSONValue = .object([
+            "aps": .object(["alert": .object(["title": .string("Your order \"1234\" shipped {soon} ✓ 😀"),
+                                              "body": .string("a\\b / [c]")]), "badge": .number(2)]),
+            "order": .string("1234"), "items": .array([.number(1), .bool(true), .null, .object(["sku": .string("}")])]),
+        ])
         switch target.kind {
         case .channel: job.alert = payload
         case .post: job.liveActivity = PushJob.LiveActivity(event: .update, contentState: .object(["stage": .string("out")]))

@@ -200,11 +200,11 @@ struct ReplayCommandTests {
         // Progress: plain lines when stderr is not a terminal.
         let token = SecureRandom.hex(32)
         try await harness.subscribe(token)
-        try await harness.publish((0..<3).map { _ in harness.deadLetter(token: token) })
+        try await harness.publish((0..<4).map { _ in harness.deadLetter(token: token) })
         let slow = try await harness.heraldctl(["replay", "--rate", "1"])
         #expect(slow.status == 0, "\(slow.stderr)")
         #expect(slow.stderr.contains("replay auto-") && slow.stderr.contains("re-published") && slow.stderr.contains("ETA"))
         #expect(!slow.stderr.contains("\u{1B}["), "no terminal escapes when stderr is a file")
-        #expect(summaryValue(slow.stdout, "re-published") == 3)
+        #expect(summaryValue(slow.stdout, "re-published") == 4)
     }
 }
