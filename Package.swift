@@ -98,6 +98,9 @@ let package = Package(
         .testTarget(name: "HeraldIngestTests", dependencies: ["HeraldIngest", "HeraldTestSupport", "HeraldKafka",
                                                      "HeraldRedis", "HeraldStore"],
                     swiftSettings: rdkafkaSwift),
+        .testTarget(name: "HeraldCtlTests", dependencies: ["HeraldCore", "HeraldKafka", "HeraldRedis", "HeraldStore",
+                                                   "HeraldTestSupport", "HeraldRuntime"],
+                    swiftSettings: rdkafkaSwift),
         .testTarget(name: "HeraldDispatcherTests", dependencies: ["HeraldDispatcher"], swiftSettings: rdkafkaSwift),
     ],
     swiftLanguageModes: [.v6]

@@ -9,27 +9,51 @@ let usage = """
           Prints a new API key and the apps-file entry that accepts it (only the key's SHA-256 is stored).
       heraldctl topics create [--partitions N] [--replication-factor R]
           Creates HERALD_TOPIC_JOBS and HERALD_TOPIC_DLQ (existing topics are left as they are).
+      heraldctl dlq list [FILTERS] [--limit N] [--json]
+          The failed deliveries on HERALD_TOPIC_DLQ that match, then counts by reason.
+      heraldctl dlq stats [FILTERS] [--json]
+          Counts of the matching dead letters by reason, status, app and push type.
+      heraldctl replay [FILTERS] [--name NAME] [--dry-run] [--limit N] [--rate JOBS_PER_S] [--include-removed] [--json]
+          Re-publishes the matching dead letters to HERALD_TOPIC_JOBS as device jobs, each at most once per replay.
 
-    Environment: HERALD_KAFKA_BROKERS [127.0.0.1:9092], HERALD_TOPIC_JOBS [herald.jobs], HERALD_TOPIC_DLQ [herald.dlq].
-    Exit codes: 0 done, 1 failed (the reason is printed), 2 bad usage or configuration.
+    Filters (all optional; lists are comma-separated):
+      --app ID[,ID]           --since TIME  --until TIME (2h, 30m, 1d12h ago, or 2024-05-01T10:00:00Z, or 2024-05-01)
+      --status 410,503|none   --reason BadDeviceToken,ServiceUnavailable (any case)
+      --push-type alert,...   --channel NAME   --post POST_ID_HASH
+
+    Run `heraldctl dlq --help` or `heraldctl replay --help` for details and examples.
+
+    Environment: HERALD_KAFKA_BROKERS [127.0.0.1:9092], HERALD_TOPIC_JOBS [herald.jobs], HERALD_TOPIC_DLQ [herald.dlq],
+    HERALD_REDIS_URL [redis://127.0.0.1:6379/0] (replay only).
+    Exit codes: 0 done, 1 failed (the reason is printed), 2 bad usage or configuration; replay also uses 3 and 4
+    (see heraldctl replay --help).
     """
 
-/// Flags of one subcommand: `--name value` pairs; anything else is a usage error.
+/// Flags of one subcommand: `--name value` pairs and value-less `--switch`es; anything else is a usage error.
 struct Flags {
     private var values: [String: String] = [:]
+    private var present: Set<String> = []
 
-    init(_ arguments: ArraySlice<String>, allowed: Set<String>) throws {
+    init(_ arguments: ArraySlice<String>, allowed: Set<String>, switches: Set<String> = []) throws {
         var iterator = arguments.makeIterator()
         while let argument = iterator.next() {
-            guard argument.hasPrefix("--"), allowed.contains(String(argument.dropFirst(2))) else {
+            let name = String(argument.dropFirst(2))
+            guard argument.hasPrefix("--"), allowed.contains(name) || switches.contains(name) else {
                 throw ConfigurationError(argument, "unknown option (see heraldctl --help)")
             }
+            if switches.contains(name) {
+                present.insert(name)
+                continue
+            }
             guard let value = iterator.next() else { throw ConfigurationError(argument, "needs a value") }
-            values[String(argument.dropFirst(2))] = value
+            values[name] = value
         }
     }
 
     subscript(name: String) -> String? { values[name] }
+
+    /// Whether a value-less switch such as `--json` was given.
+    func has(_ name: String) -> Bool { present.contains(name) }
 
     func int(_ name: String, default fallback: Int, range: ClosedRange<Int>) throws -> Int {
         guard let raw = values[name] else { return fallback }
@@ -47,17 +71,35 @@ func fail(_ message: String) -> Never {
 
 func runCommand() async {
     let arguments = CommandLine.arguments.dropFirst()
-    guard let group = arguments.first, !CommandLineTool.helpRequested() else { CommandLineTool.exitWithUsage(usage) }
+    guard let group = arguments.first else { CommandLineTool.exitWithUsage(usage) }
+    if CommandLineTool.helpRequested() {
+        switch group {
+        case "dlq": CommandLineTool.exitWithUsage(DLQCommand.usage)
+        case "replay": CommandLineTool.exitWithUsage(ReplayCommand.usage)
+        default: CommandLineTool.exitWithUsage(usage)
+        }
+    }
     let rest = arguments.dropFirst()
     do {
         switch (group, rest.first) {
         case ("keys", "new"): try KeysCommand.new(Flags(rest.dropFirst(), allowed: ["app", "kind", "user"]))
         case ("topics", "create"):
             try await TopicsCommand.create(Flags(rest.dropFirst(), allowed: ["partitions", "replication-factor"]))
+        case ("dlq", "list"):
+            try await DLQCommand.list(Flags(rest.dropFirst(), allowed: DLQFilter.flagNames.union(["limit"]),
+                                            switches: ["json"]))
+        case ("dlq", "stats"):
+            try await DLQCommand.stats(Flags(rest.dropFirst(), allowed: DLQFilter.flagNames, switches: ["json"]))
+        case ("replay", _):
+            let code = try await ReplayCommand.run(Flags(rest, allowed: DLQFilter.flagNames.union(["name", "limit", "rate"]),
+                                                         switches: ["dry-run", "include-removed", "json"]))
+            exit(code)
         default: throw ConfigurationError(arguments.joined(separator: " "), "unknown command (see heraldctl --help)")
         }
     } catch let error as ConfigurationError {
         CommandLineTool.exitWithConfigurationError("heraldctl", error)
+    } catch let error as OperatorError {
+        fail(error.description)
     } catch {
         fail("\(error)")
     }

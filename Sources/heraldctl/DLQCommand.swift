@@ -1,0 +1,243 @@
+import Foundation
+import HeraldCore
+import HeraldRuntime
+
+/// `heraldctl dlq list` and `heraldctl dlq stats`: what failed, and why, without changing anything.
+enum DLQCommand {
+    static let usage = """
+        heraldctl dlq — inspect failed deliveries on the dead-letter topic (HERALD_TOPIC_DLQ).
+
+        Usage:
+          heraldctl dlq list [FILTERS] [--limit N] [--json]
+              One line per matching dead letter (at most --limit, default 100, 0 for all), then the number that
+              matched and counts by reason. Tokens are shown by their first 8 characters only.
+          heraldctl dlq stats [FILTERS] [--json]
+              Counts of the matching dead letters by reason, status, app and push type, with the time span.
+
+        Filters (all optional, combined with AND; lists are comma-separated and match any of their values):
+          --app ID[,ID]        the job's app
+          --since TIME         dead-lettered at or after TIME; the topic is read from there (offsets-for-times)
+          --until TIME         dead-lettered before TIME
+                               TIME: a duration ago (90s, 30m, 2h, 1d12h, 1w), an RFC 3339 time
+                               (2024-05-01T10:00:00Z), or a UTC date (2024-05-01)
+          --status LIST        APNs' HTTP status (410,429,503), or none when APNs never answered
+          --reason LIST        APNs' or Herald's reason, any case (BadDeviceToken,ServiceUnavailable,timeout)
+          --push-type LIST     alert, background, liveactivity, voip, …
+          --channel NAME       dead letters of jobs sent to this channel
+          --post HASH          dead letters of jobs sent to this Live Activity post
+
+        The topic is read up to where it ended when the command started; it is never held in memory whole.
+
+        --json: list prints {"deadLetters": [...], "matched": n, "shown": n, "scanned": n, "byReason": {...}};
+        stats prints {"matched": n, "scanned": n, "unreadable": n, "first": time, "last": time,
+        "byReason": {...}, "byStatus": {...}, "byApp": {...}, "byPushType": {...}}.
+
+        Examples:
+          heraldctl dlq list --since 2h
+          heraldctl dlq list --app shop --reason ServiceUnavailable,timeout --since 2024-05-01T08:00:00Z --until 2024-05-01T09:00:00Z
+          heraldctl dlq stats --since 1d --json | jq .byReason
+          heraldctl dlq list --channel order-1234 --status none --limit 0 --json > failed.json
+
+        Environment: HERALD_KAFKA_BROKERS [127.0.0.1:9092], HERALD_TOPIC_DLQ [herald.dlq].
+        Exit codes: 0 done (also when nothing matched), 1 failed (Kafka unreachable, topic missing: the reason is
+        printed), 2 bad usage or filter.
+        """
+
+    static func list(_ flags: Flags) async throws {
+        let filter = try DLQFilter(flags)
+        let limit = try flags.int("limit", default: 100, range: 0...Int.max)
+        let json = flags.has("json")
+        let connections = Connections()
+        let reader = try await DLQReader.open(connections, filter: filter)
+        var counts = Counts()
+        var shown = 0
+        let out = Output()
+        if json {
+            out.write("{\"deadLetters\":[")
+        } else {
+            out.write(Row.header + "\n")
+        }
+        do {
+            try await reader.read { entries in
+                for entry in entries {
+                    guard let letter = entry.letter else {
+                        counts.unreadable += 1
+                        continue
+                    }
+                    guard filter.matches(letter, at: entry.time) else { continue }
+                    counts.add(letter, at: entry.time)
+                    guard limit == 0 || shown < limit else { continue }
+                    if json {
+                        out.write((shown == 0 ? "\n" : ",\n") + String(decoding: Row.json(entry, letter).encoded(), as: UTF8.self))
+                    } else {
+                        out.write(Row.text(entry, letter) + "\n")
+                    }
+                    shown += 1
+                }
+                return true
+            }
+        } catch {
+            await reader.close()
+            throw connections.explain(error, topic: connections.dlqTopic)
+        }
+        await reader.close()
+        let scanned = reader.scanned.current
+        if json {
+            var summary = "\n],\"matched\":\(counts.matched),\"shown\":\(shown),\"scanned\":\(scanned),\"byReason\":"
+            summary += String(decoding: JSONValue.object(counts.byReason.mapValues { .number(Double($0)) }).encoded(), as: UTF8.self)
+            out.write(summary + "}\n")
+        } else {
+            var footer = "\n\(counts.matched) of \(scanned) dead letters in \(connections.dlqTopic) matched"
+            if shown < counts.matched { footer += " (\(shown) shown; --limit 0 shows all)" }
+            if counts.unreadable > 0 { footer += "; \(counts.unreadable) records were not readable dead letters" }
+            out.write(footer + "\n")
+            if !counts.byReason.isEmpty {
+                out.write("by reason:\n" + table(counts.byReason) + "\n")
+            }
+        }
+        out.flush()
+    }
+
+    static func stats(_ flags: Flags) async throws {
+        let filter = try DLQFilter(flags)
+        let connections = Connections()
+        let reader = try await DLQReader.open(connections, filter: filter)
+        var counts = Counts()
+        do {
+            try await reader.read { entries in
+                for entry in entries {
+                    guard let letter = entry.letter else {
+                        counts.unreadable += 1
+                        continue
+                    }
+                    if filter.matches(letter, at: entry.time) { counts.add(letter, at: entry.time) }
+                }
+                return true
+            }
+        } catch {
+            await reader.close()
+            throw connections.explain(error, topic: connections.dlqTopic)
+        }
+        await reader.close()
+        let scanned = reader.scanned.current
+        let out = Output()
+        if flags.has("json") {
+            func object(_ counts: [String: Int]) -> JSONValue { .object(counts.mapValues { .number(Double($0)) }) }
+            let document: JSONValue = .object([
+                "matched": .number(Double(counts.matched)), "scanned": .number(Double(scanned)),
+                "unreadable": .number(Double(counts.unreadable)),
+                "first": counts.first.map { .string(Timestamp.rfc3339($0)) } ?? .null,
+                "last": counts.last.map { .string(Timestamp.rfc3339($0)) } ?? .null,
+                "byReason": object(counts.byReason), "byStatus": object(counts.byStatus),
+                "byApp": object(counts.byApp), "byPushType": object(counts.byPushType),
+            ])
+            out.write(String(decoding: document.encoded(), as: UTF8.self) + "\n")
+        } else {
+            var text = "\(counts.matched) of \(scanned) dead letters in \(connections.dlqTopic) matched"
+            if let first = counts.first, let last = counts.last {
+                text += ", dead-lettered from \(Timestamp.rfc3339(first)) to \(Timestamp.rfc3339(last))"
+            }
+            if counts.unreadable > 0 { text += "; \(counts.unreadable) records were not readable dead letters" }
+            text += "\n"
+            for (title, values) in [("by reason", counts.byReason), ("by status", counts.byStatus),
+                                    ("by app", counts.byApp), ("by push type", counts.byPushType)] where !values.isEmpty {
+                text += "\n\(title):\n" + table(values) + "\n"
+            }
+            out.write(text)
+        }
+        out.flush()
+    }
+
+    /// Counts, largest first, as aligned lines.
+    static func table(_ counts: [String: Int]) -> String {
+        let rows = counts.sorted { ($0.value, $1.key) > ($1.value, $0.key) }
+        let width = rows.map(\.key.count).max() ?? 0
+        return rows.map { "  " + $0.key.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + String($0.value) }
+            .joined(separator: "\n")
+    }
+}
+
+/// Tallies of matching dead letters.
+struct Counts {
+    var matched = 0
+    var unreadable = 0
+    var byReason: [String: Int] = [:]
+    var byStatus: [String: Int] = [:]
+    var byApp: [String: Int] = [:]
+    var byPushType: [String: Int] = [:]
+    var first: Date?
+    var last: Date?
+
+    mutating func add(_ letter: DeadLetterView, at time: Date?) {
+        matched += 1
+        byReason[letter.reason, default: 0] += 1
+        byStatus[letter.status.map(String.init) ?? "none", default: 0] += 1
+        byApp[letter.appId, default: 0] += 1
+        byPushType[letter.effectivePushType ?? "none", default: 0] += 1
+        if let time {
+            first = min(first ?? time, time)
+            last = max(last ?? time, time)
+        }
+    }
+}
+
+/// How `dlq list` shows one dead letter.
+enum Row {
+    static let header = ["TIME".padding(24), "PARTITION:OFFSET".padding(17), "APP".padding(12), "STATUS".padding(6),
+                         "REASON".padding(26), "ATTEMPTS".padding(8), "PUSH TYPE".padding(12), "TOKEN".padding(10),
+                         "TARGET"].joined(separator: " ")
+
+    static func text(_ entry: DLQEntry, _ letter: DeadLetterView) -> String {
+        [letter.deadLetteredAt.padding(24), "\(entry.partition):\(entry.offset)".padding(17), letter.appId.padding(12),
+         (letter.status.map(String.init) ?? "-").padding(6), letter.reason.padding(26), String(letter.attempts).padding(8),
+         (letter.effectivePushType ?? "-").padding(12), maskedToken(letter.deviceToken).padding(10),
+         letter.targetDescription].joined(separator: " ")
+    }
+
+    static func json(_ entry: DLQEntry, _ letter: DeadLetterView) -> JSONValue {
+        var object: [String: JSONValue] = [
+            "partition": .number(Double(entry.partition)), "offset": .number(Double(entry.offset)),
+            "appId": .string(letter.appId), "reason": .string(letter.reason),
+            "attempts": .number(Double(letter.attempts)), "deadLetteredAt": .string(letter.deadLetteredAt),
+            "status": letter.status.map { .number(Double($0)) } ?? .null,
+            "token": .string(maskedToken(letter.deviceToken)),
+        ]
+        if let jobId = letter.jobId ?? letter.job?.id { object["jobId"] = .string(jobId) }
+        if let pushType = letter.effectivePushType { object["pushType"] = .string(pushType) }
+        if let tokenType = letter.tokenType { object["tokenType"] = .string(tokenType.rawValue) }
+        if let environment = letter.environment { object["environment"] = .string(environment.rawValue) }
+        if let topic = letter.topic { object["topic"] = .string(topic) }
+        if let target = letter.job?.target {
+            var described: [String: JSONValue] = ["kind": .string(target.kind.rawValue)]
+            if let channel = target.channel { described["channel"] = .string(channel) }
+            if let post = target.postIdHash { described["postIdHash"] = .string(post) }
+            object["target"] = .object(described)
+        }
+        if let first = letter.firstAttemptAt { object["firstAttemptAt"] = .string(first) }
+        if let last = letter.lastAttemptAt { object["lastAttemptAt"] = .string(last) }
+        return .object(object)
+    }
+}
+
+extension String {
+    /// Left-aligned in `width` columns (longer text is kept whole: a table is read, not parsed).
+    func padding(_ width: Int) -> String {
+        count >= width ? self : self + String(repeating: " ", count: width - count)
+    }
+}
+
+/// Buffered standard output: rows are many and small.
+final class Output {
+    private var buffer: [UInt8] = []
+
+    func write(_ text: String) {
+        buffer.append(contentsOf: text.utf8)
+        if buffer.count >= 64 * 1024 { flush() }
+    }
+
+    func flush() {
+        guard !buffer.isEmpty else { return }
+        FileHandle.standardOutput.write(Data(buffer))
+        buffer.removeAll(keepingCapacity: true)
+    }
+}

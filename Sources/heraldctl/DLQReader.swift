@@ -1,0 +1,168 @@
+import Foundation
+import HeraldCore
+import HeraldKafka
+import HeraldRuntime
+import Synchronization
+
+/// How many records a reader has read; read from other tasks for progress.
+final class ScanCount: Sendable {
+    let value = Atomic<Int>(0)
+    var current: Int { value.load(ordering: .relaxed) }
+}
+
+/// One record of the dead-letter topic.
+struct DLQEntry: Sendable {
+    var partition: Int32
+    var offset: Int64
+    /// When it was dead-lettered: the record's timestamp, else the record's `deadLetteredAt`.
+    var time: Date?
+    /// `nil` when the record is not a dead letter this version understands.
+    var letter: DeadLetterView?
+    /// The record's text (a replay copies the payload from it).
+    var record: [UInt8]
+}
+
+/// Reads the dead-letter topic from `--since` (found with offsets-for-times) or the beginning up to the end each
+/// partition had when the reader opened, one batch at a time, so memory does not grow with the topic.
+///
+/// Records written after the reader opened are left for a later run. Two things make "the end" less simple than
+/// an offset: a broker may report a high watermark below the last record (Tansu reports the start of the last
+/// batch), and transaction markers take offsets no record is read at. So a partition is finished when it yields a
+/// record stamped after the start, or shortly after every partition has reached its end offset.
+final class DLQReader {
+    /// Kafka's ListOffsets treats timestamp −1 as "the end of the log" and −2 as "the first record kept";
+    /// `offsets(forTimestamp:)` floors to whole milliseconds, so these dates ask for exactly those.
+    private static let endOfLog = Date(timeIntervalSince1970: -0.0005)
+    private static let startOfLog = Date(timeIntervalSince1970: -0.0015)
+    /// How long to keep reading once every partition reached its end offset (for the records a broker's end
+    /// offset may leave out, such as the rest of Tansu's last batch).
+    private static let settle: Duration = .milliseconds(300)
+    /// How long the broker may send nothing while partitions have not reached their end.
+    private static let stall: Duration = .seconds(5)
+
+    private struct Partition {
+        var next: Int64
+        let end: Int64
+        var finished: Bool
+    }
+
+    let topic: String
+    let startedAt: Date
+    /// Records below the ends seen at start, from the start offsets: the denominator of progress.
+    let expected: Int64
+    private let consumer: KafkaConsumer
+    private let filter: DLQFilter
+    private var partitions: [Int32: Partition]
+    /// Records read so far (shared with the progress display).
+    let scanned = ScanCount()
+
+    private init(topic: String, consumer: KafkaConsumer, filter: DLQFilter, partitions: [Int32: Partition],
+                 startedAt: Date) {
+        self.topic = topic
+        self.consumer = consumer
+        self.filter = filter
+        self.partitions = partitions
+        self.startedAt = startedAt
+        expected = partitions.values.reduce(0) { $0 + ($1.finished ? 0 : max(0, $1.end - $1.next)) }
+    }
+
+    /// Connects, finds where each partition starts (`filter.since`) and ends, and assigns the partitions to read.
+    static func open(_ connections: Connections, filter: DLQFilter) async throws -> DLQReader {
+        let startedAt = Date()
+        var kafka = connections.kafka
+        // The fetch queue is what a reader holds in memory: keep it well below librdkafka's 64 MiB default.
+        kafka.properties["queued.max.messages.kbytes"] = "32768"
+        let consumer = try KafkaConsumer(configuration: KafkaConsumerConfiguration(kafka: kafka, groupID: nil),
+                                         logger: connections.logger)
+        let topic = connections.dlqTopic
+        do {
+            _ = try await consumer.partitionCount(topic: topic)
+            let ends = try await consumer.offsets(forTimestamp: endOfLog, topic: topic)
+            let firsts = try await consumer.offsets(forTimestamp: startOfLog, topic: topic)
+            var starts = firsts
+            if let since = filter.since { starts = try await consumer.offsets(forTimestamp: since, topic: topic) }
+            var partitions: [Int32: Partition] = [:]
+            for end in ends {
+                let first = firsts.first { $0.partition == end.partition }?.offset ?? 0
+                let start = starts.first { $0.partition == end.partition }?.offset ?? KafkaTopicPartitionOffset.end
+                // `.end` from offsets-for-times: no record at or after --since in this partition.
+                let empty = start == KafkaTopicPartitionOffset.end || end.offset <= first
+                partitions[end.partition] = Partition(next: max(start, first), end: end.offset, finished: empty)
+            }
+            let assigned = partitions.filter { !$0.value.finished }.map {
+                KafkaTopicPartitionOffset(topic: topic, partition: $0.key, offset: $0.value.next)
+            }
+            if !assigned.isEmpty { try await consumer.assign(assigned) }
+            return DLQReader(topic: topic, consumer: consumer, filter: filter, partitions: partitions, startedAt: startedAt)
+        } catch {
+            try? await consumer.close()
+            throw connections.explain(error, topic: topic)
+        }
+    }
+
+    /// Calls `body` with each batch of records in the time window (other filters are the caller's), until the
+    /// snapshot is read or `body` returns false.
+    func read(_ body: ([DLQEntry]) async throws -> Bool) async throws {
+        var lastRecordAt = ContinuousClock.now
+        var atEndsSince: ContinuousClock.Instant?
+        while partitions.values.contains(where: { !$0.finished }) {
+            let atEnds = partitions.values.allSatisfy { $0.finished || $0.next >= $0.end }
+            if atEnds, atEndsSince == nil { atEndsSince = .now }
+            // Past the ends, wait only briefly for records the broker's end offset left out; records keep
+            // coming on a busy topic, so this is a deadline, not an idle timeout.
+            if let atEndsSince, ContinuousClock.now - atEndsSince > Self.settle { break }
+            let records = try await consumer.poll(maxRecords: 2000, timeout: atEnds ? Self.settle : .milliseconds(500))
+            if records.isEmpty {
+                if atEnds { break }
+                if ContinuousClock.now - lastRecordAt > Self.stall {
+                    warnAboutShortPartitions()
+                    break
+                }
+                continue
+            }
+            lastRecordAt = .now
+            var kept: [KafkaRecord] = []
+            kept.reserveCapacity(records.count)
+            for record in records {
+                guard var partition = partitions[record.partition], !partition.finished else { continue }
+                if record.offset >= partition.end, let stamp = record.timestamp, stamp > startedAt {
+                    partition.finished = true // written after this run began: the next run's business
+                    partitions[record.partition] = partition
+                    continue
+                }
+                partition.next = max(partition.next, record.offset + 1)
+                partitions[record.partition] = partition
+                scanned.value.add(1, ordering: .relaxed)
+                kept.append(record)
+            }
+            let filter = self.filter
+            let entries = parallelMap(kept) { Self.entry($0, filter: filter) }.compactMap { $0 }
+            if !entries.isEmpty, try await !body(entries) { return }
+        }
+    }
+
+    func close() async {
+        try? await consumer.close()
+    }
+
+    /// Decodes a record, skipping the work for records outside `--since`/`--until` by their timestamp.
+    private static func entry(_ record: KafkaRecord, filter: DLQFilter) -> DLQEntry? {
+        if let stamp = record.timestamp {
+            if let since = filter.since, stamp < since { return nil }
+            if let until = filter.until, stamp >= until { return nil }
+        }
+        let letter = DeadLetterView.decode(record.value)
+        return DLQEntry(partition: record.partition, offset: record.offset,
+                        time: record.timestamp ?? letter.flatMap { Timestamp.parse($0.deadLetteredAt) }, letter: letter,
+                        record: record.value)
+    }
+
+    /// A partition one offset short is normal (a transaction marker at the end); more means the broker stopped
+    /// answering mid-scan, which the operator must hear about.
+    private func warnAboutShortPartitions() {
+        for (number, partition) in partitions.sorted(by: { $0.key < $1.key })
+        where !partition.finished && partition.end - partition.next > 1 {
+            FileHandle.standardError.write(Data("heraldctl: warning: \(topic)[\(number)] sent nothing for \(Self.stall); read up to offset \(partition.next) of \(partition.end)\n".utf8))
+        }
+    }
+}

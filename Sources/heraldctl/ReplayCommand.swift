@@ -1,0 +1,470 @@
+import Dispatch
+import Foundation
+import HeraldCore
+import HeraldCrypto
+import HeraldKafka
+import HeraldRedis
+import HeraldRuntime
+import HeraldStore
+import Synchronization
+
+/// `heraldctl replay`: re-publishes matching dead letters to the jobs topic as device jobs, each at most once per
+/// replay name.
+enum ReplayCommand {
+    static let usage = """
+        heraldctl replay — send failed deliveries again: re-publish matching dead letters (HERALD_TOPIC_DLQ) to
+        HERALD_TOPIC_JOBS as device jobs, each marked "replayOf" with the original job id and dead-letter offset.
+
+        Usage:
+          heraldctl replay [FILTERS] [--name NAME] [--dry-run] [--limit N] [--rate JOBS_PER_S] [--include-removed] [--json]
+
+        Filters: the same as `heraldctl dlq list` (see heraldctl dlq --help): --app, --since, --until, --status,
+        --reason, --push-type, --channel, --post. Check what they select with `dlq list` or --dry-run first.
+
+        Options:
+          --name NAME         the replay's name (letters, digits, . _ -; at most 64). Default: derived from the
+                              filters as written, so the same command line is the same replay. Printed at the end.
+          --dry-run           send nothing; list the jobs that would be sent (nothing is recorded either)
+          --limit N           re-publish at most N jobs in this run; run again to continue
+          --rate R            at most R jobs per second (default: as fast as Kafka acknowledges)
+          --include-removed   also send to tokens that no longer have any subscription or Live Activity
+                              registration in Redis (skipped by default: the device was unregistered since)
+          --json              print the summary as one JSON object (with --dry-run, preceded by the jobs)
+
+        Safe to run twice: each re-published dead letter is recorded in Redis (set herald:replay:{NAME}:sent of
+        "partition:offset", kept 30 days) right after Kafka acknowledged its job, and a run skips what its name
+        already sent. Ctrl-C or SIGTERM stops after the jobs in flight are acknowledged and recorded, so a rerun
+        sends exactly the rest. A replay killed outright (SIGKILL, power loss) can send again only the few jobs
+        that were acknowledged but not yet recorded at that moment. The job id of a replayed job is
+        replay-NAME-PARTITION-OFFSET. Do not run the same replay from two places at once.
+
+        The topic is read from --since (offsets-for-times) or the beginning up to where it ended when the replay
+        started; records are handled in batches, never the whole topic in memory. Progress goes to stderr: a bar
+        with counts and ETA on a terminal, a plain line every 2 s otherwise.
+
+        Exit codes:
+          0  every matching dead letter is re-published (now or by an earlier run of this replay)
+          1  failed: Kafka or Redis unreachable, or some jobs were not acknowledged (run again to retry them)
+          2  bad usage or filter
+          3  done, but some matching dead letters were skipped (token removed, not replayable); the summary says why
+          4  stopped before the end (--limit reached, or interrupted); run the same command again to continue
+
+        Examples:
+          heraldctl replay --app shop --since 2h --reason ServiceUnavailable --dry-run
+          heraldctl replay --app shop --since 2h --reason ServiceUnavailable --rate 500
+          heraldctl replay --name incident-42 --since 2024-05-01T08:00:00Z --until 2024-05-01T09:30:00Z --json
+          heraldctl replay --channel order-1234 --include-removed --limit 100
+
+        Environment: HERALD_KAFKA_BROKERS [127.0.0.1:9092], HERALD_REDIS_URL [redis://127.0.0.1:6379/0],
+        HERALD_TOPIC_JOBS [herald.jobs], HERALD_TOPIC_DLQ [herald.dlq].
+        """
+
+    enum Exit: Int32 {
+        case done = 0, failed = 1, skipped = 3, incomplete = 4
+    }
+
+    /// Why a run stopped before reading everything.
+    enum Stop: String {
+        case limit, interrupted, error
+    }
+
+    /// At most this many jobs wait for their acknowledgement at once (flat memory, bounded resend on a crash).
+    static let maxInFlight = 5_000
+
+    static func run(_ flags: Flags) async throws -> Int32 {
+        let filter = try DLQFilter(flags)
+        let name = try replayName(flags, filter: filter)
+        let limit = try flags.int("limit", default: 0, range: 0...Int.max)
+        let rate = try flags["rate"].map { raw -> Double in
+            guard let value = Double(raw), value > 0, value.isFinite else {
+                throw ConfigurationError("--rate", "expected jobs per second above 0, got \"\(raw)\"")
+            }
+            return value
+        }
+        let options = Options(name: name, limit: limit, rate: rate, dryRun: flags.has("dry-run"),
+                              includeRemoved: flags.has("include-removed"), json: flags.has("json"))
+        let connections = Connections()
+        let redis = try connections.redis()
+        do {
+            let code = try await run(options, filter: filter, connections: connections, redis: redis)
+            await redis.close()
+            return code
+        } catch {
+            await redis.close()
+            throw error
+        }
+    }
+
+    private static func run(_ options: Options, filter: DLQFilter, connections: Connections,
+                            redis: RedisClient) async throws -> Int32 {
+        do {
+            _ = try await redis.command(["PING"])
+        } catch {
+            throw connections.explain(error)
+        }
+        var producer: KafkaProducer?
+        if !options.dryRun {
+            let created = try KafkaProducer(configuration: KafkaProducerConfiguration(
+                kafka: connections.kafka, messageTimeout: .seconds(30), linger: .milliseconds(5)), logger: connections.logger)
+            do {
+                _ = try await created.partitionCount(topic: connections.jobsTopic)
+            } catch {
+                await created.close()
+                throw connections.explain(error, topic: connections.jobsTopic)
+            }
+            producer = created
+        }
+        let reader: DLQReader
+        do {
+            reader = try await DLQReader.open(connections, filter: filter)
+        } catch {
+            await producer?.close()
+            throw error
+        }
+        let replay = Replay(options: options, filter: filter, connections: connections, redis: redis,
+                            producer: producer, reader: reader)
+        let summary = await replay.run()
+        await reader.close()
+        await producer?.close()
+        return summary.print(options: options, connections: connections, output: replay.output)
+    }
+
+    /// `--name`, or a name derived from the DLQ topic and the filters exactly as written.
+    static func replayName(_ flags: Flags, filter: DLQFilter) throws -> String {
+        if let name = flags["name"] {
+            let allowed = name.utf8.allSatisfy {
+                (0x30...0x39).contains($0) || (0x41...0x5a).contains($0) || (0x61...0x7a).contains($0) || [0x2e, 0x5f, 0x2d].contains($0)
+            }
+            guard (1...64).contains(name.utf8.count), allowed else {
+                throw ConfigurationError("--name", "1–64 letters, digits, '.', '_' or '-'")
+            }
+            return name
+        }
+        let topic = Connections().dlqTopic
+        return "auto-" + Hex.encode(SHA256.hash("\(topic)\n\(filter.canonical)").prefix(6))
+    }
+
+    /// A replayed job's id: the same dead letter replayed by the same replay always gets the same id.
+    static func jobID(name: String, entry: DLQEntry) -> String { "replay-\(name)-\(entry.partition)-\(entry.offset)" }
+
+    struct Options {
+        var name: String
+        var limit: Int
+        var rate: Double?
+        var dryRun: Bool
+        var includeRemoved: Bool
+        var json: Bool
+    }
+}
+
+/// One replay run: reads, selects, checks Redis, sends, records.
+final class Replay {
+    let options: ReplayCommand.Options
+    let filter: DLQFilter
+    let connections: Connections
+    let redis: RedisClient
+    let producer: KafkaProducer?
+    let reader: DLQReader
+    let ledger: ReplayLedger
+    let counters = ReplayCounters()
+    let output = Output()
+    private var stopRequested: StopRequest?
+    private var summary = ReplaySummary()
+    private var nextSendAt = ContinuousClock.now
+    private var listed = 0
+
+    init(options: ReplayCommand.Options, filter: DLQFilter, connections: Connections, redis: RedisClient,
+         producer: KafkaProducer?, reader: DLQReader) {
+        (self.options, self.filter, self.connections, self.redis, self.producer, self.reader) =
+            (options, filter, connections, redis, producer, reader)
+        ledger = ReplayLedger(name: options.name, redis: redis)
+        summary.name = options.name
+    }
+
+    func run() async -> ReplaySummary {
+        let started = ContinuousClock.now
+        let ledger = self.ledger
+        let recorder = Task { () -> (any Error)? in
+            do {
+                try await ledger.run()
+                return nil
+            } catch {
+                return error
+            }
+        }
+        stopRequested = StopRequest()
+        let progress = ProgressDisplay()
+        progress.start(name: options.name, reader: reader, counters: counters)
+        if options.dryRun, options.json { output.write("{\"jobs\":[") }
+        do {
+            try await reader.read { entries in try await self.handle(entries) }
+        } catch {
+            summary.stop = .error
+            summary.error = connections.explain(error, topic: connections.dlqTopic).description
+        }
+        await ledger.waitForInFlight(below: 0)
+        ledger.finish()
+        if let error = await recorder.value {
+            summary.stop = .error
+            summary.error = "re-published jobs could not be recorded in Redis (\(connections.explain(error))); "
+                + "a rerun of this replay may send them again"
+        }
+        await progress.stop()
+        if options.dryRun, options.json { output.write(listed == 0 ? "]," : "\n],") }
+        let outcome = ledger.outcome
+        summary.republished = options.dryRun ? counters.sent.load(ordering: .relaxed) : outcome.acknowledged
+        summary.failures = outcome.failures
+        summary.scanned = reader.scanned.current
+        summary.elapsed = ContinuousClock.now - started
+        return summary
+    }
+
+    /// Handles one batch; false stops the scan.
+    private func handle(_ entries: [DLQEntry]) async throws -> Bool {
+        if stopRequested?.isSet == true {
+            summary.stop = .interrupted
+            return false
+        }
+        var candidates: [(entry: DLQEntry, letter: DeadLetterView, member: String)] = []
+        for entry in entries {
+            guard let letter = entry.letter else {
+                summary.unreadable += 1
+                continue
+            }
+            guard filter.matches(letter, at: entry.time) else { continue }
+            summary.matched += 1
+            summary.byReason[letter.reason, default: 0] += 1
+            counters.matched.add(1, ordering: .relaxed)
+            guard letter.deviceToken != nil, letter.payload != nil else {
+                skip("not_replayable")
+                continue
+            }
+            candidates.append((entry, letter, ReplayLedger.member(partition: entry.partition, offset: entry.offset)))
+        }
+        guard !candidates.isEmpty else { return true }
+        let already = try await ledger.alreadySent(candidates.map(\.member))
+        let live = options.includeRemoved ? nil : try await registeredTokens(candidates.map(\.letter))
+        var toSend: [(entry: DLQEntry, letter: DeadLetterView, member: String)] = []
+        for candidate in candidates {
+            if already.contains(candidate.member) {
+                summary.alreadyRepublished += 1
+                counters.already.add(1, ordering: .relaxed)
+            } else if let live, !live.contains(TokenKey(app: candidate.letter.appId, token: candidate.letter.deviceToken ?? "")) {
+                skip("token_removed")
+            } else {
+                toSend.append(candidate)
+            }
+        }
+        let now = Date(), name = options.name
+        let jobs = parallelMap(toSend) { candidate -> Result<(key: String, bytes: [UInt8])?, ValidationError> in
+            let (entry, letter, _) = candidate
+            return Result { () throws(ValidationError) in
+                try letter.replayJob(record: entry.record, partition: entry.partition, offset: entry.offset,
+                                     id: ReplayCommand.jobID(name: name, entry: entry), now: now)
+            }
+        }
+        for ((entry, letter, member), built) in zip(toSend, jobs) {
+            guard case .success(let job?) = built else {
+                if case .failure = built { skip("invalid_job") } else { skip("not_replayable") }
+                continue
+            }
+            if options.limit > 0, counters.sent.load(ordering: .relaxed) >= options.limit {
+                summary.stop = .limit
+                return false
+            }
+            if stopRequested?.isSet == true {
+                summary.stop = .interrupted
+                return false
+            }
+            await pace()
+            if let producer {
+                send(job.bytes, key: job.key, member: member, producer: producer)
+                await ledger.waitForInFlight(below: ReplayCommand.maxInFlight)
+            } else {
+                list(id: ReplayCommand.jobID(name: name, entry: entry), entry: entry, letter: letter)
+            }
+            counters.sent.add(1, ordering: .relaxed)
+        }
+        return true
+    }
+
+    private func skip(_ reason: String) {
+        summary.skipped[reason, default: 0] += 1
+        counters.skipped.add(1, ordering: .relaxed)
+    }
+
+    private func send(_ job: [UInt8], key: String, member: String, producer: KafkaProducer) {
+        let ledger = self.ledger
+        ledger.sending()
+        do {
+            try producer.send(topic: connections.jobsTopic, key: Array(key.utf8), value: job) { result in
+                ledger.delivered(member, result)
+            }
+        } catch {
+            ledger.notSent(error)
+        }
+    }
+
+    /// A dry run's line for one job (the token shortened: it is a credential).
+    private func list(id: String, entry: DLQEntry, letter: DeadLetterView) {
+        let original = letter.jobId ?? letter.job?.id ?? "unknown"
+        if options.json {
+            let line: JSONValue = .object([
+                "id": .string(id), "appId": .string(letter.appId), "token": .string(maskedToken(letter.deviceToken)),
+                "dlqPartition": .number(Double(entry.partition)), "dlqOffset": .number(Double(entry.offset)),
+                "replayOf": .string(original), "reason": .string(letter.reason),
+            ])
+            output.write((listed == 0 ? "\n" : ",\n") + String(decoding: line.encoded(), as: UTF8.self))
+        } else {
+            output.write("would send \(id)  app \(letter.appId)  token \(maskedToken(letter.deviceToken))  "
+                         + "replayOf \(original)  (\(letter.reason))\n")
+        }
+        listed += 1
+    }
+
+    /// Waits for the next slot under `--rate`.
+    private func pace() async {
+        guard let rate = options.rate else { return }
+        let now = ContinuousClock.now
+        if nextSendAt > now { try? await Task.sleep(until: nextSendAt) }
+        nextSendAt = max(nextSendAt, now) + .nanoseconds(Int64(1e9 / rate))
+    }
+
+    /// Which of these letters' (app, token) pairs still have a subscription or a live Live Activity registration.
+    private func registeredTokens(_ letters: [DeadLetterView]) async throws -> Set<TokenKey> {
+        let keys = Array(Set(letters.compactMap { letter in letter.deviceToken.map { TokenKey(app: letter.appId, token: $0) } }))
+        let now = String(Int64(Date().timeIntervalSince1970 * 1000))
+        var commands: [[String]] = []
+        for key in keys {
+            let redisKeys = RedisKeys(app: key.app)
+            commands.append(["SCARD", redisKeys.device(key.token)])
+            // The token index is scored by expiry: only registrations that have not expired count.
+            commands.append(["ZCOUNT", redisKeys.activityToken(key.token), "(" + now, "+inf"])
+        }
+        let replies = try await redis.pipeline(commands)
+        var live: Set<TokenKey> = []
+        for (index, key) in keys.enumerated() where (replies[2 * index].int ?? 0) + (replies[2 * index + 1].int ?? 0) > 0 {
+            live.insert(key)
+        }
+        return live
+    }
+}
+
+struct TokenKey: Hashable {
+    var app: String
+    var token: String
+}
+
+/// SIGINT / SIGTERM ask a replay to stop after what is in flight; a second one exits at once.
+// The dispatch sources are created and resumed in init and never touched again; the flag is atomic.
+final class StopRequest: @unchecked Sendable {
+    private let flag = Atomic(false)
+    private var sources: [any DispatchSourceSignal] = []
+
+    init() {
+        for number in [SIGINT, SIGTERM] {
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { [self] in requested(number) }
+            source.resume()
+            sources.append(source)
+        }
+    }
+
+    var isSet: Bool { flag.load(ordering: .relaxed) }
+
+    private func requested(_ number: Int32) {
+        if flag.exchange(true, ordering: .relaxed) { exit(128 + number) }
+        FileHandle.standardError.write(Data("heraldctl: stopping after the jobs in flight are acknowledged and recorded (again to quit now)\n".utf8))
+    }
+}
+
+/// What a replay did, for the summary and the exit status.
+struct ReplaySummary {
+    var name = ""
+    var scanned = 0
+    var matched = 0
+    var unreadable = 0
+    var republished = 0
+    var alreadyRepublished = 0
+    var skipped: [String: Int] = [:]
+    var byReason: [String: Int] = [:]
+    var failures: [String: Int] = [:]
+    var stop: ReplayCommand.Stop?
+    var error: String?
+    var elapsed: Duration = .zero
+
+    var failed: Int { failures.values.reduce(0, +) }
+
+    var exit: ReplayCommand.Exit {
+        if stop == .error || failed > 0 { return .failed }
+        if stop != nil { return .incomplete }
+        if !skipped.isEmpty { return .skipped }
+        return .done
+    }
+
+    static let skipExplanations = [
+        "token_removed": "the token has no subscription or registration left (unregistered since); --include-removed sends anyway",
+        "not_replayable": "no device or payload to send again (e.g. invalid_job)",
+        "invalid_job": "the replayed job would not pass validation (e.g. payload too large)",
+    ]
+
+    /// Prints the summary (stdout) and the reason for a failure (stderr); returns the exit status.
+    func print(options: ReplayCommand.Options, connections: Connections, output: Output) -> Int32 {
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        if options.json {
+            func object(_ counts: [String: Int]) -> JSONValue { .object(counts.mapValues { .number(Double($0)) }) }
+            let document: JSONValue = .object([
+                "replay": .string(name), "dryRun": .bool(options.dryRun),
+                "dlqTopic": .string(connections.dlqTopic), "jobsTopic": .string(connections.jobsTopic),
+                "scanned": .number(Double(scanned)), "matched": .number(Double(matched)),
+                "unreadable": .number(Double(unreadable)),
+                (options.dryRun ? "wouldRepublish" : "republished"): .number(Double(republished)),
+                "alreadyRepublished": .number(Double(alreadyRepublished)),
+                "skipped": object(skipped), "byReason": object(byReason),
+                "failed": .number(Double(failed)), "failures": object(failures),
+                "stopped": stop.map { .string($0.rawValue) } ?? .null,
+                "error": error.map { .string($0) } ?? .null,
+                "seconds": .number((seconds * 1000).rounded() / 1000),
+                "exitCode": .number(Double(exit.rawValue)),
+            ])
+            let text = String(decoding: document.encoded(), as: UTF8.self)
+            // A dry run's JSON already opened the object with its jobs.
+            output.write(options.dryRun ? String(text.dropFirst()) + "\n" : text + "\n")
+        } else {
+            var lines = ["replay \(name) of \(connections.dlqTopic) → \(connections.jobsTopic)"
+                         + (options.dryRun ? " (dry run: nothing sent)" : "")]
+            func add(_ label: String, _ value: Int, _ note: String = "") {
+                lines.append("  " + label.padding(24) + String(value).leftPadded(8) + (note.isEmpty ? "" : "  " + note))
+            }
+            add("dead letters read", scanned)
+            add("matching", matched)
+            add(options.dryRun ? "would re-publish" : "re-published", republished)
+            add("already re-published", alreadyRepublished, "by an earlier run of this replay")
+            for (reason, count) in skipped.sorted(by: { $0.key < $1.key }) {
+                add("skipped: \(reason)", count, Self.skipExplanations[reason] ?? "")
+            }
+            if failed > 0 {
+                add("not acknowledged", failed, failures.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }
+                        .joined(separator: ", ") + "; run the same replay again to retry them")
+            }
+            if unreadable > 0 { add("unreadable records", unreadable, "not dead letters this version understands") }
+            switch stop {
+            case .limit: lines.append("stopped at --limit \(options.limit); run the same command again to continue")
+            case .interrupted: lines.append("interrupted; run the same command again to continue")
+            case .error, nil: break
+            }
+            lines.append(String(format: "%.1f s", seconds))
+            output.write(lines.joined(separator: "\n") + "\n")
+        }
+        output.flush()
+        if let error { FileHandle.standardError.write(Data("heraldctl: \(error)\n".utf8)) }
+        return exit.rawValue
+    }
+}
+
+extension String {
+    func leftPadded(_ width: Int) -> String {
+        count >= width ? self : String(repeating: " ", count: width - count) + self
+    }
+}

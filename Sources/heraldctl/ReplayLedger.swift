@@ -1,0 +1,150 @@
+import Foundation
+import HeraldKafka
+import HeraldRedis
+import Synchronization
+
+/// What a replay has re-published, kept in Redis so that running the same replay again (or resuming one that
+/// was stopped) sends nothing twice: a set `herald:replay:{<name>}:sent` of `<partition>:<offset>` members of
+/// the dead-letter topic.
+///
+/// A member is added as soon as the broker acknowledged its job: the producer's delivery callback hands it to
+/// `run()`, which adds whatever has accumulated in one `SADD` per round trip. So a replay killed outright can
+/// send again at most the jobs acknowledged but not yet recorded (a few milliseconds' worth); one stopped with
+/// SIGINT/SIGTERM waits for its acknowledgements and records them all.
+final class ReplayLedger: Sendable {
+    /// Kept 30 days after the replay's last write; a replay run again later than that starts afresh.
+    static let retention = 30 * 86_400
+
+    let key: String
+    private let redis: RedisClient
+    private let state = Mutex(State())
+
+    private struct State {
+        var acknowledged: [String] = []
+        var inFlight = 0
+        var acknowledgedCount = 0
+        var recorded = 0
+        var failures: [String: Int] = [:]
+        var finished = false
+        var recorder: CheckedContinuation<Void, Never>?
+        var sender: (below: Int, continuation: CheckedContinuation<Void, Never>)?
+    }
+
+    init(name: String, redis: RedisClient) {
+        key = "herald:replay:{\(name)}:sent"
+        self.redis = redis
+    }
+
+    static func member(partition: Int32, offset: Int64) -> String { "\(partition):\(offset)" }
+
+    /// Which of `members` earlier runs of this replay have re-published.
+    func alreadySent(_ members: [String]) async throws -> Set<String> {
+        guard !members.isEmpty else { return [] }
+        let reply = try await redis.command(["SMISMEMBER", key] + members)
+        guard let flags = reply.array, flags.count == members.count else {
+            throw OperatorError("Redis: unexpected answer to SMISMEMBER \(key)")
+        }
+        return Set(zip(members, flags).compactMap { $1.int == 1 ? $0 : nil })
+    }
+
+    /// Call before handing a job to the producer.
+    func sending() {
+        state.withLock { $0.inFlight += 1 }
+    }
+
+    /// The producer's delivery callback (on its thread): must not block.
+    func delivered(_ member: String, _ result: Result<KafkaDeliveryReport, KafkaError>) {
+        let wake = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.inFlight -= 1
+            switch result {
+            case .success:
+                state.acknowledged.append(member)
+                state.acknowledgedCount += 1
+            case .failure(let error): state.failures[error.code.name, default: 0] += 1
+            }
+            return takeWaiters(&state)
+        }
+        for continuation in wake { continuation.resume() }
+    }
+
+    /// The producer refused the job outright (nothing was queued).
+    func notSent(_ error: KafkaError) {
+        let wake = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.inFlight -= 1
+            state.failures[error.code.name, default: 0] += 1
+            return takeWaiters(&state)
+        }
+        for continuation in wake { continuation.resume() }
+    }
+
+    /// Waits until fewer than `limit` jobs await their acknowledgement (0: until all are settled).
+    func waitForInFlight(below limit: Int) async {
+        await withCheckedContinuation { continuation in
+            let ready = state.withLock { state -> Bool in
+                if state.inFlight < max(limit, 1) { return true }
+                state.sender = (max(limit, 1), continuation)
+                return false
+            }
+            if ready { continuation.resume() }
+        }
+    }
+
+    /// No more jobs will be sent: `run()` returns once it has recorded every acknowledgement.
+    func finish() {
+        let wake = state.withLock { state -> CheckedContinuation<Void, Never>? in
+            state.finished = true
+            defer { state.recorder = nil }
+            return state.recorder
+        }
+        wake?.resume()
+    }
+
+    /// Records acknowledged jobs in Redis until `finish()`; throws when Redis refuses (the caller stops sending).
+    func run() async throws {
+        while let members = await next() {
+            for start in stride(from: 0, to: members.count, by: 1000) {
+                let chunk = Array(members[start..<min(start + 1000, members.count)])
+                _ = try await redis.pipeline([["SADD", key] + chunk, ["EXPIRE", key, String(Self.retention)]])
+            }
+            state.withLock { $0.recorded += members.count }
+        }
+    }
+
+    /// Jobs the broker acknowledged, those recorded in Redis, and failures by Kafka error name.
+    var outcome: (acknowledged: Int, recorded: Int, failures: [String: Int]) {
+        state.withLock { ($0.acknowledgedCount, $0.recorded, $0.failures) }
+    }
+
+    /// Everything acknowledged so far, waiting for at least one; nil once finished and drained.
+    private func next() async -> [String]? {
+        while true {
+            let taken = state.withLock { state -> (members: [String], finished: Bool) in
+                defer { state.acknowledged.removeAll(keepingCapacity: true) }
+                return (state.acknowledged, state.finished)
+            }
+            if !taken.members.isEmpty { return taken.members }
+            if taken.finished { return nil }
+            await withCheckedContinuation { continuation in
+                let ready = state.withLock { state -> Bool in
+                    if !state.acknowledged.isEmpty || state.finished { return true }
+                    state.recorder = continuation
+                    return false
+                }
+                if ready { continuation.resume() }
+            }
+        }
+    }
+
+    private func takeWaiters(_ state: inout State) -> [CheckedContinuation<Void, Never>] {
+        var wake: [CheckedContinuation<Void, Never>] = []
+        if !state.acknowledged.isEmpty, let recorder = state.recorder {
+            wake.append(recorder)
+            state.recorder = nil
+        }
+        if let sender = state.sender, state.inFlight < sender.below {
+            wake.append(sender.continuation)
+            state.sender = nil
+        }
+        return wake
+    }
+}
