@@ -57,7 +57,7 @@ let package = Package(
                                                      "HeraldCrypto", "HeraldRuntime"],
                 swiftSettings: rdkafkaSwift),
         // herald-dispatcher: jobs → APNs.
-        .target(name: "HeraldDispatcher", dependencies: ["HeraldCore", "HeraldStore", "HeraldRedis", "HeraldKafka", "HeraldAPNs",
+        .target(name: "HeraldDispatcher", dependencies: ["HeraldCore", "HeraldStore", "HeraldRedis", "HeraldKafka", "HeraldAPNs", "HeraldCrypto",
                                                          "HeraldHTTP", "HeraldRuntime"],
                 swiftSettings: rdkafkaSwift),
 
@@ -95,7 +95,10 @@ let package = Package(
         .testTarget(name: "HeraldIngestTests", dependencies: ["HeraldIngest", "HeraldTestSupport", "HeraldKafka",
                                                      "HeraldRedis", "HeraldStore"],
                     swiftSettings: rdkafkaSwift),
-        .testTarget(name: "HeraldDispatcherTests", dependencies: ["HeraldDispatcher"], swiftSettings: rdkafkaSwift),
+        .testTarget(name: "HeraldDispatcherTests", dependencies: ["HeraldDispatcher", "HeraldTestSupport", "HeraldAPNsSimulator",
+                                                         "HeraldStore", "HeraldKafka", "HeraldRedis", "HeraldAPNs",
+                                                         "HeraldCore", "HeraldCrypto", "HeraldRuntime"],
+                    swiftSettings: rdkafkaSwift),
     ],
     swiftLanguageModes: [.v6]
 )
