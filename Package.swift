@@ -57,8 +57,8 @@ let package = Package(
                                                      "HeraldCrypto", "HeraldRuntime"],
                 swiftSettings: rdkafkaSwift),
         // herald-dispatcher: jobs → APNs.
-        .target(name: "HeraldDispatcher", dependencies: ["HeraldCore", "HeraldStore", "HeraldRedis", "HeraldKafka", "HeraldAPNs", "HeraldCrypto",
-                                                         "HeraldHTTP", "HeraldRuntime"],
+        .target(name: "HeraldDispatcher", dependencies: ["HeraldCore", "HeraldStore", "HeraldRedis", "HeraldKafka", "HeraldAPNs",
+                                                         "HeraldCrypto", "HeraldHTTP", "HeraldRuntime"],
                 swiftSettings: rdkafkaSwift),
 
         .executableTarget(name: "herald-ingest", dependencies: ["HeraldIngest", "HeraldCore", "HeraldKafka", "HeraldRedis",
@@ -77,6 +77,10 @@ let package = Package(
                           swiftSettings: rdkafkaSwift),
         // APNs client throughput against nghttpd, compared with h2load (scripts/bench-apns).
         .executableTarget(name: "herald-bench-apns", dependencies: ["HeraldAPNs", "HeraldCrypto", "HeraldRuntime"]),
+        // Seeds channels and produces jobs for scripts/bench-dispatcher (fan-out rate and end-to-end latency).
+        .executableTarget(name: "herald-bench-dispatcher", dependencies: ["HeraldCore", "HeraldStore", "HeraldRedis",
+                                                                          "HeraldKafka", "HeraldRuntime"],
+                          swiftSettings: rdkafkaSwift),
 
         // Helpers shared by the test targets: a raw HTTP/1.1 client, apps files with fresh keys, schema checks.
         .target(name: "HeraldTestSupport", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldRuntime"]),

@@ -10,6 +10,19 @@ enum TokenLabel {
     static func of(_ token: String) -> String { String(SHA256.hex(token).prefix(12)) }
 }
 
+/// Exponential backoff with jitter between attempts of one push.
+struct RetryBackoff: Sendable {
+    var initial: Duration
+    var maximum: Duration
+
+    /// Uniformly between half and all of `initial × 2^(attempt-1)`, capped at `maximum`: retries of many tokens
+    /// that failed together spread out instead of hitting APNs again at the same instant.
+    func delay(attempt: Int) -> Duration {
+        let ceiling = min(maximum, initial * (1 << min(max(attempt - 1, 0), 30)))
+        return ceiling * Double.random(in: 0.5...1.0)
+    }
+}
+
 /// What a job's pushes share: the plan and where the job came from (for dead letters).
 struct JobContext: Sendable {
     let plan: JobPlan
@@ -28,8 +41,7 @@ struct Deliverer: Sendable {
     let deadLetters: DeadLetterWriter
     let limit: ConcurrencyLimit
     let maxAttempts: Int
-    let initialDelay: Duration
-    let maximumDelay: Duration
+    let backoff: RetryBackoff
     let infrastructureRetryDelay: Duration
     let metrics: DispatcherMetrics
     let logger: Logger
@@ -75,7 +87,13 @@ struct Deliverer: Sendable {
             let retryable: Bool
             switch outcome {
             case .answered(let response):
-                count(push, status: String(response.status), reason: response.reason?.description ?? "")
+                if response.status == 200, push.pushType == .alert {
+                    metrics.deliveredAlert.increment()
+                } else if response.status == 200, push.pushType == .liveactivity {
+                    metrics.deliveredLiveActivity.increment()
+                } else {
+                    count(push, status: String(response.status), reason: response.reason?.description ?? "")
+                }
                 switch response.disposition {
                 case .delivered:
                     if let created = context.plan.createdAt { metrics.endToEnd.observe(last.timeIntervalSince(created)) }
@@ -99,7 +117,7 @@ struct Deliverer: Sendable {
             }
             if retryable, attempt < maxAttempts {
                 metrics.retries.labels(failure.apnsReason ?? failure.error ?? "").increment()
-                do { try await Task.sleep(for: backoff(attempt: attempt)) } catch { return false }
+                do { try await Task.sleep(for: backoff.delay(attempt: attempt)) } catch { return false }
                 continue
             }
             return await deadLetters.write(letter(push, context: context, failure: failure,
@@ -110,13 +128,6 @@ struct Deliverer: Sendable {
     private enum Outcome {
         case answered(APNsResponse)
         case failed(APNsError)
-    }
-
-    /// Full jitter over the upper half: uniformly between half and all of `initial × 2^(attempt-1)`, capped.
-    func backoff(attempt: Int) -> Duration {
-        let exponent = min(attempt - 1, 30)
-        let ceiling = min(maximumDelay, initialDelay * (1 << exponent))
-        return ceiling * Double.random(in: 0.5...1.0)
     }
 
     private func count(_ push: Push, status: String, reason: String) {

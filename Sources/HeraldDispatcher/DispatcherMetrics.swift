@@ -7,6 +7,9 @@ struct DispatcherMetrics: Sendable {
     let jobsInvalid: Counter
     let jobsCompleted: Counter
     let pushes: CounterFamily
+    /// `pushes{push_type="alert"|"liveactivity", status="200"}`, looked up once: the per-push hot path.
+    let deliveredAlert: Counter
+    let deliveredLiveActivity: Counter
     let retries: CounterFamily
     let deadLetters: CounterFamily
     let tokensRemoved: CounterFamily
@@ -33,6 +36,8 @@ struct DispatcherMetrics: Sendable {
         pushes = registry.counter("herald_dispatcher_pushes_total",
                                   help: "Push attempts by push type, APNs status (or local error) and reason",
                                   labels: ["push_type", "status", "reason"])
+        deliveredAlert = pushes.labels("alert", "200", "")
+        deliveredLiveActivity = pushes.labels("liveactivity", "200", "")
         retries = registry.counter("herald_dispatcher_retries_total",
                                    help: "Push attempts scheduled again after a retryable failure", labels: ["reason"])
         deadLetters = registry.counter("herald_dispatcher_dead_letters_total",

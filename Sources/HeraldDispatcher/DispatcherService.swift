@@ -30,8 +30,8 @@ public final class DispatcherService: Service {
                                            logger: logger)
         let deliverer = Deliverer(apns: apns, subscriptions: subscriptions, activities: activities,
                                   deadLetters: deadLetters, limit: limit, maxAttempts: max(1, configuration.maxAttempts),
-                                  initialDelay: configuration.retryInitialDelay,
-                                  maximumDelay: configuration.retryMaximumDelay,
+                                  backoff: RetryBackoff(initial: configuration.retryInitialDelay,
+                                                        maximum: configuration.retryMaximumDelay),
                                   infrastructureRetryDelay: configuration.infrastructureRetryDelay, metrics: counters,
                                   logger: logger)
         let runner = JobRunner(apps: apps, subscriptions: subscriptions, activities: activities, deliverer: deliverer,

@@ -35,7 +35,13 @@ final class JobConsumer: Sendable {
     /// cancels the rest, commits what settled and leaves the group.
     func run() async throws {
         try await consumer.subscribe(topics: [configuration.jobsTopic])
-        var lastCommit = ContinuousClock.now
+        // Commits run beside the fetch loop so that waiting for the broker's answer never delays fetching.
+        let committer = Task { [self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: configuration.commitInterval)
+                await commit()
+            }
+        }
         var failure: (any Error)?
         while !Task.isCancelled {
             do {
@@ -44,11 +50,13 @@ final class JobConsumer: Sendable {
                     // Full: wait for a job to settle, but keep polling now and then so rebalances are served.
                     await slotFreed.wait(upTo: .milliseconds(200))
                 }
+                book.beginPoll()
                 let records = try await consumer.poll(maxRecords: max(1, room), timeout: .milliseconds(100))
-                for record in records { dispatch(record) }
-                if ContinuousClock.now - lastCommit >= configuration.commitInterval {
-                    await commit()
-                    lastCommit = ContinuousClock.now
+                let revoked = book.endPoll()
+                // Records of a partition revoked during this poll belong to the old assignment: whoever owns the
+                // partition now reads them again from the committed offset.
+                for record in records where !revoked.contains(KafkaTopicPartition(topic: record.topic, partition: record.partition)) {
+                    dispatch(record)
                 }
             } catch {
                 if Task.isCancelled { break }
@@ -57,6 +65,8 @@ final class JobConsumer: Sendable {
                 break
             }
         }
+        committer.cancel()
+        await committer.value
         // Cancelled: drain in a fresh task, since sleeps and waits return at once in a cancelled one.
         await Task { await self.drain() }.value
         if let failure { throw failure }
@@ -123,6 +133,8 @@ final class PartitionBook: Sendable {
         var tracks: [KafkaTopicPartition: Track] = [:]
         var generation = 0
         var inFlight = 0
+        /// Partitions revoked since `beginPoll()`.
+        var revokedDuringPoll: Set<KafkaTopicPartition> = []
     }
 
     private let state = Mutex(State())
@@ -131,6 +143,11 @@ final class PartitionBook: Sendable {
     init(metrics: DispatcherMetrics) { self.metrics = metrics }
 
     var inFlight: Int { state.withLock { $0.inFlight } }
+
+    func beginPoll() { state.withLock { $0.revokedDuringPoll = [] } }
+
+    /// The partitions revoked during the poll that just ended.
+    func endPoll() -> Set<KafkaTopicPartition> { state.withLock { $0.revokedDuringPoll } }
 
     /// Runs on the consumer's thread during `poll`: must not wait on the consumer.
     func rebalance(_ event: KafkaRebalanceEvent) {
@@ -146,6 +163,7 @@ final class PartitionBook: Sendable {
         case .revoked(let partitions):
             let cancelled = state.withLock { s -> [Task<Void, Never>] in
                 var tasks: [Task<Void, Never>] = []
+                s.revokedDuringPoll.formUnion(partitions)
                 for partition in partitions {
                     guard let track = s.tracks.removeValue(forKey: partition) else { continue }
                     tasks += track.tasks.values
