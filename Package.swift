@@ -58,7 +58,7 @@ let package = Package(
                 swiftSettings: rdkafkaSwift),
         // herald-dispatcher: jobs → APNs.
         .target(name: "HeraldDispatcher", dependencies: ["HeraldCore", "HeraldStore", "HeraldRedis", "HeraldKafka", "HeraldAPNs",
-                                                         "HeraldHTTP", "HeraldRuntime"],
+                                                         "HeraldCrypto", "HeraldHTTP", "HeraldRuntime"],
                 swiftSettings: rdkafkaSwift),
 
         .executableTarget(name: "herald-ingest", dependencies: ["HeraldIngest", "HeraldCore", "HeraldKafka", "HeraldRedis",
@@ -77,6 +77,10 @@ let package = Package(
                           swiftSettings: rdkafkaSwift),
         // APNs client throughput against nghttpd, compared with h2load (scripts/bench-apns).
         .executableTarget(name: "herald-bench-apns", dependencies: ["HeraldAPNs", "HeraldCrypto", "HeraldRuntime"]),
+        // Seeds channels and produces jobs for scripts/bench-dispatcher (fan-out rate and end-to-end latency).
+        .executableTarget(name: "herald-bench-dispatcher", dependencies: ["HeraldCore", "HeraldStore", "HeraldRedis",
+                                                                          "HeraldKafka", "HeraldRuntime"],
+                          swiftSettings: rdkafkaSwift),
 
         // Load generator comparing HeraldRedis with redis-benchmark (scripts/bench-redis).
         .executableTarget(name: "herald-bench-redis", dependencies: ["HeraldRedis", "HeraldRuntime"]),
@@ -101,7 +105,10 @@ let package = Package(
         .testTarget(name: "HeraldCtlTests", dependencies: ["HeraldCore", "HeraldKafka", "HeraldRedis", "HeraldStore",
                                                    "HeraldTestSupport", "HeraldRuntime"],
                     swiftSettings: rdkafkaSwift),
-        .testTarget(name: "HeraldDispatcherTests", dependencies: ["HeraldDispatcher"], swiftSettings: rdkafkaSwift),
+        .testTarget(name: "HeraldDispatcherTests", dependencies: ["HeraldDispatcher", "HeraldTestSupport", "HeraldAPNsSimulator",
+                                                         "HeraldStore", "HeraldKafka", "HeraldRedis", "HeraldAPNs",
+                                                         "HeraldCore", "HeraldCrypto", "HeraldRuntime"],
+                    swiftSettings: rdkafkaSwift),
     ],
     swiftLanguageModes: [.v6]
 )

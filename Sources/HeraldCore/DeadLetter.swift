@@ -38,9 +38,13 @@ public struct DeadLetter: Sendable, Codable, Equatable {
     public var collapseId: String?
     /// APNs' HTTP status; absent when APNs never answered (timeouts, connection failures).
     public var status: Int?
-    /// APNs' reason (`BadTopic`, `ServiceUnavailable`…) or Herald's (`invalid_job`, `timeout`,
-    /// `connection_failed`, `payload_too_large`, `unknown_app`).
+    /// APNs' reason (`BadTopic`, `ServiceUnavailable`…), Herald's error kind when APNs never answered
+    /// (`timeout`, `connection_failed`, `invalid_request`…), or `invalid_job`.
     public var reason: String
+    /// How it ended: `rejected` (an error retrying cannot fix), `retries_exhausted`, or `invalid_job`.
+    public var disposition: String?
+    /// What went wrong, for people.
+    public var message: String?
     public var attempts: Int
     public var firstAttemptAt: String?
     public var lastAttemptAt: String?

@@ -1,12 +1,131 @@
+import Foundation
+import HeraldAPNs
+import HeraldCore
+import HeraldDispatcher
+import HeraldKafka
+import HeraldRedis
 import HeraldRuntime
 
 let usage = """
-    herald-dispatcher — Consumes herald.jobs, resolves targets in Redis, sends to APNs, dead-letters failures.
+    herald-dispatcher — consumes herald.jobs, resolves channels and posts in Redis, sends to APNs, dead-letters
+    failures. Serves /healthz, /readyz and /metrics.
 
     Usage: herald-dispatcher [--help]
 
-    Configuration is read from HERALD_* environment variables; see README.md.
+    Environment (defaults in brackets):
+      HERALD_DISPATCHER_ADDR          health and metrics address [127.0.0.1:9090]
+      HERALD_APPS_FILE                apps file [config/apps.json]; SIGHUP reloads it
+      HERALD_REDIS_URL                [redis://127.0.0.1:6379/0]
+      HERALD_KAFKA_BROKERS            [127.0.0.1:9092]
+      HERALD_TOPIC_JOBS               [herald.jobs]
+      HERALD_TOPIC_DLQ                [herald.dlq]
+      HERALD_CONSUMER_GROUP           [herald-dispatcher]
+      HERALD_ACTIVITY_TTL_SECONDS     Live Activity registration lifetime [3600]
+      HERALD_APNS_PRODUCTION_URL      [https://api.push.apple.com]
+      HERALD_APNS_SANDBOX_URL         [https://api.sandbox.push.apple.com]
+      HERALD_APNS_CA_FILE             extra trusted root (PEM), e.g. the simulator's ca.pem [none]
+      HERALD_APNS_CONNECTIONS         connections per app and environment [2]
+      HERALD_RETRY_MAX_ATTEMPTS       attempts per push, the first included [5]
+      HERALD_RETRY_INITIAL_DELAY_SECONDS  backoff before the second attempt, doubling, jittered [0.5]
+      HERALD_MAX_IN_FLIGHT_PUSHES     pushes awaiting APNs at once [1000]
+      HERALD_FANOUT_BATCH_SIZE        subscriptions read per Redis batch [500]
+      HERALD_KAFKA_SESSION_TIMEOUT_SECONDS  consumer-group session timeout [45]
+      HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS  [300]
+      HERALD_KAFKA_FETCH_MAX_WAIT_MS  how long the broker may hold an empty fetch (latency vs idle fetches) [10]
+      HERALD_DRAIN_TIMEOUT_SECONDS    on SIGTERM, time in-flight jobs get to finish [15]
+      HERALD_LOG_LEVEL                debug | info | warning | error [info]
     """
 
-if CommandLineTool.helpRequested() { CommandLineTool.exitWithUsage(usage) }
-CommandLineTool.exitWithConfigurationError("herald-dispatcher", ConfigurationError("herald-dispatcher", "not built yet; see the open issues"))
+struct DispatcherSettings {
+    var configuration = DispatcherConfiguration()
+    var apns = APNsConfiguration()
+    var appsFile: String
+    var redis: RedisConfiguration
+    var producer: KafkaProducerConfiguration
+    var logLevel: Logger.Level
+
+    init(_ env: EnvironmentReader) throws {
+        configuration.address = try env.address("HERALD_DISPATCHER_ADDR", default: "127.0.0.1:9090")
+        configuration.jobsTopic = env.string("HERALD_TOPIC_JOBS", default: "herald.jobs")
+        configuration.deadLetterTopic = env.string("HERALD_TOPIC_DLQ", default: "herald.dlq")
+        configuration.consumerGroup = env.string("HERALD_CONSUMER_GROUP", default: "herald-dispatcher")
+        configuration.activityTTL = .seconds(try env.int("HERALD_ACTIVITY_TTL_SECONDS", default: 3600, range: 1...86_400 * 30))
+        configuration.maxAttempts = try env.int("HERALD_RETRY_MAX_ATTEMPTS", default: 5, range: 1...100)
+        configuration.retryInitialDelay = try env.seconds("HERALD_RETRY_INITIAL_DELAY_SECONDS", default: .milliseconds(500))
+        configuration.maxInFlightPushes = try env.int("HERALD_MAX_IN_FLIGHT_PUSHES", default: 1000, range: 1...100_000)
+        configuration.batchSize = try env.int("HERALD_FANOUT_BATCH_SIZE", default: 500, range: 1...100_000)
+        configuration.sessionTimeout = try env.seconds("HERALD_KAFKA_SESSION_TIMEOUT_SECONDS", default: .seconds(45))
+        configuration.maxPollInterval = try env.seconds("HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS", default: .seconds(300))
+        configuration.fetchMaxWait = .milliseconds(try env.int("HERALD_KAFKA_FETCH_MAX_WAIT_MS", default: 10, range: 1...5000))
+        configuration.drainTimeout = try env.seconds("HERALD_DRAIN_TIMEOUT_SECONDS", default: .seconds(15))
+        let brokers = env.string("HERALD_KAFKA_BROKERS", default: "127.0.0.1:9092")
+        configuration.kafka = KafkaConfiguration(brokerList: brokers, clientID: "herald-dispatcher")
+        producer = KafkaProducerConfiguration(kafka: KafkaConfiguration(brokerList: brokers, clientID: "herald-dispatcher-dlq"),
+                                              messageTimeout: .seconds(10))
+        apns.productionURL = env.string("HERALD_APNS_PRODUCTION_URL", default: apns.productionURL)
+        apns.sandboxURL = env.string("HERALD_APNS_SANDBOX_URL", default: apns.sandboxURL)
+        for (name, url) in [("HERALD_APNS_PRODUCTION_URL", apns.productionURL), ("HERALD_APNS_SANDBOX_URL", apns.sandboxURL)] {
+            do { _ = try APNsEndpoint(url: url) } catch { throw ConfigurationError(name, "\(error)") }
+        }
+        apns.extraCAFile = env.optionalString("HERALD_APNS_CA_FILE")
+        if let file = apns.extraCAFile, !FileManager.default.isReadableFile(atPath: file) {
+            throw ConfigurationError("HERALD_APNS_CA_FILE", "cannot read \(file)")
+        }
+        apns.connectionsPerEndpoint = try env.int("HERALD_APNS_CONNECTIONS", default: 2, range: 1...64)
+        appsFile = env.string("HERALD_APPS_FILE", default: "config/apps.json")
+        let redisURL = env.string("HERALD_REDIS_URL", default: "redis://127.0.0.1:6379/0")
+        do { redis = try RedisConfiguration(url: redisURL) } catch {
+            throw ConfigurationError("HERALD_REDIS_URL", "\(error)")
+        }
+        let level = env.string("HERALD_LOG_LEVEL", default: "info")
+        guard let parsed = Logger.Level(name: level) else {
+            throw ConfigurationError("HERALD_LOG_LEVEL", "expected debug, info, warning or error, got \"\(level)\"")
+        }
+        logLevel = parsed
+    }
+}
+
+func main() async {
+    if CommandLineTool.helpRequested() { CommandLineTool.exitWithUsage(usage) }
+    let settings: DispatcherSettings
+    let apps: AppRegistry
+    do {
+        settings = try DispatcherSettings(EnvironmentReader())
+        do { apps = AppRegistry(try AppDirectory.load(path: settings.appsFile)) } catch {
+            throw ConfigurationError("HERALD_APPS_FILE", "\(error)")
+        }
+    } catch { CommandLineTool.exitWithConfigurationError("herald-dispatcher", error) }
+
+    let logger = Logger(label: "herald.dispatcher", minimumLevel: settings.logLevel)
+    let redis = RedisClient(configuration: settings.redis, logger: logger.with(["component": "redis"]))
+    let producer: KafkaProducer
+    let apns: APNsClient
+    let service: DispatcherService
+    do {
+        producer = try KafkaProducer(configuration: settings.producer, logger: logger.with(["component": "kafka"]))
+        apns = try APNsClient(configuration: settings.apns, logger: logger.with(["component": "apns"]))
+        service = try DispatcherService(configuration: settings.configuration, apps: apps, redis: redis,
+                                        producer: producer, apns: apns, logger: logger)
+    } catch { CommandLineTool.exitWithConfigurationError("herald-dispatcher", error) }
+
+    let reloads = Task { await AppsReloader(apps: apps, path: settings.appsFile, logger: logger).run() }
+    logger.info("started", ["addr": service.address.description, "apps": "\(apps.directory.apps.count)",
+                            "group": settings.configuration.consumerGroup, "topic": settings.configuration.jobsTopic])
+    var failed = false
+    do {
+        // The drain (≤ HERALD_DRAIN_TIMEOUT_SECONDS + a few seconds) fits in the group's 25 s, which fits in
+        // Kubernetes' 30 s terminationGracePeriodSeconds.
+        try await ServiceGroup(services: [service], gracePeriod: .seconds(25), logger: logger).run()
+    } catch {
+        failed = true
+        logger.error("stopped with an error", ["error": "\(error)"])
+    }
+    reloads.cancel()
+    await apns.shutdown(gracePeriod: .seconds(1))
+    await producer.close()
+    await redis.close()
+    logger.info("stopped")
+    if failed { exit(1) }
+}
+
+await main()

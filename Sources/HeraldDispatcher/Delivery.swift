@@ -1,0 +1,171 @@
+import Foundation
+import HeraldAPNs
+import HeraldCore
+import HeraldCrypto
+import HeraldRuntime
+import HeraldStore
+
+/// A push token as logs show it: a short hash, never the token.
+enum TokenLabel {
+    static func of(_ token: String) -> String { String(SHA256.hex(token).prefix(12)) }
+}
+
+/// Exponential backoff with jitter between attempts of one push.
+struct RetryBackoff: Sendable {
+    var initial: Duration
+    var maximum: Duration
+
+    /// Uniformly between half and all of `initial × 2^(attempt-1)`, capped at `maximum`: retries of many tokens
+    /// that failed together spread out instead of hitting APNs again at the same instant.
+    func delay(attempt: Int) -> Duration {
+        let ceiling = min(maximum, initial * (1 << min(max(attempt - 1, 0), 30)))
+        return ceiling * Double.random(in: 0.5...1.0)
+    }
+}
+
+/// What a job's pushes share: the plan and where the job came from (for dead letters).
+struct JobContext: Sendable {
+    let plan: JobPlan
+    let source: DeadLetterEntry.Source
+    /// The job's record as read (a dead letter carries it whole).
+    let record: [UInt8]
+}
+
+/// Sends one push through the APNs client and settles it: delivered, token removed, or dead-lettered after
+/// the allowed attempts. Concurrency is bounded by the shared `limit`; a push waiting for its next attempt
+/// holds no slot.
+struct Deliverer: Sendable {
+    let apns: APNsClient
+    let subscriptions: SubscriptionStore
+    let activities: ActivityStore
+    let deadLetters: DeadLetterWriter
+    let limit: ConcurrencyLimit
+    let maxAttempts: Int
+    let backoff: RetryBackoff
+    let infrastructureRetryDelay: Duration
+    let metrics: DispatcherMetrics
+    let logger: Logger
+
+    /// Settles `push`; the caller already holds one slot of `limit`, which is released here. Returns false only
+    /// when the task was cancelled before the push settled (its job's offset must then not be committed).
+    func deliver(_ push: Push, context: JobContext) async -> Bool {
+        var holding = true
+        defer { if holding { limit.release() } }
+        let request = context.plan.request(for: push)
+        let environment = push.environment == .production ? HeraldAPNs.APNsEnvironment.production : .sandbox
+        var first: Date?
+        var attempt = 0
+        while true {
+            if !holding {
+                do { try await limit.acquire() } catch { return false }
+                holding = true
+            }
+            attempt += 1
+            let started = ContinuousClock.now
+            let now = Date()
+            if first == nil { first = now }
+            metrics.inFlightPushes.add(1)
+            let outcome: Outcome
+            do {
+                let response = try await apns.send(request, credentials: context.plan.credentials, environment: environment)
+                outcome = .answered(response)
+            } catch let error as APNsError {
+                outcome = .failed(error)
+            } catch {
+                metrics.inFlightPushes.add(-1)
+                return false // cancelled
+            }
+            metrics.inFlightPushes.add(-1)
+            metrics.pushLatency.observe(since: started)
+            limit.release()
+            holding = false
+            let last = Date()
+            if Task.isCancelled { return false }
+
+            var failure = DeadLetterEntry.Failure(status: nil, apnsReason: nil, error: nil, attempts: attempt,
+                                             firstAttemptAt: first ?? now, lastAttemptAt: last)
+            let retryable: Bool
+            switch outcome {
+            case .answered(let response):
+                if response.status == 200, push.pushType == .alert {
+                    metrics.deliveredAlert.increment()
+                } else if response.status == 200, push.pushType == .liveactivity {
+                    metrics.deliveredLiveActivity.increment()
+                } else {
+                    count(push, status: String(response.status), reason: response.reason?.description ?? "")
+                }
+                switch response.disposition {
+                case .delivered:
+                    if let created = context.plan.createdAt { metrics.endToEnd.observe(last.timeIntervalSince(created)) }
+                    return true
+                case .removeToken:
+                    // 410 carries when the token stopped being valid: keep what was (re-)registered after it.
+                    return await removeToken(push, app: context.plan.app.id,
+                                             keepAfter: response.status == 410 ? response.timestamp : nil)
+                case .retry, .refreshProviderToken:
+                    // ExpiredProviderToken seen here means the client could not re-sign yet (20-minute rule).
+                    retryable = true
+                case .permanent:
+                    retryable = false
+                }
+                failure.status = response.status
+                failure.apnsReason = response.reason?.description
+            case .failed(let error):
+                count(push, status: "error", reason: error.kind)
+                retryable = error.isRetriable
+                failure.error = error.kind
+            }
+            if retryable, attempt < maxAttempts {
+                metrics.retries.labels(failure.apnsReason ?? failure.error ?? "").increment()
+                do { try await Task.sleep(for: backoff.delay(attempt: attempt)) } catch { return false }
+                continue
+            }
+            return await deadLetters.write(letter(push, context: context, failure: failure,
+                                                  reason: retryable ? .retriesExhausted : .rejected))
+        }
+    }
+
+    private enum Outcome {
+        case answered(APNsResponse)
+        case failed(APNsError)
+    }
+
+    private func count(_ push: Push, status: String, reason: String) {
+        metrics.pushes.labels(push.pushType.rawValue, status, reason).increment()
+    }
+
+    /// Removes every subscription and registration of the token in the app (except those renewed after
+    /// `keepAfter`), retrying while Redis fails.
+    private func removeToken(_ push: Push, app: String, keepAfter: Date?) async -> Bool {
+        while !Task.isCancelled {
+            do {
+                let subscriptions = try await self.subscriptions.removeInvalidToken(app: app, deviceToken: push.token,
+                                                                                   keepUpdatedAfter: keepAfter)
+                let registrations = try await activities.removeInvalidToken(app: app, pushToken: push.token,
+                                                                            keepSeenAfter: keepAfter)
+                metrics.tokensRemoved.labels("subscription").increment(by: UInt64(subscriptions))
+                metrics.tokensRemoved.labels("registration").increment(by: UInt64(registrations))
+                logger.info("removed an invalid token", ["token": TokenLabel.of(push.token), "app": app,
+                                                         "removed.subscriptions": "\(subscriptions)",
+                                                         "removed.registrations": "\(registrations)"])
+                return true
+            } catch {
+                logger.error("cannot remove an invalid token; retrying", ["error": "\(error)", "app": app])
+                do { try await Task.sleep(for: infrastructureRetryDelay) } catch { return false }
+            }
+        }
+        return false
+    }
+
+    private func letter(_ push: Push, context: JobContext, failure: DeadLetterEntry.Failure,
+                        reason: DeadLetterEntry.Reason) -> DeadLetterEntry {
+        let job = context.plan.job
+        let what = failure.apnsReason.map { "APNs answered \(failure.status ?? 0) \($0)" }
+            ?? failure.status.map { "APNs answered \($0)" } ?? "no answer from APNs (\(failure.error ?? "unknown"))"
+        return DeadLetterEntry(reason: reason,
+                          message: reason == .retriesExhausted ? "\(what) on all \(failure.attempts) attempts" : what,
+                          source: context.source, job: JobRunner.json(context.record), rawJob: context.record, jobId: job.id,
+                          appId: job.appId, target: job.target, validation: nil, push: push, priority: job.priority,
+                          expiration: job.expiration, collapseId: job.collapseId, failure: failure)
+    }
+}

@@ -1,0 +1,66 @@
+import HeraldAPNs
+import HeraldKafka
+import HeraldRuntime
+
+/// Settings of herald-dispatcher. The executable fills it from `HERALD_*` variables (see README); tests shorten
+/// the times.
+public struct DispatcherConfiguration: Sendable {
+    /// `HERALD_DISPATCHER_ADDR`: where `/healthz`, `/readyz` and `/metrics` listen.
+    public var address: HostPort = HostPort(host: "127.0.0.1", port: 9090)
+    /// `HERALD_TOPIC_JOBS`.
+    public var jobsTopic = "herald.jobs"
+    /// `HERALD_TOPIC_DLQ`.
+    public var deadLetterTopic = "herald.dlq"
+    /// `HERALD_CONSUMER_GROUP`. Fan-out progress records are kept per group too.
+    public var consumerGroup = "herald-dispatcher"
+    /// `HERALD_ACTIVITY_TTL_SECONDS`: the lifetime of Live Activity registrations (shared with ingest).
+    public var activityTTL: Duration = .seconds(3600)
+    /// Kafka brokers and client settings for the consumer.
+    public var kafka: KafkaConfiguration = KafkaConfiguration(brokers: ["127.0.0.1:9092"], clientID: "herald-dispatcher")
+    /// A member that sends no heartbeat for this long is dropped from the group (`session.timeout.ms`).
+    public var sessionTimeout: Duration = .seconds(45)
+    /// How long the broker may hold a fetch that has no new records (`fetch.wait.max.ms`). librdkafka's 500 ms
+    /// default adds up to that much latency on brokers that do not answer a waiting fetch when records arrive
+    /// (Tansu); 10 ms keeps end-to-end latency low at the cost of a few idle fetches per second.
+    public var fetchMaxWait: Duration = .milliseconds(10)
+    /// A member that does not poll for this long leaves the group (`max.poll.interval.ms`).
+    public var maxPollInterval: Duration = .seconds(300)
+    /// `HERALD_RETRY_MAX_ATTEMPTS`: attempts per push, the first included, before a retryable failure is
+    /// dead-lettered.
+    public var maxAttempts = 5
+    /// Backoff before the second attempt; doubles per attempt up to `retryMaximumDelay`, with full jitter
+    /// (each wait is uniformly random between half and all of the computed delay).
+    public var retryInitialDelay: Duration = .milliseconds(500)
+    public var retryMaximumDelay: Duration = .seconds(30)
+    /// Pushes sent and not yet answered, across all jobs. Also bounds the memory of every fan-out.
+    public var maxInFlightPushes = 1000
+    /// Jobs started and not yet settled, across all partitions (more are not fetched meanwhile).
+    public var maxInFlightJobs = 512
+    /// Subscriptions or registrations read from Redis per batch (SSCAN/ZSCAN `COUNT`).
+    public var batchSize = 500
+    /// Batches of one fan-out being sent at once; with `batchSize` it bounds how far a fan-out runs ahead of its
+    /// saved progress, hence the duplicates after a crash.
+    public var maxBatchesInFlightPerJob = 3
+    /// How long fan-out progress records live in Redis (a job resumed later starts again from the beginning).
+    public var progressTTL: Duration = .seconds(86_400)
+    /// How often completed offsets are committed.
+    public var commitInterval: Duration = .milliseconds(100)
+    /// On shutdown, how long in-flight jobs may run to completion before they are handed back (their offsets
+    /// stay uncommitted and their progress is kept, so the next owner resumes them).
+    public var drainTimeout: Duration = .seconds(15)
+    /// Backoff between attempts when Redis or Kafka fails (resolving, removing tokens, writing dead letters).
+    public var infrastructureRetryDelay: Duration = .milliseconds(500)
+
+    public init() {}
+
+    var consumer: KafkaConsumerConfiguration {
+        let heartbeat = min(Duration.seconds(3), sessionTimeout / 10)
+        var kafka = self.kafka
+        let wait = fetchMaxWait.components
+        kafka.properties["fetch.wait.max.ms"] = kafka.properties["fetch.wait.max.ms"]
+            ?? String(max(1, wait.seconds * 1000 + wait.attoseconds / 1_000_000_000_000_000))
+        return KafkaConsumerConfiguration(kafka: kafka, groupID: consumerGroup, sessionTimeout: sessionTimeout,
+                                          heartbeatInterval: heartbeat, maxPollInterval: maxPollInterval,
+                                          offsetReset: .earliest)
+    }
+}

@@ -1,0 +1,65 @@
+import HeraldRuntime
+
+/// The dispatcher's metrics (Prometheus names under `herald_dispatcher_`). The APNs client adds its own under
+/// `herald_apns_` to the same registry.
+struct DispatcherMetrics: Sendable {
+    let jobsConsumed: Counter
+    let jobsInvalid: Counter
+    let jobsCompleted: Counter
+    let pushes: CounterFamily
+    /// `pushes{push_type="alert"|"liveactivity", status="200"}`, looked up once: the per-push hot path.
+    let deliveredAlert: Counter
+    let deliveredLiveActivity: Counter
+    let retries: CounterFamily
+    let deadLetters: CounterFamily
+    let tokensRemoved: CounterFamily
+    let inFlightPushes: Gauge
+    let inFlightJobs: Gauge
+    let partitionsAssigned: Gauge
+    let pushLatency: Histogram
+    let endToEnd: Histogram
+    let commits: CounterFamily
+    let resumedFanOuts: Counter
+
+    /// End-to-end buckets reach further than one request's: a job may wait behind others or for retries.
+    static let endToEndBuckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                                            30, 60, 300]
+
+    init(_ registry: MetricsRegistry) {
+        jobsConsumed = registry.counter("herald_dispatcher_jobs_consumed_total",
+                                        help: "Records read from the jobs topic").labels()
+        jobsInvalid = registry.counter("herald_dispatcher_jobs_invalid_total",
+                                       help: "Jobs that failed validation (or named an unknown app) and were dead-lettered")
+            .labels()
+        jobsCompleted = registry.counter("herald_dispatcher_jobs_completed_total",
+                                         help: "Jobs whose every push is settled (offset committable)").labels()
+        pushes = registry.counter("herald_dispatcher_pushes_total",
+                                  help: "Push attempts by push type, APNs status (or local error) and reason",
+                                  labels: ["push_type", "status", "reason"])
+        deliveredAlert = pushes.labels("alert", "200", "")
+        deliveredLiveActivity = pushes.labels("liveactivity", "200", "")
+        retries = registry.counter("herald_dispatcher_retries_total",
+                                   help: "Push attempts scheduled again after a retryable failure", labels: ["reason"])
+        deadLetters = registry.counter("herald_dispatcher_dead_letters_total",
+                                       help: "Dead-letter records written", labels: ["reason"])
+        tokensRemoved = registry.counter("herald_dispatcher_tokens_removed_total",
+                                         help: "Subscriptions and registrations removed because APNs reported the token invalid",
+                                         labels: ["kind"])
+        inFlightPushes = registry.gauge("herald_dispatcher_in_flight_pushes",
+                                        help: "Pushes being sent or waiting for an answer").labels()
+        inFlightJobs = registry.gauge("herald_dispatcher_in_flight_jobs", help: "Jobs started and not yet settled")
+            .labels()
+        partitionsAssigned = registry.gauge("herald_dispatcher_partitions_assigned",
+                                            help: "Jobs-topic partitions assigned to this member").labels()
+        pushLatency = registry.histogram("herald_dispatcher_push_duration_seconds",
+                                         help: "One push attempt: send to APNs answer").labels()
+        endToEnd = registry.histogram("herald_dispatcher_end_to_end_seconds",
+                                      help: "Job createdAt to APNs' answer, per delivered push",
+                                      buckets: Self.endToEndBuckets).labels()
+        commits = registry.counter("herald_dispatcher_offset_commits_total", help: "Offset commits by result",
+                                   labels: ["result"])
+        resumedFanOuts = registry.counter("herald_dispatcher_fanouts_resumed_total",
+                                          help: "Fan-outs resumed from a saved scan cursor after a restart or rebalance")
+            .labels()
+    }
+}

@@ -1,0 +1,83 @@
+import HeraldAPNs
+import HeraldCore
+import HeraldHTTP
+import HeraldKafka
+import HeraldRedis
+import HeraldRuntime
+import HeraldStore
+
+/// herald-dispatcher: consumes push jobs, resolves channels and posts in Redis, delivers through APNs,
+/// dead-letters what fails, and serves `/healthz`, `/readyz` and `/metrics`.
+///
+/// `run()` returns after a graceful stop once its task is cancelled (SIGTERM through `ServiceGroup`): it stops
+/// fetching, lets in-flight jobs finish for up to `drainTimeout` and hands back the rest, commits, leaves the
+/// group, then stops the operations server. The caller owns (and afterwards shuts down) the Redis client, the
+/// dead-letter producer and the APNs client.
+public final class DispatcherService: Service {
+    private let consumer: JobConsumer
+    private let server: HTTPServer
+
+    /// Binds the operations port (so a taken port fails here) and creates the consumer; nothing is fetched
+    /// before `run()`.
+    public init(configuration: DispatcherConfiguration, apps: AppRegistry, redis: RedisClient, producer: KafkaProducer,
+                apns: APNsClient, logger: Logger, metrics: MetricsRegistry = .shared) throws {
+        let counters = DispatcherMetrics(metrics)
+        let subscriptions = SubscriptionStore(redis: redis)
+        let activities = ActivityStore(redis: redis, ttl: configuration.activityTTL)
+        let limit = ConcurrencyLimit(limit: configuration.maxInFlightPushes)
+        let deadLetters = DeadLetterWriter(producer: producer, topic: configuration.deadLetterTopic,
+                                           retryDelay: configuration.infrastructureRetryDelay, metrics: counters,
+                                           logger: logger)
+        let deliverer = Deliverer(apns: apns, subscriptions: subscriptions, activities: activities,
+                                  deadLetters: deadLetters, limit: limit, maxAttempts: max(1, configuration.maxAttempts),
+                                  backoff: RetryBackoff(initial: configuration.retryInitialDelay,
+                                                        maximum: configuration.retryMaximumDelay),
+                                  infrastructureRetryDelay: configuration.infrastructureRetryDelay, metrics: counters,
+                                  logger: logger)
+        let runner = JobRunner(apps: apps, subscriptions: subscriptions, activities: activities, deliverer: deliverer,
+                               deadLetters: deadLetters,
+                               progress: FanOutProgress(redis: redis, group: configuration.consumerGroup,
+                                                        ttl: configuration.progressTTL),
+                               limit: limit, batchSize: max(1, configuration.batchSize),
+                               maxBatchesInFlight: max(1, configuration.maxBatchesInFlightPerJob),
+                               retryDelay: configuration.infrastructureRetryDelay, metrics: counters, logger: logger)
+        consumer = try JobConsumer(configuration: configuration, runner: runner, metrics: counters, logger: logger)
+        var router = Router()
+        let jobsTopic = configuration.jobsTopic
+        router.get("/healthz") { _ in try .json(["status": "ok"]) }
+        router.get("/readyz") { _ in
+            async let redisOK: Bool = (try? await redis.command(["PING"])) != nil
+            async let kafkaOK: Bool = (try? await producer.partitionCount(topic: jobsTopic)) ?? 0 > 0
+            let checks = ["redis": await redisOK ? "ok" : "unreachable", "kafka": await kafkaOK ? "ok" : "unreachable"]
+            let ready = checks.values.allSatisfy { $0 == "ok" }
+            return try .json(Readiness(status: ready ? "ready" : "unavailable", checks: checks), status: ready ? 200 : 503)
+        }
+        router.addMetrics(registry: metrics)
+        server = try HTTPServer(configuration: HTTPServerConfiguration(address: configuration.address, threads: 1,
+                                                                       shutdownGracePeriod: .seconds(1)),
+                                router: router, logger: logger, metrics: metrics)
+    }
+
+    /// Where `/healthz`, `/readyz` and `/metrics` listen.
+    public var address: HostPort { server.localAddress }
+
+    public func run() async throws {
+        let server = self.server
+        let operations = Task { try await server.run() }
+        defer { operations.cancel() }
+        do {
+            try await consumer.run()
+        } catch {
+            operations.cancel()
+            _ = try? await operations.value
+            throw error
+        }
+        operations.cancel()
+        _ = try? await operations.value
+    }
+
+    struct Readiness: Encodable {
+        var status: String
+        var checks: [String: String]
+    }
+}

@@ -1,0 +1,263 @@
+import Foundation
+import HeraldKafka
+import HeraldRuntime
+import Synchronization
+
+/// The consumer-group member on the jobs topic: fetches records, runs each as a job, and commits offsets only
+/// up to the oldest unsettled job of each partition.
+///
+/// Ordering: jobs with the same record key (one target: a channel, a post, a device) run one after another in
+/// offset order; jobs of other keys, in the same or another partition, run concurrently, up to
+/// `maxInFlightJobs`. A revoked partition's jobs are cancelled (their fan-out progress stays in Redis for the
+/// next owner); their offsets are not committed.
+final class JobConsumer: Sendable {
+    private let consumer: KafkaConsumer
+    private let book: PartitionBook
+    private let runner: JobRunner
+    private let configuration: DispatcherConfiguration
+    private let metrics: DispatcherMetrics
+    private let logger: Logger
+    private let slotFreed = SlotSignal()
+
+    init(configuration: DispatcherConfiguration, runner: JobRunner, metrics: DispatcherMetrics,
+         logger: Logger) throws(KafkaError) {
+        let book = PartitionBook(metrics: metrics)
+        self.book = book
+        self.runner = runner
+        self.configuration = configuration
+        self.metrics = metrics
+        self.logger = logger
+        consumer = try KafkaConsumer(configuration: configuration.consumer, logger: logger.with(["component": "kafka"]),
+                                     onRebalance: { event in book.rebalance(event) })
+    }
+
+    /// Fetches and dispatches until cancelled, then drains: waits up to `drainTimeout` for in-flight jobs,
+    /// cancels the rest, commits what settled and leaves the group.
+    func run() async throws {
+        try await consumer.subscribe(topics: [configuration.jobsTopic])
+        // Commits run beside the fetch loop so that waiting for the broker's answer never delays fetching.
+        let committer = Task { [self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: configuration.commitInterval)
+                await commit()
+            }
+        }
+        var failure: (any Error)?
+        while !Task.isCancelled {
+            do {
+                let room = configuration.maxInFlightJobs - book.inFlight
+                if room <= 0 {
+                    // Full: wait for a job to settle, but keep polling now and then so rebalances are served.
+                    await slotFreed.wait(upTo: .milliseconds(200))
+                }
+                book.beginPoll()
+                let records = try await consumer.poll(maxRecords: max(1, room), timeout: .milliseconds(100))
+                let revoked = book.endPoll()
+                // Records of a partition revoked during this poll belong to the old assignment: whoever owns the
+                // partition now reads them again from the committed offset.
+                for record in records where !revoked.contains(KafkaTopicPartition(topic: record.topic, partition: record.partition)) {
+                    dispatch(record)
+                }
+            } catch {
+                if Task.isCancelled { break }
+                // Fatal consumer errors only (transient ones are logged inside poll): stop and let the process exit.
+                failure = error
+                break
+            }
+        }
+        committer.cancel()
+        await committer.value
+        // Cancelled: drain in a fresh task, since sleeps and waits return at once in a cancelled one.
+        await Task { await self.drain() }.value
+        if let failure { throw failure }
+    }
+
+    private func drain() async {
+        let deadline = ContinuousClock.now + configuration.drainTimeout
+        logger.info("draining", ["jobs.in_flight": "\(book.inFlight)"])
+        while book.inFlight > 0, ContinuousClock.now < deadline {
+            await slotFreed.wait(upTo: .milliseconds(100))
+            await commit()
+        }
+        if book.inFlight > 0 {
+            logger.warning("handing back unfinished jobs", ["jobs.in_flight": "\(book.inFlight)"])
+            book.cancelAll()
+            let cancelDeadline = ContinuousClock.now + .seconds(3)
+            while book.inFlight > 0, ContinuousClock.now < cancelDeadline { await slotFreed.wait(upTo: .milliseconds(50)) }
+        }
+        await commit()
+        do { try await consumer.close() } catch {
+            logger.warning("leaving the consumer group failed", ["error": "\(error)"])
+        }
+        logger.info("consumer closed")
+    }
+
+    private func dispatch(_ record: KafkaRecord) {
+        let runner = self.runner, book = self.book, slotFreed = self.slotFreed
+        book.start(record) { generation, previous in
+            Task {
+                // One target's jobs run in offset order.
+                await previous?.value
+                let settled = Task.isCancelled ? false : await runner.run(record)
+                book.finish(record, generation: generation, settled: settled)
+                slotFreed.signal()
+            }
+        }
+    }
+
+    private func commit() async {
+        let positions = book.uncommitted()
+        guard !positions.isEmpty else { return }
+        do {
+            try await consumer.commit(positions)
+            book.committed(positions)
+            metrics.commits.labels("ok").increment()
+        } catch {
+            metrics.commits.labels("failed").increment()
+            logger.warning("offset commit failed; will retry", ["error": "\(error)"])
+        }
+    }
+}
+
+/// Partitions assigned to this member, their unsettled offsets, and the tail job of each record key.
+final class PartitionBook: Sendable {
+    private struct Track {
+        var generation: Int
+        var offsets = PartitionOffsets()
+        /// The last job started per record key, which the next job of that key waits for.
+        var tails: [[UInt8]: (offset: Int64, task: Task<Void, Never>)] = [:]
+        var tasks: [Int64: Task<Void, Never>] = [:]
+    }
+
+    private struct State {
+        var tracks: [KafkaTopicPartition: Track] = [:]
+        var generation = 0
+        var inFlight = 0
+        /// Partitions revoked since `beginPoll()`.
+        var revokedDuringPoll: Set<KafkaTopicPartition> = []
+    }
+
+    private let state = Mutex(State())
+    private let metrics: DispatcherMetrics
+
+    init(metrics: DispatcherMetrics) { self.metrics = metrics }
+
+    var inFlight: Int { state.withLock { $0.inFlight } }
+
+    func beginPoll() { state.withLock { $0.revokedDuringPoll = [] } }
+
+    /// The partitions revoked during the poll that just ended.
+    func endPoll() -> Set<KafkaTopicPartition> { state.withLock { $0.revokedDuringPoll } }
+
+    /// Runs on the consumer's thread during `poll`: must not wait on the consumer.
+    func rebalance(_ event: KafkaRebalanceEvent) {
+        switch event {
+        case .assigned(let partitions):
+            state.withLock { s in
+                for partition in partitions where s.tracks[partition] == nil {
+                    s.generation += 1
+                    s.tracks[partition] = Track(generation: s.generation)
+                }
+                metrics.partitionsAssigned.set(Int64(s.tracks.count))
+            }
+        case .revoked(let partitions):
+            let cancelled = state.withLock { s -> [Task<Void, Never>] in
+                var tasks: [Task<Void, Never>] = []
+                s.revokedDuringPoll.formUnion(partitions)
+                for partition in partitions {
+                    guard let track = s.tracks.removeValue(forKey: partition) else { continue }
+                    tasks += track.tasks.values
+                    // Their jobs no longer count against the limit; they end quickly once cancelled.
+                    s.inFlight -= track.tasks.count
+                }
+                metrics.partitionsAssigned.set(Int64(s.tracks.count))
+                metrics.inFlightJobs.set(Int64(s.inFlight))
+                return tasks
+            }
+            for task in cancelled { task.cancel() }
+        }
+    }
+
+    /// Registers the record and starts its job via `make`, given the partition's generation and the previous job
+    /// of the same key (which the new job must wait for). Records of partitions not assigned (any more) are
+    /// dropped: their next owner reads them from the committed offset.
+    func start(_ record: KafkaRecord, make: (_ generation: Int, _ previous: Task<Void, Never>?) -> Task<Void, Never>) {
+        let partition = KafkaTopicPartition(topic: record.topic, partition: record.partition)
+        state.withLock { s in
+            guard var track = s.tracks[partition] else { return }
+            let key = record.key ?? []
+            let task = make(track.generation, track.tails[key]?.task)
+            track.offsets.start(record.offset)
+            track.tails[key] = (record.offset, task)
+            track.tasks[record.offset] = task
+            s.tracks[partition] = track
+            s.inFlight += 1
+            metrics.inFlightJobs.set(Int64(s.inFlight))
+        }
+    }
+
+    func finish(_ record: KafkaRecord, generation: Int, settled: Bool) {
+        let partition = KafkaTopicPartition(topic: record.topic, partition: record.partition)
+        state.withLock { s in
+            guard var track = s.tracks[partition], track.generation == generation else { return }
+            if settled { track.offsets.settle(record.offset) }
+            let key = record.key ?? []
+            if track.tails[key]?.offset == record.offset { track.tails[key] = nil }
+            if track.tasks.removeValue(forKey: record.offset) != nil { s.inFlight -= 1 }
+            s.tracks[partition] = track
+            metrics.inFlightJobs.set(Int64(s.inFlight))
+        }
+    }
+
+    func cancelAll() {
+        let tasks = state.withLock { s in s.tracks.values.flatMap { $0.tasks.values } }
+        for task in tasks { task.cancel() }
+    }
+
+    func uncommitted() -> [KafkaTopicPartitionOffset] {
+        state.withLock { s in
+            s.tracks.compactMap { partition, track in
+                track.offsets.uncommitted.map {
+                    KafkaTopicPartitionOffset(topic: partition.topic, partition: partition.partition, offset: $0)
+                }
+            }
+        }
+    }
+
+    func committed(_ positions: [KafkaTopicPartitionOffset]) {
+        state.withLock { s in
+            for position in positions {
+                s.tracks[position.topicPartition]?.offsets.committed = position.offset
+            }
+        }
+    }
+}
+
+/// Wakes the fetch loop when a job settles.
+final class SlotSignal: Sendable {
+    private let state = Mutex<(next: UInt64, waiters: [UInt64: CheckedContinuation<Void, Never>])>((0, [:]))
+
+    func signal() {
+        let all = state.withLock { s in
+            defer { s.waiters = [:] }
+            return Array(s.waiters.values)
+        }
+        for waiter in all { waiter.resume() }
+    }
+
+    /// Returns at the next `signal()` or after `timeout`, whichever comes first.
+    func wait(upTo timeout: Duration) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let id = state.withLock { s in
+                s.next += 1
+                s.waiters[s.next] = continuation
+                return s.next
+            }
+            let nanoseconds = timeout.components.seconds * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000
+            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(nanoseconds))) { [self] in
+                // Still waiting unless a signal resumed it first.
+                state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
+            }
+        }
+    }
+}

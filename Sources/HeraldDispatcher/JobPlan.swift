@@ -1,0 +1,114 @@
+import Foundation
+import HeraldAPNs
+import HeraldCore
+import HeraldRuntime
+import HeraldStore
+
+/// One push to one token: everything the APNs request and a dead letter need.
+struct Push: Sendable {
+    var token: String
+    var tokenType: TokenType
+    var environment: HeraldCore.APNsEnvironment
+    var topic: String
+    var pushType: APNsPushType
+    /// The exact bytes sent (shared by every push of a fan-out: arrays are copy-on-write).
+    var payload: [UInt8]
+}
+
+/// A valid job of a known app, with its payloads encoded once: what each subscriber, registration or device
+/// receives.
+struct JobPlan: Sendable {
+    let job: PushJob
+    let app: App
+    let credentials: APNsCredentials
+    let priority: APNsPriority?
+    let expiration: Date?
+    /// When the job was created (for the end-to-end latency).
+    let createdAt: Date?
+    private let alertPayload: [UInt8]?
+    private let liveActivityPayload: [UInt8]?
+    private let startPayload: [UInt8]?
+    private let liveActivityTopic: String
+
+    /// Why a job that passed `PushJob.validate()` still cannot be sent.
+    struct Refusal: Error {
+        var error: ValidationError
+    }
+
+    /// `timestamp` is the `aps.timestamp` of Live Activity pushes (seconds), fixed once per job so every
+    /// device sees the same update time.
+    init(job: PushJob, app: App, timestamp: Int64) throws(Refusal) {
+        self.job = job
+        self.app = app
+        credentials = APNsCredentials(teamID: app.apns.teamId, keyID: app.apns.keyId, privateKey: app.apns.privateKey)
+        priority = job.priority.flatMap(APNsPriority.init(rawValue:))
+        expiration = job.expiration.map { Date(timeIntervalSince1970: TimeInterval($0)) }
+        createdAt = Timestamp.parse(job.createdAt)
+        liveActivityTopic = app.apns.bundleId + ".push-type.liveactivity"
+        alertPayload = job.alert?.encoded()
+        if var live = job.liveActivity {
+            // `final` on a post job sends an `end` event (design: "final: true … sends an end event").
+            if job.target.kind == .post, job.isFinal { live.event = .end }
+            liveActivityPayload = APNsPayload.liveActivity(live, timestamp: timestamp).encoded()
+        } else {
+            liveActivityPayload = nil
+        }
+        startPayload = job.start.map { APNsPayload.start($0, timestamp: timestamp).encoded() }
+        if job.target.kind == .device, let topic = job.target.topic, !app.owns(bundleID: topic) {
+            throw Refusal(error: .invalid("target.topic", "target.topic must be \(app.apns.bundleId) or start with \(app.apns.bundleId)."))
+        }
+    }
+
+    /// What a channel subscriber receives, or nil when the job has nothing for its token type (or, for a Live
+    /// Activity update naming an activity, when the subscription is for another activity).
+    func push(for subscription: Subscription) -> Push? {
+        switch subscription.tokenType {
+        case .alert:
+            guard let alertPayload else { return nil }
+            return Push(token: subscription.deviceToken, tokenType: .alert, environment: subscription.environment,
+                        topic: app.apns.bundleId, pushType: .alert, payload: alertPayload)
+        case .liveActivityUpdate:
+            guard let liveActivityPayload else { return nil }
+            if let wanted = job.liveActivity?.activityID, subscription.activityID != wanted { return nil }
+            return Push(token: subscription.deviceToken, tokenType: .liveActivityUpdate,
+                        environment: subscription.environment, topic: liveActivityTopic, pushType: .liveactivity,
+                        payload: liveActivityPayload)
+        case .liveActivityStart:
+            guard let startPayload else { return nil }
+            return Push(token: subscription.deviceToken, tokenType: .liveActivityStart,
+                        environment: subscription.environment, topic: liveActivityTopic, pushType: .liveactivity,
+                        payload: startPayload)
+        }
+    }
+
+    /// What a post's Live Activity registration receives: the update (or end), on the registration's own bundle
+    /// id and environment.
+    func push(for registration: ActivityRegistration) -> Push? {
+        guard let liveActivityPayload else { return nil }
+        return Push(token: registration.pushToken, tokenType: .liveActivityUpdate, environment: registration.environment,
+                    topic: registration.bundleID + ".push-type.liveactivity", pushType: .liveactivity,
+                    payload: liveActivityPayload)
+    }
+
+    /// A device job's one push: its payload as given (Live Activity pushes get `aps.timestamp` when missing).
+    func devicePush(timestamp: Int64) -> Push? {
+        guard job.target.kind == .device, let token = job.target.deviceToken, var payload = job.payload else { return nil }
+        let pushType = APNsPushType(rawValue: job.resolvedPushType.rawValue) ?? .alert
+        if pushType == .liveactivity, case .object(var root) = payload, case .object(var aps)? = root["aps"],
+           aps["timestamp"] == nil {
+            aps["timestamp"] = .number(Double(timestamp))
+            root["aps"] = .object(aps)
+            payload = .object(root)
+        }
+        let topic = job.target.topic
+            ?? (pushType == .liveactivity ? liveActivityTopic : app.apns.bundleId)
+        return Push(token: token.lowercased(), tokenType: job.target.tokenType ?? .alert,
+                    environment: job.target.environment ?? .production, topic: topic, pushType: pushType,
+                    payload: payload.encoded())
+    }
+
+    func request(for push: Push) -> APNsRequest {
+        APNsRequest(deviceToken: push.token, pushType: push.pushType, topic: push.topic, payload: push.payload,
+                    priority: priority, expiration: expiration, collapseID: job.collapseId)
+    }
+}

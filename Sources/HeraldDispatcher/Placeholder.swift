@@ -1,1 +1,0 @@
-// HeraldDispatcher: filled in by its issue (see Package.swift for what this target is for).

@@ -1,0 +1,277 @@
+import Foundation
+import HeraldAPNsSimulator
+import HeraldCore
+import HeraldCrypto
+import HeraldRuntime
+import HeraldStore
+import HeraldTestSupport
+import Testing
+
+/// The dispatcher in-process against real Redis, Tansu and two APNs simulators (production and sandbox).
+@Suite("Dispatcher delivery", .serialized)
+struct DeliveryTests {
+    @Test("a channel event reaches alert, Live Activity update and push-to-start subscribers, each on its host")
+    func channelEvent() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let channel = "order:\(SecureRandom.hex(4)):status"
+        let alertProduction = deviceToken(), alertSandbox = deviceToken(), activity = deviceToken()
+        let otherActivity = deviceToken(), starter = deviceToken()
+        try await harness.subscribe(app, channel: channel, token: alertProduction)
+        try await harness.subscribe(app, channel: channel, token: alertSandbox, environment: .sandbox)
+        try await harness.subscribe(app, channel: channel, token: activity, type: .liveActivityUpdate, activityID: "act-1")
+        try await harness.subscribe(app, channel: channel, token: otherActivity, type: .liveActivityUpdate,
+                                    activityID: "act-2")
+        try await harness.subscribe(app, channel: channel, token: starter, type: .liveActivityStart)
+
+        var job = PushJob(id: "job-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+        job.alert = .object(["aps": .object(["alert": .object(["title": .string("Order shipped")])]),
+                             "orderId": .string("42")])
+        job.liveActivity = PushJob.LiveActivity(event: .update, contentState: .object(["status": .string("shipped")]),
+                                                staleDate: 1_900_000_000, activityID: "act-1")
+        job.start = PushJob.Start(attributesType: "OrderAttributes", attributes: .object(["orderId": .string("42")]),
+                                  contentState: .object(["status": .string("shipped")]),
+                                  alert: .object(["title": .string("Tracking")]))
+        job.collapseId = "order-42"
+        let before = Date().timeIntervalSince1970.rounded(.down)
+        try await harness.produce(job)
+
+        try await eventually("production received 3 pushes and sandbox 1") {
+            harness.simulators.accepted().count >= 3 && harness.simulators.accepted(sandbox: true).count >= 1
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        let production = harness.simulators.accepted()
+        let sandbox = harness.simulators.accepted(sandbox: true)
+        #expect(production.count == 3)
+        #expect(sandbox.count == 1)
+        func find(_ records: [JSONValue], _ token: String) -> JSONValue? { records.first { $0["token"]?.stringValue == token } }
+
+        let alert = try #require(find(production, alertProduction))
+        #expect(alert["topic"]?.stringValue == app.bundleID)
+        #expect(alert["pushType"]?.stringValue == "alert")
+        #expect(alert["priority"]?.numberValue == 10)
+        #expect(alert["collapseId"]?.stringValue == "order-42")
+        #expect(alert["payload"] == job.alert)
+        #expect(find(sandbox, alertSandbox)?["payload"] == job.alert)
+
+        let update = try #require(find(production, activity))
+        #expect(update["topic"]?.stringValue == app.bundleID + ".push-type.liveactivity")
+        #expect(update["pushType"]?.stringValue == "liveactivity")
+        #expect(update[path: "payload", "aps", "event"]?.stringValue == "update")
+        #expect(update[path: "payload", "aps", "content-state", "status"]?.stringValue == "shipped")
+        #expect(update[path: "payload", "aps", "stale-date"]?.numberValue == 1_900_000_000)
+        let timestamp = try #require(update[path: "payload", "aps", "timestamp"]?.numberValue)
+        #expect(timestamp >= before && timestamp <= Date().timeIntervalSince1970 + 1)
+        #expect(find(production, otherActivity) == nil, "another activity's token got the update")
+
+        let start = try #require(find(production, starter))
+        #expect(start["topic"]?.stringValue == app.bundleID + ".push-type.liveactivity")
+        #expect(start[path: "payload", "aps", "event"]?.stringValue == "start")
+        #expect(start[path: "payload", "aps", "attributes-type"]?.stringValue == "OrderAttributes")
+        #expect(start[path: "payload", "aps", "alert", "title"]?.stringValue == "Tracking")
+        #expect(start[path: "payload", "aps", "timestamp"]?.numberValue != nil)
+
+        #expect(harness.metric("herald_dispatcher_pushes_total", labels: ["push_type": "liveactivity", "status": "200"]) == 2)
+        #expect(harness.metric("herald_dispatcher_end_to_end_seconds_count") == 4)
+        await harness.stop()
+    }
+
+    @Test("a post's update then end: Live Activity pushes on each registration's bundle, then no registrations left")
+    func postUpdateThenEnd() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let post = postHash()
+        let phone = deviceToken(), widget = deviceToken(), sandboxed = deviceToken()
+        try await harness.register(app, post: post, token: phone)
+        try await harness.register(app, post: post, token: widget, bundleID: app.bundleID + ".widget")
+        try await harness.register(app, post: post, token: sandboxed, environment: .sandbox)
+
+        var update = PushJob(id: "upd-\(SecureRandom.hex(4))", appId: app.id, target: .post(post))
+        update.liveActivity = PushJob.LiveActivity(event: .update, contentState: .object(["score": .string("1-0")]))
+        try await harness.produce(update)
+        var end = PushJob(id: "end-\(SecureRandom.hex(4))", appId: app.id, target: .post(post))
+        end.liveActivity = PushJob.LiveActivity(event: .end, contentState: .object(["score": .string("2-1")]),
+                                                dismissalDate: 1_900_000_000)
+        try await harness.produce(end)
+
+        try await eventually("4 production and 2 sandbox pushes arrived") {
+            harness.simulators.accepted().count >= 4 && harness.simulators.accepted(sandbox: true).count >= 2
+        }
+        let production = harness.simulators.accepted()
+        #expect(production.allSatisfy { $0["pushType"]?.stringValue == "liveactivity" })
+        let events = production.filter { $0["token"]?.stringValue == phone }.compactMap { $0[path: "payload", "aps", "event"]?.stringValue }
+        #expect(events == ["update", "end"], "one target's jobs arrive in order")
+        let widgetTopics = Set(production.filter { $0["token"]?.stringValue == widget }.compactMap { $0["topic"]?.stringValue })
+        #expect(widgetTopics == [app.bundleID + ".widget.push-type.liveactivity"])
+        let sandbox = harness.simulators.accepted(sandbox: true)
+        #expect(sandbox.allSatisfy { $0["token"]?.stringValue == sandboxed })
+        #expect(sandbox.last?[path: "payload", "aps", "dismissal-date"]?.numberValue == 1_900_000_000)
+
+        try await eventually("the post has no registrations left") {
+            let left = try await harness.activities.postBatch(app: app.id, postIDHash: post, cursor: "0").registrations
+            let index = try await harness.redis.command(["EXISTS", "herald:{\(app.id)}:post:\(post)"]).int
+            return left.isEmpty && index == 0
+        }
+        await harness.stop()
+    }
+
+    @Test("410 removes the token's subscriptions, except those renewed after the 410's timestamp")
+    func unregisteredTokenIsRemoved() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let channel = "news-\(SecureRandom.hex(4))"
+        let gone = deviceToken("dead01"), renewed = deviceToken("dead02"), healthy = deviceToken()
+        try await harness.subscribe(app, channel: channel, token: gone)
+        try await harness.subscribe(app, channel: "other-\(channel)", token: gone)
+        try await harness.subscribe(app, channel: channel, token: renewed)
+        try await harness.subscribe(app, channel: channel, token: healthy)
+        // `gone` became invalid now; `renewed` was invalid an hour ago but subscribed again since.
+        try harness.simulators.production.setRules([
+            .fail(tokenPrefix: "dead01", status: 410, reason: "Unregistered"),
+            .fail(tokenPrefix: "dead02", status: 410, reason: "Unregistered",
+                  timestamp: Int64(Date().timeIntervalSince1970 * 1000) - 3_600_000),
+        ])
+        var job = PushJob(id: "j-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+        job.alert = .object(["aps": .object(["alert": .string("hello")])])
+        try await harness.produce(job)
+
+        try await eventually("the dead token's subscriptions are gone") {
+            try await harness.subscriptions.list(app: app.id, deviceToken: gone).isEmpty
+        }
+        try await eventually("the job is settled") { harness.metric("herald_dispatcher_jobs_completed_total") == 1 }
+        #expect(try await harness.subscriptions.list(app: app.id, deviceToken: renewed).count == 1)
+        #expect(try await harness.subscriptions.list(app: app.id, deviceToken: healthy).count == 1)
+        #expect(harness.simulators.accepted().map { $0["token"]?.stringValue } == [healthy])
+        #expect(harness.metric("herald_dispatcher_tokens_removed_total", labels: ["kind": "subscription"]) == 2)
+        #expect(harness.metric("herald_dispatcher_dead_letters_total") == nil)
+        await harness.stop()
+    }
+
+    @Test("a token failing with 503 twice is delivered on the third attempt; one failing always is dead-lettered")
+    func retries() async throws {
+        let harness = try await DispatcherHarness.start(maxAttempts: 3)
+        let app = harness.apps.apps[0]
+        let flaky = deviceToken("f1a0"), broken = deviceToken("b0b0")
+        try harness.simulators.production.setRules([
+            .fail(tokenPrefix: "f1a0", status: 503, reason: "ServiceUnavailable", times: 2),
+            .fail(tokenPrefix: "b0b0", status: 500, reason: "InternalServerError"),
+        ])
+        for token in [flaky, broken] {
+            var job = PushJob(id: "d-\(SecureRandom.hex(4))", appId: app.id,
+                              target: .device(token, tokenType: .alert, environment: .production))
+            job.payload = .object(["aps": .object(["alert": .string("retry me")])])
+            try await harness.produce(job)
+        }
+        try await eventually("the flaky token got its push") {
+            harness.simulators.accepted().contains { $0["token"]?.stringValue == flaky }
+        }
+        let letters = try await harness.deadLetters(expecting: 1)
+        #expect(letters.count == 1)
+        let letter = try #require(letters.first)
+        #expect(letter["disposition"]?.stringValue == "retries_exhausted")
+        #expect(letter["deviceToken"]?.stringValue == broken)
+        #expect(letter["status"]?.numberValue == 500)
+        #expect(letter["reason"]?.stringValue == "InternalServerError")
+        #expect(letter["attempts"]?.numberValue == 3)
+        #expect(harness.simulators.accepted().filter { $0["token"]?.stringValue == flaky }.count == 1)
+        #expect(harness.metric("herald_dispatcher_retries_total", labels: ["reason": "ServiceUnavailable"]) == 2)
+        #expect(harness.metric("herald_dispatcher_retries_total", labels: ["reason": "InternalServerError"]) == 2)
+        await harness.stop()
+    }
+
+    @Test("a permanent failure gives exactly one dead letter with every replay fact, valid against its schema")
+    func permanentFailure() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let channel = "perm-\(SecureRandom.hex(4))"
+        let token = deviceToken("bad0")
+        try await harness.subscribe(app, channel: channel, token: token, type: .liveActivityUpdate, environment: .sandbox,
+                                    activityID: "a1")
+        try harness.simulators.sandbox.setRules([.fail(tokenPrefix: "bad0", status: 400, reason: "BadTopic")])
+        var job = PushJob(id: "perm-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+        job.liveActivity = PushJob.LiveActivity(event: .update, contentState: .object(["n": .number(1)]))
+        job.priority = 5
+        try await harness.produce(job)
+
+        let letters = try await harness.deadLetters(expecting: 1)
+        #expect(letters.count == 1)
+        let letter = try #require(letters.first)
+        #expect(letter["disposition"]?.stringValue == "rejected")
+        #expect(letter["status"]?.numberValue == 400)
+        #expect(letter["reason"]?.stringValue == "BadTopic")
+        #expect(letter["attempts"]?.numberValue == 1)
+        #expect(letter["deviceToken"]?.stringValue == token)
+        #expect(letter["tokenType"]?.stringValue == "liveactivity-update")
+        #expect(letter["environment"]?.stringValue == "sandbox")
+        #expect(letter["topic"]?.stringValue == app.bundleID + ".push-type.liveactivity")
+        #expect(letter["pushType"]?.stringValue == "liveactivity")
+        #expect(letter["priority"]?.numberValue == 5)
+        #expect(letter[path: "payload", "aps", "event"]?.stringValue == "update")
+        #expect(letter[path: "payload", "aps", "timestamp"]?.numberValue != nil)
+        #expect(letter[path: "job", "id"]?.stringValue == job.id)
+        #expect(letter[path: "job", "target", "channel"]?.stringValue == channel)
+        #expect(letter["appId"]?.stringValue == app.id)
+        #expect(letter["firstAttemptAt"]?.stringValue != nil && letter["lastAttemptAt"]?.stringValue != nil)
+        try validateAgainstSchema([letter.encoded()], schema: "dead-letter.schema.json")
+        let records = try await readTopic(harness.topics.deadLetters, brokers: harness.topics.brokers, expecting: 1,
+                                          timeout: .seconds(5))
+        #expect(records.first.map { String(decoding: $0.key ?? [], as: UTF8.self) } == "\(app.id)/device/\(token)")
+        await harness.stop()
+    }
+
+    @Test("invalid jobs are dead-lettered as invalid_job and the next valid job is still delivered")
+    func invalidJobs() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let token = deviceToken()
+        let key = "\(app.id)/device/\(token)"
+        try await harness.produce(raw: "this is not json", key: key)
+        try await harness.produce(raw: #"{"version": 1, "id": "x", "appId": "\#(app.id)", "createdAt": "2024-01-01T00:00:00.000Z", "target": {"kind": "channel", "channel": "c"}}"#, key: key)
+        var unknown = PushJob(id: "u-1", appId: "no-such-app", target: .device(token, tokenType: .alert, environment: .production))
+        unknown.payload = .object(["aps": .object(["alert": .string("x")])])
+        try await harness.produce(raw: String(decoding: unknown.encoded(), as: UTF8.self), key: key)
+        var valid = PushJob(id: "v-1", appId: app.id, target: .device(token, tokenType: .alert, environment: .production))
+        valid.payload = .object(["aps": .object(["alert": .string("still here")])])
+        try await harness.produce(valid)
+
+        try await eventually("the valid job was delivered") {
+            harness.simulators.accepted().contains { $0["token"]?.stringValue == token }
+        }
+        let letters = try await harness.deadLetters(expecting: 3)
+        #expect(letters.count == 3)
+        #expect(letters.allSatisfy { $0["reason"]?.stringValue == "invalid_job" && $0["disposition"]?.stringValue == "invalid_job" })
+        #expect(letters.allSatisfy { $0["job"] == nil && !($0["message"]?.stringValue ?? "").isEmpty })
+        #expect(letters.first?["rawJob"]?.stringValue == "this is not json")
+        #expect(letters.dropFirst().first?["message"]?.stringValue?.contains("alert, liveActivity or start") == true)
+        #expect(letters.last?["appId"]?.stringValue == "no-such-app")
+        #expect(letters.last?["message"]?.stringValue?.contains("no-such-app") == true)
+        try validateAgainstSchema(letters.map { $0.encoded() }, schema: "dead-letter.schema.json")
+        #expect(harness.metric("herald_dispatcher_jobs_invalid_total") == 3)
+        await harness.stop()
+    }
+
+    @Test("a job produced by a non-Swift client (Python confluent-kafka) is delivered")
+    func foreignProducer() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[1]
+        let token = deviceToken()
+        let job = #"{"version": 1, "id": "py-1", "appId": "\#(app.id)", "createdAt": "2025-01-01T00:00:00.000Z", "target": {"kind": "device", "deviceToken": "\#(token.uppercased())", "tokenType": "alert"}, "payload": {"aps": {"alert": {"title": "from python"}}, "k": [1, 2]}, "priority": 5}"#
+        let script = """
+            import sys
+            from confluent_kafka import Producer
+            p = Producer({"bootstrap.servers": sys.argv[1], "enable.idempotence": True, "acks": "all"})
+            p.produce(sys.argv[2], key=sys.argv[3].encode(), value=sys.stdin.read().encode())
+            assert p.flush(10) == 0
+            """
+        _ = try runTool("python3", ["-c", script, harness.topics.brokers, harness.topics.jobs, "\(app.id)/device/\(token)"],
+                        input: Data(job.utf8))
+        try await eventually("the push arrived") { !harness.simulators.accepted().isEmpty }
+        let push = try #require(harness.simulators.accepted().first)
+        #expect(push["token"]?.stringValue == token)
+        #expect(push["topic"]?.stringValue == app.bundleID)
+        #expect(push["priority"]?.numberValue == 5)
+        #expect(push[path: "payload", "aps", "alert", "title"]?.stringValue == "from python")
+        #expect(push[path: "payload", "k"] == .array([.number(1), .number(2)]))
+        await harness.stop()
+    }
+}

@@ -1,0 +1,282 @@
+import Foundation
+import HeraldAPNs
+import HeraldAPNsSimulator
+import HeraldCore
+import HeraldCrypto
+import HeraldDispatcher
+import HeraldKafka
+import HeraldRedis
+import HeraldRuntime
+import HeraldStore
+import HeraldTestSupport
+import Testing
+
+let testLogger = Logger(label: "dispatcher-test", minimumLevel: .warning)
+
+/// Two APNs simulators (production and sandbox) that trust the test apps' provider keys, each recording what it
+/// accepted.
+final class SimulatorPair: Sendable {
+    let directory: String
+    let tls: SimulatorCertificates.Files
+    let production: APNsSimulator
+    let sandbox: APNsSimulator
+    let productionRecord: String
+    let sandboxRecord: String
+
+    init(apps: TestApps) throws {
+        directory = NSTemporaryDirectory() + "herald-disp-" + SecureRandom.hex(6)
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        tls = try SimulatorCertificates.generate(directory: directory + "/tls")
+        productionRecord = directory + "/production.jsonl"
+        sandboxRecord = directory + "/sandbox.jsonl"
+        let keys = apps.apps.map { ProviderKey(teamID: $0.teamID, keyID: $0.keyID, publicKey: $0.apnsKey.publicKey) }
+        production = try Self.make(record: productionRecord, tls: tls, keys: keys)
+        sandbox = try Self.make(record: sandboxRecord, tls: tls, keys: keys)
+    }
+
+    private static func make(record: String, tls: SimulatorCertificates.Files, keys: [ProviderKey]) throws -> APNsSimulator {
+        let simulator = try APNsSimulator(configuration: APNsSimulatorConfiguration(
+            listen: HostPort(host: "127.0.0.1", port: 0), certificateChainPath: tls.serverCertificate,
+            privateKeyPath: tls.serverKey, providerKeys: keys, recordPath: record),
+            logger: testLogger, metrics: MetricsRegistry())
+        try simulator.start()
+        return simulator
+    }
+
+    func stop() async {
+        production.stop()
+        sandbox.stop()
+        await production.waitUntilStopped()
+        await sandbox.waitUntilStopped()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    var productionURL: String { "https://127.0.0.1:\(production.port)" }
+    var sandboxURL: String { "https://127.0.0.1:\(sandbox.port)" }
+
+    /// Pushes the production (or sandbox) simulator accepted so far.
+    func accepted(sandbox: Bool = false) -> [JSONValue] {
+        readJSONLines(sandbox ? sandboxRecord : productionRecord)
+    }
+}
+
+func readJSONLines(_ path: String) -> [JSONValue] {
+    guard let data = FileManager.default.contents(atPath: path) else { return [] }
+    return data.split(separator: UInt8(ascii: "\n")).compactMap { try? JSONDecoder().decode(JSONValue.self, from: Data($0)) }
+}
+
+/// Fresh topics (jobs with 2 partitions, dead letters with 1) and a fresh consumer group name.
+struct TestTopics: Sendable {
+    let jobs: String
+    let deadLetters: String
+    let group: String
+    let brokers: String
+
+    static func make(partitions: Int = 2) async throws -> TestTopics {
+        let brokers = try TestEnvironment.kafkaBrokers()
+        let suffix = SecureRandom.hex(5)
+        let topics = TestTopics(jobs: "herald.jobs.disp-\(suffix)", deadLetters: "herald.dlq.disp-\(suffix)",
+                                group: "herald-dispatcher-\(suffix)", brokers: brokers)
+        let admin = try KafkaAdmin(configuration: KafkaConfiguration(brokerList: brokers), logger: testLogger)
+        defer { admin.close() }
+        try await admin.createTopic(topics.jobs, partitions: partitions)
+        try await admin.createTopic(topics.deadLetters, partitions: 1)
+        return topics
+    }
+}
+
+/// herald-dispatcher in-process against the real Redis and broker of `scripts/test`, two in-process APNs
+/// simulators, a fresh apps file, fresh topics and a fresh consumer group.
+final class DispatcherHarness: Sendable {
+    let apps: TestApps
+    let simulators: SimulatorPair
+    let topics: TestTopics
+    let redis: RedisClient
+    let producer: KafkaProducer
+    let apns: APNsClient
+    let metrics: MetricsRegistry
+    let port: UInt16
+    private let task: Task<Void, any Error>
+
+    static func start(maxAttempts: Int = 5, configure: (inout DispatcherConfiguration) -> Void = { _ in })
+        async throws -> DispatcherHarness {
+        let apps = try TestApps()
+        let simulators = try SimulatorPair(apps: apps)
+        let topics = try await TestTopics.make()
+        let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
+            kafka: KafkaConfiguration(brokerList: topics.brokers)), logger: testLogger)
+        var apnsConfiguration = APNsConfiguration()
+        apnsConfiguration.productionURL = simulators.productionURL
+        apnsConfiguration.sandboxURL = simulators.sandboxURL
+        apnsConfiguration.extraCAFile = simulators.tls.caCertificate
+        apnsConfiguration.connectionStagger = .milliseconds(10)
+        let metrics = MetricsRegistry()
+        let apns = try APNsClient(configuration: apnsConfiguration, logger: testLogger, metrics: metrics)
+        var configuration = DispatcherConfiguration.forTests(topics: topics)
+        configuration.maxAttempts = maxAttempts
+        configure(&configuration)
+        let service = try DispatcherService(configuration: configuration, apps: AppRegistry(apps.directory),
+                                            redis: redis, producer: producer, apns: apns, logger: testLogger,
+                                            metrics: metrics)
+        let harness = DispatcherHarness(apps: apps, simulators: simulators, topics: topics, redis: redis,
+                                        producer: producer, apns: apns, metrics: metrics, port: service.address.port,
+                                        task: Task { try await service.run() })
+        try await harness.waitForAssignment()
+        return harness
+    }
+
+    private init(apps: TestApps, simulators: SimulatorPair, topics: TestTopics, redis: RedisClient,
+                 producer: KafkaProducer, apns: APNsClient, metrics: MetricsRegistry, port: UInt16,
+                 task: Task<Void, any Error>) {
+        (self.apps, self.simulators, self.topics, self.redis, self.producer, self.apns, self.metrics, self.port,
+         self.task) = (apps, simulators, topics, redis, producer, apns, metrics, port, task)
+    }
+
+    /// Waits until the group assigned partitions to the dispatcher (Tansu takes session.timeout/2 to form it).
+    func waitForAssignment() async throws {
+        try await eventually("the dispatcher was assigned partitions", timeout: .seconds(30)) {
+            metric("herald_dispatcher_partitions_assigned") ?? 0 > 0
+        }
+    }
+
+    func stop() async {
+        task.cancel()
+        _ = try? await task.value
+        await apns.shutdown(gracePeriod: .milliseconds(200))
+        await producer.close()
+        await redis.close()
+        await simulators.stop()
+        apps.remove()
+    }
+
+    var subscriptions: SubscriptionStore { SubscriptionStore(redis: redis) }
+    var activities: ActivityStore { ActivityStore(redis: redis) }
+
+    @discardableResult
+    func subscribe(_ app: TestApps.Entry, channel: String, token: String, type: TokenType = .alert,
+                   environment: HeraldCore.APNsEnvironment = .production, activityID: String? = nil) async throws -> Subscription {
+        var body: [String: JSONValue] = ["channel": .string(channel), "deviceToken": .string(token),
+                                         "tokenType": .string(type.rawValue), "environment": .string(environment.rawValue)]
+        if let activityID { body["activityID"] = .string(activityID) }
+        return try await subscriptions.upsert(app: app.id, SubscriptionInput(.object(body))).subscription
+    }
+
+    func register(_ app: TestApps.Entry, post: String, token: String, bundleID: String? = nil,
+                  environment: HeraldCore.APNsEnvironment = .production) async throws {
+        let input = try ActivityRegistrationInput(.object([
+            "push_token": .string(token), "post_id_hash": .string(post), "bundle_id": .string(bundleID ?? app.bundleID),
+            "apns_environment": .string(environment.rawValue),
+        ]), app: apps.directory.apps[app.id]!)
+        _ = try await activities.register(app: app.id, user: "default", input)
+    }
+
+    func produce(_ job: PushJob) async throws {
+        _ = try await producer.send(topic: topics.jobs, key: job.recordKey, value: job.encoded())
+    }
+
+    func produce(raw: String, key: String) async throws {
+        _ = try await producer.send(topic: topics.jobs, key: key, value: Array(raw.utf8))
+    }
+
+    /// The value of an unlabelled metric (or the sum over a family's children matching `labels`).
+    func metric(_ name: String, labels: [String: String] = [:]) -> Double? {
+        metricValue(metrics.render(), name, labels: labels)
+    }
+
+    /// Every dead letter written so far.
+    func deadLetters(expecting count: Int, timeout: Duration = .seconds(20)) async throws -> [JSONValue] {
+        try await readTopic(topics.deadLetters, brokers: topics.brokers, expecting: count, timeout: timeout)
+            .map { try JSONDecoder().decode(JSONValue.self, from: Data($0.value)) }
+    }
+}
+
+extension DispatcherConfiguration {
+    /// Short times for tests; Tansu-friendly group settings (see platform notes).
+    static func forTests(topics: TestTopics) -> DispatcherConfiguration {
+        var configuration = DispatcherConfiguration()
+        configuration.address = HostPort(host: "127.0.0.1", port: 0)
+        configuration.jobsTopic = topics.jobs
+        configuration.deadLetterTopic = topics.deadLetters
+        configuration.consumerGroup = topics.group
+        configuration.kafka = KafkaConfiguration(brokerList: topics.brokers, clientID: "herald-dispatcher-test")
+        configuration.sessionTimeout = .seconds(6)
+        configuration.maxPollInterval = .seconds(10)
+        configuration.retryInitialDelay = .milliseconds(50)
+        configuration.retryMaximumDelay = .milliseconds(400)
+        configuration.infrastructureRetryDelay = .milliseconds(100)
+        configuration.drainTimeout = .seconds(5)
+        return configuration
+    }
+}
+
+/// Reads `topic` from the beginning, outside any group, until `count` records arrived (or `timeout` passed; a
+/// short wait follows so that extra records show up too).
+func readTopic(_ topic: String, brokers: String, expecting count: Int, timeout: Duration) async throws -> [KafkaRecord] {
+    let consumer = try KafkaConsumer(configuration: KafkaConsumerConfiguration(
+        kafka: KafkaConfiguration(brokerList: brokers), groupID: nil), logger: testLogger)
+    let partitions = try await consumer.partitionCount(topic: topic)
+    try await consumer.assign((0..<partitions).map {
+        KafkaTopicPartitionOffset(topic: topic, partition: Int32($0), offset: KafkaTopicPartitionOffset.beginning)
+    })
+    var records: [KafkaRecord] = []
+    let clock = ContinuousClock()
+    let end = clock.now + timeout
+    while records.count < count, clock.now < end {
+        records += try await consumer.poll(maxRecords: 1000, timeout: .milliseconds(200))
+    }
+    // Anything beyond the expected count (a duplicate dead letter, say) would show up now.
+    let settle = clock.now + .milliseconds(500)
+    while clock.now < settle { records += try await consumer.poll(maxRecords: 1000, timeout: .milliseconds(100)) }
+    try await consumer.close()
+    return records
+}
+
+/// Sums the samples of `name` whose labels include `labels` in Prometheus text.
+func metricValue(_ text: String, _ name: String, labels: [String: String] = [:]) -> Double? {
+    var total: Double?
+    for line in text.split(separator: "\n") where !line.hasPrefix("#") {
+        guard line.hasPrefix(name) else { continue }
+        let rest = line.dropFirst(name.count)
+        guard rest.first == " " || rest.first == "{" else { continue }
+        if !labels.allSatisfy({ rest.contains("\($0.key)=\"\($0.value)\"") }) { continue }
+        guard let value = line.split(separator: " ").last.flatMap({ Double($0) }) else { continue }
+        total = (total ?? 0) + value
+    }
+    return total
+}
+
+/// Polls `condition` every 50 ms until it holds; records an issue and throws after `timeout`.
+func eventually(_ what: String, timeout: Duration = .seconds(20),
+                _ condition: @Sendable () async throws -> Bool) async throws {
+    let clock = ContinuousClock()
+    let end = clock.now + timeout
+    while clock.now < end {
+        if try await condition() { return }
+        try await Task.sleep(for: .milliseconds(50))
+    }
+    Issue.record("timed out waiting until \(what)")
+    throw TimedOut(what: what)
+}
+
+struct TimedOut: Error, CustomStringConvertible {
+    var what: String
+    var description: String { "timed out waiting until \(what)" }
+}
+
+/// A fresh hex device token, optionally starting with `prefix` (for simulator rules).
+func deviceToken(_ prefix: String = "") -> String {
+    prefix + SecureRandom.hex(32).dropFirst(prefix.count)
+}
+
+/// A fresh post id hash.
+func postHash() -> String { SecureRandom.hex(8) }
+
+extension JSONValue {
+    /// `self[a][b]…` for a path of object keys.
+    subscript(path path: String...) -> JSONValue? {
+        var value: JSONValue? = self
+        for key in path { value = value?[key] }
+        return value
+    }
+}

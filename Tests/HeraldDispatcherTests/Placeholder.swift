@@ -1,1 +1,0 @@
-// HeraldDispatcherTests: filled in by its issue.

@@ -1,0 +1,189 @@
+import Foundation
+import HeraldCore
+import HeraldCrypto
+import HeraldKafka
+import HeraldRedis
+import HeraldRuntime
+import HeraldStore
+import HeraldTestSupport
+import Testing
+
+/// Both services as processes (herald-ingest, herald-dispatcher, herald-apns-sim) against real Redis and Tansu.
+@Suite("Dispatcher processes", .serialized)
+struct ProcessTests {
+    @Test("an order-status event posted to herald-ingest reaches each subscriber; SIGTERM stops the dispatcher cleanly")
+    func endToEnd() async throws {
+        let directory = try scratchDirectory()
+        let apps = try TestApps()
+        let topics = try await TestTopics.make()
+        let simulator = try SimulatorProcess(apps: apps, directory: directory)
+        try await simulator.waitUntilListening()
+        let ingest = try IngestProcess(apps: apps, topics: topics, directory: directory)
+        let dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory)
+        try await ingest.waitUntilReady()
+        try await dispatcher.waitForAssignment()
+
+        let app = apps.apps[0]
+        let channel = "order:\(SecureRandom.hex(4)):status"
+        let phone = deviceToken(), activity = deviceToken()
+        for body in [#"{"channel": "\#(channel)", "deviceToken": "\#(phone)", "tokenType": "alert"}"#,
+                     #"{"channel": "\#(channel)", "deviceToken": "\#(activity)", "tokenType": "liveactivity-update", "activityID": "A-1"}"#] {
+            let created = try await ingest.request("POST", "/v1/apps/\(app.id)/subscriptions", key: app.publicKey, json: body)
+            #expect(created.status == 201, "\(created.text)")
+        }
+        let event = try await ingest.request("POST", "/v1/apps/\(app.id)/events", key: app.secretKey, json: """
+            {"channel": "\(channel)", "alert": {"aps": {"alert": {"title": "Shipped"}}, "order": 7},
+             "liveActivity": {"event": "update", "contentState": {"status": "shipped"}}}
+            """)
+        #expect(event.status == 202, "\(event.text)")
+        try await eventually("both pushes arrived") { simulator.acceptedCount() >= 2 }
+        let accepted = simulator.accepted()
+        let alert = try #require(accepted.first { $0["token"]?.stringValue == phone })
+        #expect(alert["topic"]?.stringValue == app.bundleID)
+        #expect(alert["pushType"]?.stringValue == "alert")
+        #expect(alert[path: "payload", "order"]?.numberValue == 7)
+        let update = try #require(accepted.first { $0["token"]?.stringValue == activity })
+        #expect(update["topic"]?.stringValue == app.bundleID + ".push-type.liveactivity")
+        #expect(update["pushType"]?.stringValue == "liveactivity")
+        #expect(update[path: "payload", "aps", "content-state", "status"]?.stringValue == "shipped")
+        #expect(update[path: "payload", "aps", "timestamp"]?.numberValue != nil)
+
+        #expect(try await dispatcher.get("/healthz").status == 200)
+        let ready = try await dispatcher.get("/readyz")
+        #expect(ready.status == 200, "\(ready.text)")
+        let metrics = try await dispatcher.get("/metrics").text
+        for name in ["herald_dispatcher_jobs_consumed_total", "herald_dispatcher_pushes_total",
+                     "herald_dispatcher_end_to_end_seconds_bucket", "herald_dispatcher_push_duration_seconds_bucket",
+                     "herald_dispatcher_in_flight_pushes", "herald_apns_connections"] {
+            #expect(metrics.contains(name), "\(name) missing from /metrics")
+        }
+        #expect(metricValue(metrics, "herald_dispatcher_pushes_total", labels: ["status": "200"]) == 2)
+
+        let stopping = ContinuousClock.now
+        dispatcher.child.signal(SIGTERM)
+        let status = await dispatcher.child.waitForExit(timeout: .seconds(30))
+        #expect(status == 0, "dispatcher exit status \(String(describing: status)); log:\n\(dispatcher.child.log.suffix(2000))")
+        #expect(ContinuousClock.now - stopping < .seconds(10))
+        #expect(dispatcher.child.log.contains("consumer closed"))
+        let lines = dispatcher.child.log.split(separator: "\n")
+        #expect(lines.allSatisfy { (try? JSONDecoder().decode(JSONValue.self, from: Data($0.utf8)))?.objectValue != nil },
+                "every log line is one JSON object")
+        await ingest.child.stop()
+        await simulator.child.stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    @Test("kill -9 during a 20,000-subscriber fan-out: after a restart every token has its push, duplicates within the bound")
+    func killDuringFanOut() async throws {
+        let directory = try scratchDirectory()
+        let apps = try TestApps()
+        let topics = try await TestTopics.make()
+        let simulator = try SimulatorProcess(apps: apps, directory: directory)
+        defer { apps.remove() }
+        let app = apps.apps[0]
+        let channel = "big-\(SecureRandom.hex(4))"
+        let count = 20_000
+        let tokens = try await seedChannel(app: app.id, channel: channel, count: count)
+        // Small batches and a few hundred pushes in flight, so the fan-out is still running when it is killed.
+        let settings = ["HERALD_FANOUT_BATCH_SIZE": "200", "HERALD_MAX_IN_FLIGHT_PUSHES": "200"]
+        try await simulator.waitUntilListening()
+        var dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory,
+                                               name: "dispatcher-1", extra: settings)
+        try await dispatcher.waitForAssignment()
+
+        var job = PushJob(id: "big-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+        job.alert = .object(["aps": .object(["alert": .string("flash sale")])])
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
+            kafka: KafkaConfiguration(brokerList: topics.brokers)), logger: testLogger)
+        _ = try await producer.send(topic: topics.jobs, key: job.recordKey, value: job.encoded())
+        await producer.close()
+
+        try await eventually("a third of the fan-out was delivered", timeout: .seconds(60)) {
+            simulator.acceptedCount() >= count / 3
+        }
+        dispatcher.child.signal(SIGKILL)
+        _ = await dispatcher.child.waitForExit(timeout: .seconds(5))
+        let beforeRestart = simulator.acceptedCount()
+        #expect(beforeRestart < count, "the fan-out finished before the kill; the test proves nothing")
+
+        dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory,
+                                           name: "dispatcher-2", extra: settings)
+        try await eventually("every token received the push", timeout: .seconds(180)) {
+            Set(simulator.accepted().compactMap { $0["token"]?.stringValue }).count >= count
+        }
+        try await Task.sleep(for: .seconds(1))
+        let accepted = simulator.accepted().compactMap { $0["token"]?.stringValue }
+        #expect(Set(accepted) == Set(tokens))
+        let duplicates = accepted.count - count
+        // README: duplicates ≤ (maxBatchesInFlightPerJob + 1) × batch size = 4 × 200 here (SSCAN may overshoot
+        // its COUNT by a few entries per call).
+        #expect(duplicates <= 4 * 200 + 40, "\(duplicates) duplicates")
+        print("kill -9 fan-out: \(beforeRestart) delivered before the kill, \(duplicates) duplicates after the restart")
+        #expect(dispatcher.child.log.contains("resuming a fan-out from its saved cursor"))
+        await dispatcher.child.stop()
+        await simulator.child.stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    @Test("two dispatcher processes in one group share the partitions and deliver every job once")
+    func twoDispatchers() async throws {
+        let directory = try scratchDirectory()
+        let apps = try TestApps()
+        let topics = try await TestTopics.make(partitions: 4)
+        let simulator = try SimulatorProcess(apps: apps, directory: directory)
+        defer { apps.remove() }
+        try await simulator.waitUntilListening()
+        let first = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory,
+                                          name: "dispatcher-a")
+        let second = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory,
+                                           name: "dispatcher-b")
+        try await eventually("both members own partitions", timeout: .seconds(90)) {
+            let a = await first.metric("herald_dispatcher_partitions_assigned") ?? 0
+            let b = await second.metric("herald_dispatcher_partitions_assigned") ?? 0
+            return a > 0 && b > 0 && a + b == 4
+        }
+        let app = apps.apps[0]
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
+            kafka: KafkaConfiguration(brokerList: topics.brokers)), logger: testLogger)
+        let tokens: [String] = (0..<200).map { _ in deviceToken() }
+        for (index, token) in tokens.enumerated() {
+            var job = PushJob(id: "two-\(index)", appId: app.id, target: .device(token, tokenType: .alert, environment: .production))
+            job.payload = .object(["aps": .object(["alert": .string("job \(index)")])])
+            _ = try await producer.send(topic: topics.jobs, key: job.recordKey, value: job.encoded())
+        }
+        await producer.close()
+        try await eventually("every job was delivered") { simulator.acceptedCount() >= tokens.count }
+        try await Task.sleep(for: .seconds(1))
+        let accepted = simulator.accepted().compactMap { $0["token"]?.stringValue }
+        #expect(accepted.count == tokens.count, "each job once")
+        #expect(Set(accepted) == Set(tokens))
+        let a = await first.metric("herald_dispatcher_jobs_consumed_total") ?? 0
+        let b = await second.metric("herald_dispatcher_jobs_consumed_total") ?? 0
+        #expect(a > 0 && b > 0 && a + b == 200, "consumed \(a) + \(b)")
+        await first.child.stop()
+        await second.child.stop()
+        await simulator.child.stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    /// Subscribes `count` fresh alert tokens to `channel`, 64 at a time.
+    private func seedChannel(app: String, channel: String, count: Int) async throws -> [String] {
+        let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
+        let store = SubscriptionStore(redis: redis)
+        let tokens: [String] = (0..<count).map { _ in deviceToken() }
+        for start in stride(from: 0, to: count, by: 64) {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for token in tokens[start..<min(count, start + 64)] {
+                    group.addTask {
+                        _ = try await store.upsert(app: app, SubscriptionInput(.object([
+                            "channel": .string(channel), "deviceToken": .string(token), "tokenType": .string("alert"),
+                        ])))
+                    }
+                }
+                try await group.waitForAll()
+            }
+        }
+        await redis.close()
+        return tokens
+    }
+}

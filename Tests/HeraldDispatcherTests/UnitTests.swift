@@ -1,0 +1,92 @@
+import Foundation
+@testable import HeraldDispatcher
+import HeraldCore
+import HeraldCrypto
+import HeraldRuntime
+@testable import HeraldStore
+import HeraldTestSupport
+import Testing
+
+@Suite("Dispatcher units")
+struct UnitTests {
+    @Test("commits never pass an unsettled job, whatever order jobs settle in")
+    func commitPosition() {
+        var offsets = PartitionOffsets()
+        #expect(offsets.commitPosition == nil)
+        for offset in Int64(10)...14 { offsets.start(offset) }
+        offsets.settle(12)
+        offsets.settle(10)
+        #expect(offsets.commitPosition == 11, "11 is still running")
+        offsets.settle(11)
+        #expect(offsets.commitPosition == 13)
+        offsets.committed = 13
+        #expect(offsets.uncommitted == nil)
+        offsets.settle(14)
+        #expect(offsets.commitPosition == 13)
+        offsets.settle(13)
+        #expect(offsets.commitPosition == 15)
+        #expect(offsets.uncommitted == 15)
+    }
+
+    @Test("the concurrency limit admits at most its size, in order, and a cancelled waiter leaves the queue")
+    func concurrencyLimit() async throws {
+        let limit = ConcurrencyLimit(limit: 2)
+        try await limit.acquire()
+        try await limit.acquire()
+        let waiter = Task { try await limit.acquire() }
+        let cancelled = Task { try await limit.acquire() }
+        try await Task.sleep(for: .milliseconds(50))
+        cancelled.cancel()
+        await #expect(throws: CancellationError.self) { try await cancelled.value }
+        limit.release()
+        try await waiter.value // got the released slot
+        let third = Task { try await limit.acquire() }
+        try await Task.sleep(for: .milliseconds(50))
+        limit.release()
+        try await third.value
+    }
+
+    @Test("backoff doubles per attempt within half and all of the ceiling, capped by the maximum")
+    func backoff() {
+        let backoff = RetryBackoff(initial: .milliseconds(100), maximum: .seconds(1))
+        for attempt in 1...6 {
+            let ceiling = min(Duration.seconds(1), .milliseconds(100) * (1 << (attempt - 1)))
+            for _ in 0..<20 {
+                let delay = backoff.delay(attempt: attempt)
+                #expect(delay >= ceiling / 2 && delay <= ceiling)
+            }
+        }
+    }
+
+    @Test("a final post update is sent as an end event; Live Activity pushes carry aps.timestamp")
+    func plans() throws {
+        let apps = try TestApps(count: 1)
+        defer { apps.remove() }
+        let app = try #require(apps.directory.apps[apps.apps[0].id])
+        var job = PushJob(id: "p", appId: app.id, target: .post("abcdef0123"))
+        job.liveActivity = PushJob.LiveActivity(event: .update, contentState: .object(["a": .number(1)]))
+        job.final = true
+        let plan = try JobPlan(job: job, app: app, timestamp: 1_700_000_000)
+        let registration = ActivityRegistration(id: "r", user: "u", postIDHash: "abcdef0123", pushToken: SecureRandom.hex(32),
+                                                environment: .production, bundleID: app.apns.bundleId + ".widget",
+                                                createdAt: "", lastSeenAt: "")
+        let push = try #require(plan.push(for: registration))
+        let payload = try JSONDecoder().decode(JSONValue.self, from: Data(push.payload))
+        #expect(payload[path: "aps", "event"]?.stringValue == "end")
+        #expect(payload[path: "aps", "timestamp"]?.numberValue == 1_700_000_000)
+        #expect(push.topic == app.apns.bundleId + ".widget.push-type.liveactivity")
+
+        var device = PushJob(id: "d", appId: app.id, target: .device("ab" + String(repeating: "0", count: 62),
+                                                                  tokenType: .liveActivityUpdate, environment: .sandbox))
+        device.payload = .object(["aps": .object(["event": .string("update"), "content-state": .object([:])])])
+        let devicePush = try #require(try JobPlan(job: device, app: app, timestamp: 42).devicePush(timestamp: 42))
+        #expect(devicePush.pushType == .liveactivity)
+        #expect(devicePush.topic == app.apns.bundleId + ".push-type.liveactivity")
+        #expect(devicePush.environment == .sandbox)
+        let sent = try JSONDecoder().decode(JSONValue.self, from: Data(devicePush.payload))
+        #expect(sent[path: "aps", "timestamp"]?.numberValue == 42)
+
+        device.target.topic = "com.other.app"
+        #expect(throws: JobPlan.Refusal.self) { try JobPlan(job: device, app: app, timestamp: 42) }
+    }
+}
