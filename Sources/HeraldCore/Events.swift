@@ -84,7 +84,11 @@ public enum EventIntake {
 
     /// The job id: the client's `id` (body) or `Idempotency-Key` (header), else a fresh random one.
     private static func jobIdentifier(_ f: FieldReader, _ headerID: String?) throws(ValidationError) -> String {
-        if let id = try f.string("id") ?? headerID {
+        let bodyID = try f.string("id")
+        if let bodyID, let headerID, bodyID != headerID {
+            throw .invalid("id", "id and the Idempotency-Key header differ; send one of them")
+        }
+        if let id = bodyID ?? headerID {
             guard !id.isEmpty, id.utf8.count <= 128, id.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7f }) else {
                 throw .invalid("id", "id must be 1–128 visible ASCII characters")
             }

@@ -119,10 +119,35 @@ public struct PushJob: Sendable, Codable, Equatable {
         return Array(try! encoder.encode(self))
     }
 
+    /// Decodes a record of `herald.jobs`. Like the schema, it refuses fields the format does not define, so a
+    /// misspelt field (`collapseID`) is dead-lettered rather than silently dropped. Call `validate()` next.
     public static func decode(_ bytes: [UInt8]) throws(ValidationError) -> PushJob {
-        do { return try JSONDecoder().decode(PushJob.self, from: Data(bytes)) } catch {
+        let job: PushJob, raw: JSONValue
+        do {
+            raw = try JSONDecoder().decode(JSONValue.self, from: Data(bytes))
+            job = try JSONDecoder().decode(PushJob.self, from: Data(bytes))
+        } catch {
             throw ValidationError(code: "invalid_job", message: "not a push job: \(Self.describe(error))")
         }
+        // What the job encodes back to holds every field it understood; anything else in the record is unknown.
+        if let problem = Self.unknownFieldProblem(raw, known: try? JSONDecoder().decode(JSONValue.self, from: Data(job.encoded()))) {
+            throw ValidationError(code: "invalid_job", message: "not a push job: \(problem)")
+        }
+        return job
+    }
+
+    /// What is wrong with the first member of `raw` missing from `known`, looking into objects present in both.
+    private static func unknownFieldProblem(_ raw: JSONValue, known: JSONValue?, path: String = "") -> String? {
+        guard case .object(let fields) = raw, case .object(let knownFields)? = known else { return nil }
+        for name in fields.keys.sorted() {
+            let fieldPath = path.isEmpty ? name : "\(path).\(name)"
+            guard let knownValue = knownFields[name] else {
+                return fields[name] == .null ? "\(fieldPath) is null (leave it out instead)"
+                    : "\(fieldPath) is not a field of the format"
+            }
+            if let problem = unknownFieldProblem(fields[name]!, known: knownValue, path: fieldPath) { return problem }
+        }
+        return nil
     }
 
     /// Checks every rule of the job format, including the size of each payload Herald will build.
@@ -140,6 +165,7 @@ public struct PushJob: Sendable, Codable, Equatable {
                 throw .invalid("collapseId", "collapseId must be 1–64 bytes")
             }
         }
+        try checkTargetFields()
         switch target.kind {
         case .channel:
             try Channel.validate(target.channel ?? "", field: "target.channel")
@@ -154,8 +180,15 @@ public struct PushJob: Sendable, Codable, Equatable {
                 throw ValidationError(code: "invalid_field", message: "a post job carries only liveActivity")
             }
             try rejectParts(payload: true, final: false)
+            if liveActivity?.activityID != nil {
+                throw ValidationError(code: "invalid_field", message: "activityID belongs to channel jobs",
+                                      field: "liveActivity.activityID")
+            }
         case .device:
-            _ = try DeviceToken.normalized(target.deviceToken ?? "", field: "target.deviceToken")
+            guard try DeviceToken.normalized(target.deviceToken ?? "", field: "target.deviceToken") == target.deviceToken else {
+                throw .invalid("target.deviceToken", "target.deviceToken must be lowercase hex (it is part of the record key)")
+            }
+            if target.topic?.isEmpty == true { throw .invalid("target.topic", "target.topic must not be empty") }
             guard target.tokenType != nil else { throw .missing("target.tokenType") }
             guard payload != nil else { throw .missing("payload") }
             guard alert == nil, liveActivity == nil, start == nil else {
@@ -195,6 +228,22 @@ public struct PushJob: Sendable, Codable, Equatable {
     public var resolvedPushType: PushType {
         if let pushType, let type = PushType(rawValue: pushType) { return type }
         return target.tokenType == .alert || target.tokenType == nil ? .alert : .liveactivity
+    }
+
+    /// A target carries only its own kind's fields (as the schema's `oneOf` says).
+    private func checkTargetFields() throws(ValidationError) {
+        let present: [(String, Bool)] = [("channel", target.channel != nil), ("postIdHash", target.postIdHash != nil),
+                                         ("deviceToken", target.deviceToken != nil), ("tokenType", target.tokenType != nil),
+                                         ("environment", target.environment != nil), ("topic", target.topic != nil)]
+        let own: Set<String> = switch target.kind {
+        case .channel: ["channel"]
+        case .post: ["postIdHash"]
+        case .device: ["deviceToken", "tokenType", "environment", "topic"]
+        }
+        if let stray = present.first(where: { $0.1 && !own.contains($0.0) }) {
+            throw ValidationError(code: "invalid_field", message: "a \(target.kind.rawValue) target has no \(stray.0)",
+                                  field: "target.\(stray.0)")
+        }
     }
 
     private func rejectParts(payload rejectPayload: Bool, final rejectFinal: Bool) throws(ValidationError) {
