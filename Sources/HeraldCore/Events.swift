@@ -9,7 +9,7 @@ public enum EventIntake {
         let fields = try FieldReader(body, allowed: ["channel", "alert", "liveActivity", "start", "priority",
                                                      "expiration", "collapseId", "id"])
         let channel = try fields.requiredString("channel")
-        try Channel.validate(channel)
+        try PushJob.validateChannel(channel, field: "channel")
         var job = PushJob(id: try jobIdentifier(fields, jobID), appId: appID, target: .channel(channel))
         job.alert = try fields.object("alert")
         if let live = try fields.object("liveActivity") {
@@ -82,13 +82,9 @@ public enum EventIntake {
         job.collapseId = try f.string("collapseId")
     }
 
-    /// The job id: the client's `id` (body) or `Idempotency-Key` (header), else a fresh random one.
+    /// The job id: the client's `id` (body, which wins) or `Idempotency-Key` (header), else a fresh random one.
     private static func jobIdentifier(_ f: FieldReader, _ headerID: String?) throws(ValidationError) -> String {
-        let bodyID = try f.string("id")
-        if let bodyID, let headerID, bodyID != headerID {
-            throw .invalid("id", "id and the Idempotency-Key header differ; send one of them")
-        }
-        if let id = bodyID ?? headerID {
+        if let id = try f.string("id") ?? headerID {
             guard !id.isEmpty, id.utf8.count <= 128, id.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7f }) else {
                 throw .invalid("id", "id must be 1–128 visible ASCII characters")
             }

@@ -161,14 +161,16 @@ public struct PushJob: Sendable, Codable, Equatable {
         if let priority, ![1, 5, 10].contains(priority) { throw .invalid("priority", "priority must be 1, 5 or 10") }
         if let expiration, expiration < 0 { throw .invalid("expiration", "expiration must be UNIX seconds ≥ 0") }
         if let collapseId {
-            guard !collapseId.isEmpty, collapseId.utf8.count <= 64 else {
-                throw .invalid("collapseId", "collapseId must be 1–64 bytes")
+            // APNs allows 64 bytes; printable ASCII makes that 64 characters too, so JSON Schema can say it exactly.
+            guard (1...64).contains(collapseId.utf8.count),
+                  collapseId.unicodeScalars.allSatisfy({ (0x20...0x7e).contains($0.value) }) else {
+                throw .invalid("collapseId", "collapseId must be 1–64 printable ASCII characters (APNs takes at most 64 bytes)")
             }
         }
         try checkTargetFields()
         switch target.kind {
         case .channel:
-            try Channel.validate(target.channel ?? "", field: "target.channel")
+            try Self.validateChannel(target.channel ?? "", field: "target.channel")
             guard alert != nil || liveActivity != nil || start != nil else {
                 throw ValidationError(code: "missing_field", message: "a channel job needs alert, liveActivity or start")
             }
@@ -228,6 +230,14 @@ public struct PushJob: Sendable, Codable, Equatable {
     public var resolvedPushType: PushType {
         if let pushType, let type = PushType(rawValue: pushType) { return type }
         return target.tokenType == .alert || target.tokenType == nil ? .alert : .liveactivity
+    }
+
+    /// A channel name as subscriptions take it, counted in Unicode scalars (as JSON Schema's `maxLength` counts).
+    static func validateChannel(_ channel: String, field: String) throws(ValidationError) {
+        guard channel.unicodeScalars.count <= Channel.maxLength else {
+            throw .invalid(field, "\(field) must be at most \(Channel.maxLength) characters")
+        }
+        try Channel.validate(channel, field: field)
     }
 
     /// A target carries only its own kind's fields (as the schema's `oneOf` says).

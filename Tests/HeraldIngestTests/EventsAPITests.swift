@@ -78,7 +78,7 @@ import Testing
         let response = try await ingest.request("POST", "/v1/apps/\(app.id)/devices/\(token.uppercased())/push",
                                                 key: app.secretKey, json: """
             {"payload": {"aps": {"content-available": 1}, "sync": "inbox"}, "pushType": "background", "priority": 5,
-             "environment": "sandbox", "tokenType": "alert", "collapseId": "sync"}
+             "environment": "sandbox", "tokenType": "alert", "collapseId": "\(String(repeating: "s", count: 64))"}
             """)
         #expect(response.status == 202, "\(response.text)")
 
@@ -181,7 +181,10 @@ import Testing
         ("events", #"{"channel": "c", "alert": {"aps": {}}, "priority": "high"}"#, 400, "priority"),
         ("events", #"{"channel": "c", "alert": {"aps": {}}, "expiration": -1}"#, 400, "expiration"),
         ("events", #"{"channel": "c", "alert": {"aps": {}}, "collapseId": "\#(String(repeating: "é", count: 33))"}"#, 400, "collapseId"),
+        ("events", #"{"channel": "c", "alert": {"aps": {}}, "collapseId": "\#(String(repeating: "x", count: 65))"}"#, 400, "collapseId"),
         ("events", #"{"channel": "c", "alert": {"aps": {}}, "colapseId": "typo"}"#, 400, "colapseId"),
+        // 256 Unicode scalars (as JSON Schema counts), though only 128 characters as Swift counts graphemes.
+        ("events", #"{"channel": "\#(String(repeating: "e\u{301}", count: 128))", "alert": {"aps": {}}}"#, 400, "channel"),
         ("events", #"{"channel": "c", "liveActivity": {"event": "start", "contentState": {}}}"#, 400, "liveActivity.event"),
         ("events", #"{"channel": "c", "liveActivity": {"contentState": {}}}"#, 400, "liveActivity.event"),
         ("events", #"{"channel": "c", "liveActivity": {"event": "update"}}"#, 400, "liveActivity.contentState"),
