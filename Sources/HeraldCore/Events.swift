@@ -90,6 +90,24 @@ public enum EventIntake {
             }
             return id
         }
-        return UUID().uuidString.lowercased()
+        return randomUUID()
+    }
+
+    /// A random (version 4) UUID in lowercase: Foundation's `UUID()` plus `uuidString` cost several percent of
+    /// herald-ingest's CPU per event.
+    static func randomUUID() -> String {
+        var generator = SystemRandomNumberGenerator()
+        var bytes = withUnsafeBytes(of: (generator.next() as UInt64, generator.next() as UInt64)) { Array($0) }
+        bytes[6] = bytes[6] & 0x0f | 0x40
+        bytes[8] = bytes[8] & 0x3f | 0x80
+        let digits = Array("0123456789abcdef".utf8)
+        var text: [UInt8] = []
+        text.reserveCapacity(36)
+        for (index, byte) in bytes.enumerated() {
+            if [4, 6, 8, 10].contains(index) { text.append(UInt8(ascii: "-")) }
+            text.append(digits[Int(byte >> 4)])
+            text.append(digits[Int(byte & 0x0f)])
+        }
+        return String(decoding: text, as: UTF8.self)
     }
 }

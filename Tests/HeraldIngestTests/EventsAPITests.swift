@@ -28,6 +28,8 @@ import Testing
             """)
         #expect(response.status == 202, "\(response.text)")
         let jobID = try #require(try response.json()["jobId"] as? String)
+        // Without a client id the job id is a random (version 4) UUID.
+        #expect(jobID.wholeMatch(of: /[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}/) != nil, "\(jobID)")
 
         let records = try await JobsReader.recordsBeforeMarker(ingest, app: app, channel: channel)
         try #require(records.count == 1, "expected one record, got \(records.count)")
