@@ -35,7 +35,7 @@ import Testing
         try #require(records.count == 1, "expected one record, got \(records.count)")
         let record = records[0]
         #expect(record.keyText == "\(app.id)/\(channel)")
-        try validateAgainstSchema([record.value], schema: "push-job.schema.json")
+        try await validateJobs([record.value])
         let job = try PushJob.decode(record.value)
         try job.validate()
         #expect(job.id == jobID && job.appId == app.id && job.version == 1)
@@ -64,7 +64,7 @@ import Testing
         let records = try await JobsReader.recordsBeforeMarker(ingest, app: app)
         try #require(records.count == 2, "expected two records, got \(records.count)")
         #expect(records.allSatisfy { $0.keyText == "\(app.id)/post/\(post)" })
-        try validateAgainstSchema(records.map(\.value), schema: "push-job.schema.json")
+        try await validateJobs(records.map(\.value))
         // Same key, same partition: the broker keeps them in the order they were accepted.
         let jobs = try records.map { try PushJob.decode($0.value) }
         #expect(jobs.map(\.id) == [try update.json()["jobId"] as? String, try end.json()["jobId"] as? String])
@@ -87,7 +87,7 @@ import Testing
         let records = try await JobsReader.recordsBeforeMarker(ingest, app: app)
         try #require(records.count == 1, "expected one record, got \(records.count)")
         #expect(records[0].keyText == "\(app.id)/device/\(token)")
-        try validateAgainstSchema([records[0].value], schema: "push-job.schema.json")
+        try await validateJobs([records[0].value])
         let job = try PushJob.decode(records[0].value)
         #expect(job.id == (try response.json()["jobId"] as? String))
         #expect(job.target == .device(token, tokenType: .alert, environment: .sandbox))
@@ -305,7 +305,7 @@ import Testing
         await reader.close()
         try #require(records.count == 2, "got \(records.count) records")
         #expect(records.allSatisfy { $0.keyText == "\(app.id)/outage" })
-        try validateAgainstSchema(records.map(\.value), schema: "push-job.schema.json")
+        try await validateJobs(records.map(\.value))
         #expect(try records.map { try PushJob.decode($0.value).id }.first == "outage-0")
     }
 
@@ -332,14 +332,14 @@ import Testing
         await reader.close()
         try #require(records.count == 1)
         #expect(records[0].keyText == "shop/order:42:status")
-        try validateAgainstSchema([records[0].value], schema: "push-job.schema.json")
+        try await validateJobs([records[0].value])
         let job = try PushJob.decode(records[0].value)
         try job.validate()
         #expect(job.id == printed["id"] as? String && job.target == .channel("order:42:status"))
     }
 
     /// What the schema refuses, the dispatcher's decoder refuses too (a typo in a field name is not ignored).
-    @Test func schemaAndDecoderAgreeOnUnknownFields() throws {
+    @Test func schemaAndDecoderAgreeOnUnknownFields() async throws {
         let job = PushJob(id: "j1", appId: "shop", target: .channel("c"))
         var valid = try #require(try JSONSerialization.jsonObject(with: Data(job.encoded())) as? [String: Any])
         valid["alert"] = ["aps": [:]]
@@ -353,13 +353,19 @@ import Testing
                 broken[path[0]] = inner
             }
             let bytes = Array(try JSONSerialization.data(withJSONObject: broken))
-            #expect(throws: (any Error).self, "\(path)") { try validateAgainstSchema([bytes], schema: "push-job.schema.json") }
+            await #expect(throws: (any Error).self, "\(path)") { try await validateJobs([bytes]) }
             #expect(throws: ValidationError.self, "\(path)") { try PushJob.decode(bytes) }
         }
         let bytes = Array(try JSONSerialization.data(withJSONObject: valid))
-        try validateAgainstSchema([bytes], schema: "push-job.schema.json")
+        try await validateJobs([bytes])
         #expect(try PushJob.decode(bytes).alert == .object(["aps": .object([:])]))
     }
+}
+
+/// Validates record values against schemas/push-job.schema.json off Swift's cooperative pool: the validator runs
+/// Python and blocks while it does, which would hold up the service's handlers and timers in the same process.
+func validateJobs(_ values: [[UInt8]]) async throws {
+    try await onThread { try validateAgainstSchema(values, schema: "push-job.schema.json") }
 }
 
 // MARK: - Reading the jobs topic
