@@ -20,6 +20,17 @@ public struct PushJob: Sendable, Codable, Equatable {
         public var topic: String?
 
         public static func channel(_ name: String) -> Target { Target(kind: .channel, channel: name) }
+
+        var jsonValue: JSONValue {
+            var fields: [String: JSONValue] = ["kind": .string(kind.rawValue)]
+            fields["channel"] = channel.map { .string($0) }
+            fields["postIdHash"] = postIdHash.map { .string($0) }
+            fields["deviceToken"] = deviceToken.map { .string($0) }
+            fields["tokenType"] = tokenType.map { .string($0.rawValue) }
+            fields["environment"] = environment.map { .string($0.rawValue) }
+            fields["topic"] = topic.map { .string($0) }
+            return .object(fields)
+        }
         public static func post(_ hash: String) -> Target { Target(kind: .post, postIdHash: hash) }
         public static func device(_ token: String, tokenType: TokenType, environment: APNsEnvironment,
                                   topic: String? = nil) -> Target {
@@ -38,6 +49,16 @@ public struct PushJob: Sendable, Codable, Equatable {
         public var relevanceScore: Double?
         /// Channel jobs: only `liveactivity-update` subscriptions with this activityID receive it.
         public var activityID: String?
+
+        var jsonValue: JSONValue {
+            var fields: [String: JSONValue] = ["event": .string(event.rawValue), "contentState": contentState]
+            fields["alert"] = alert
+            fields["staleDate"] = staleDate.map { .number(Double($0)) }
+            fields["dismissalDate"] = dismissalDate.map { .number(Double($0)) }
+            fields["relevanceScore"] = relevanceScore.map { .number($0) }
+            fields["activityID"] = activityID.map { .string($0) }
+            return .object(fields)
+        }
 
         public init(event: Event, contentState: JSONValue, alert: JSONValue? = nil, staleDate: Int64? = nil,
                     dismissalDate: Int64? = nil, relevanceScore: Double? = nil, activityID: String? = nil) {
@@ -113,16 +134,61 @@ public struct PushJob: Sendable, Codable, Equatable {
     /// True when this job ends its Live Activities (an `end` event or `final`).
     public var isFinal: Bool { final == true || liveActivity?.event == .end }
 
-    public func encoded() -> [UInt8] {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return Array(try! encoder.encode(self))
+    /// The record value: compact JSON with sorted keys, absent fields left out (as the Codable form).
+    public func encoded() -> [UInt8] { JSONText.serialize(jsonValue) }
+
+    /// The job as a JSON value, field for field as its Codable form (built by hand: `JSONEncoder` was the larger
+    /// part of herald-ingest's CPU time per event).
+    var jsonValue: JSONValue {
+        var fields: [String: JSONValue] = [
+            "version": .number(Double(version)), "id": .string(id), "appId": .string(appId),
+            "createdAt": .string(createdAt), "target": target.jsonValue,
+        ]
+        fields["alert"] = alert
+        fields["liveActivity"] = liveActivity?.jsonValue
+        if let start {
+            fields["start"] = .object(["attributesType": .string(start.attributesType), "attributes": start.attributes,
+                                       "contentState": start.contentState, "alert": start.alert])
+        }
+        fields["payload"] = payload
+        fields["pushType"] = pushType.map { .string($0) }
+        fields["priority"] = priority.map { .number(Double($0)) }
+        fields["expiration"] = expiration.map { .number(Double($0)) }
+        fields["collapseId"] = collapseId.map { .string($0) }
+        fields["final"] = final.map { .bool($0) }
+        if let replayOf {
+            fields["replayOf"] = .object(["jobId": .string(replayOf.jobId), "dlqPartition": .number(Double(replayOf.dlqPartition)),
+                                          "dlqOffset": .number(Double(replayOf.dlqOffset))])
+        }
+        return .object(fields)
     }
 
+    /// Decodes a record of `herald.jobs`. Like the schema, it refuses fields the format does not define, so a
+    /// misspelt field (`collapseID`) is dead-lettered rather than silently dropped. Call `validate()` next.
     public static func decode(_ bytes: [UInt8]) throws(ValidationError) -> PushJob {
-        do { return try JSONDecoder().decode(PushJob.self, from: Data(bytes)) } catch {
+        let job: PushJob
+        do { job = try JSONDecoder().decode(PushJob.self, from: Data(bytes)) } catch {
             throw ValidationError(code: "invalid_job", message: "not a push job: \(Self.describe(error))")
         }
+        // What the job encodes back to holds every field it understood; anything else in the record is unknown.
+        if let raw = JSONText.parse(bytes), let problem = Self.unknownFieldProblem(raw, known: job.jsonValue) {
+            throw ValidationError(code: "invalid_job", message: "not a push job: \(problem)")
+        }
+        return job
+    }
+
+    /// What is wrong with the first member of `raw` missing from `known`, looking into objects present in both.
+    private static func unknownFieldProblem(_ raw: JSONValue, known: JSONValue?, path: String = "") -> String? {
+        guard case .object(let fields) = raw, case .object(let knownFields)? = known else { return nil }
+        for name in fields.keys.sorted() {
+            let fieldPath = path.isEmpty ? name : "\(path).\(name)"
+            guard let knownValue = knownFields[name] else {
+                return fields[name] == .null ? "\(fieldPath) is null (leave it out instead)"
+                    : "\(fieldPath) is not a field of the format"
+            }
+            if let problem = unknownFieldProblem(fields[name]!, known: knownValue, path: fieldPath) { return problem }
+        }
+        return nil
     }
 
     /// Checks every rule of the job format, including the size of each payload Herald will build.
@@ -136,13 +202,16 @@ public struct PushJob: Sendable, Codable, Equatable {
         if let priority, ![1, 5, 10].contains(priority) { throw .invalid("priority", "priority must be 1, 5 or 10") }
         if let expiration, expiration < 0 { throw .invalid("expiration", "expiration must be UNIX seconds ≥ 0") }
         if let collapseId {
-            guard !collapseId.isEmpty, collapseId.utf8.count <= 64 else {
-                throw .invalid("collapseId", "collapseId must be 1–64 bytes")
+            // APNs allows 64 bytes; printable ASCII makes that 64 characters too, so JSON Schema can say it exactly.
+            guard (1...64).contains(collapseId.utf8.count),
+                  collapseId.unicodeScalars.allSatisfy({ (0x20...0x7e).contains($0.value) }) else {
+                throw .invalid("collapseId", "collapseId must be 1–64 printable ASCII characters (APNs takes at most 64 bytes)")
             }
         }
+        try checkTargetFields()
         switch target.kind {
         case .channel:
-            try Channel.validate(target.channel ?? "", field: "target.channel")
+            try Self.validateChannel(target.channel ?? "", field: "target.channel")
             guard alert != nil || liveActivity != nil || start != nil else {
                 throw ValidationError(code: "missing_field", message: "a channel job needs alert, liveActivity or start")
             }
@@ -154,8 +223,15 @@ public struct PushJob: Sendable, Codable, Equatable {
                 throw ValidationError(code: "invalid_field", message: "a post job carries only liveActivity")
             }
             try rejectParts(payload: true, final: false)
+            if liveActivity?.activityID != nil {
+                throw ValidationError(code: "invalid_field", message: "activityID belongs to channel jobs",
+                                      field: "liveActivity.activityID")
+            }
         case .device:
-            _ = try DeviceToken.normalized(target.deviceToken ?? "", field: "target.deviceToken")
+            guard try DeviceToken.normalized(target.deviceToken ?? "", field: "target.deviceToken") == target.deviceToken else {
+                throw .invalid("target.deviceToken", "target.deviceToken must be lowercase hex (it is part of the record key)")
+            }
+            if target.topic?.isEmpty == true { throw .invalid("target.topic", "target.topic must not be empty") }
             guard target.tokenType != nil else { throw .missing("target.tokenType") }
             guard payload != nil else { throw .missing("payload") }
             guard alert == nil, liveActivity == nil, start == nil else {
@@ -195,6 +271,30 @@ public struct PushJob: Sendable, Codable, Equatable {
     public var resolvedPushType: PushType {
         if let pushType, let type = PushType(rawValue: pushType) { return type }
         return target.tokenType == .alert || target.tokenType == nil ? .alert : .liveactivity
+    }
+
+    /// A channel name as subscriptions take it, counted in Unicode scalars (as JSON Schema's `maxLength` counts).
+    static func validateChannel(_ channel: String, field: String) throws(ValidationError) {
+        guard channel.unicodeScalars.count <= Channel.maxLength else {
+            throw .invalid(field, "\(field) must be at most \(Channel.maxLength) characters")
+        }
+        try Channel.validate(channel, field: field)
+    }
+
+    /// A target carries only its own kind's fields (as the schema's `oneOf` says).
+    private func checkTargetFields() throws(ValidationError) {
+        let present: [(String, Bool)] = [("channel", target.channel != nil), ("postIdHash", target.postIdHash != nil),
+                                         ("deviceToken", target.deviceToken != nil), ("tokenType", target.tokenType != nil),
+                                         ("environment", target.environment != nil), ("topic", target.topic != nil)]
+        let own: Set<String> = switch target.kind {
+        case .channel: ["channel"]
+        case .post: ["postIdHash"]
+        case .device: ["deviceToken", "tokenType", "environment", "topic"]
+        }
+        if let stray = present.first(where: { $0.1 && !own.contains($0.0) }) {
+            throw ValidationError(code: "invalid_field", message: "a \(target.kind.rawValue) target has no \(stray.0)",
+                                  field: "target.\(stray.0)")
+        }
     }
 
     private func rejectParts(payload rejectPayload: Bool, final rejectFinal: Bool) throws(ValidationError) {

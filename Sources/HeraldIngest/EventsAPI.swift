@@ -3,6 +3,7 @@ import HeraldHTTP
 import HeraldKafka
 import HeraldRuntime
 import HeraldStore
+import Synchronization
 
 /// Producer endpoints (secret keys): events become push jobs on `herald.jobs`, answered 202 only once the
 /// broker has acknowledged the record.
@@ -10,6 +11,8 @@ struct EventsAPI: Sendable {
     let producer: KafkaProducer
     let idempotency: IdempotencyStore
     let topic: String
+    /// How long a request waits for the broker's acknowledgement before answering 503.
+    let publishTimeout: Duration
     let gate: Gatekeeper
     let logger: Logger
     let published = MetricsRegistry.shared.counter("herald_ingest_jobs_published_total",
@@ -22,19 +25,19 @@ struct EventsAPI: Sendable {
 
     func register(on router: inout Router) {
         router.post("/v1/apps/{appID}/events", gate.endpoint(.producer) { request, admission in
-            let body = try request.decodeJSON(JSONValue.self)
+            let body = try Self.body(request)
             let job = try EventIntake.channelEvent(body, appID: admission.app.id, jobID: Self.idempotencyKey(request))
             return try await publish(job, clientChoseID: Self.clientChoseID(request, body))
         })
         router.post("/v1/apps/{appID}/activities/{postIdHash}/events", gate.endpoint(.producer) { request, admission in
-            let body = try request.decodeJSON(JSONValue.self)
+            let body = try Self.body(request)
             let job = try EventIntake.activityEvent(body, appID: admission.app.id,
                                                     postIDHash: try request.pathParameter("postIdHash"),
                                                     jobID: Self.idempotencyKey(request))
             return try await publish(job, clientChoseID: Self.clientChoseID(request, body))
         })
         router.post("/v1/apps/{appID}/devices/{deviceToken}/push", gate.endpoint(.producer) { request, admission in
-            let body = try request.decodeJSON(JSONValue.self)
+            let body = try Self.body(request)
             let job = try EventIntake.devicePush(body, appID: admission.app.id,
                                                  deviceToken: try request.pathParameter("deviceToken"),
                                                  jobID: Self.idempotencyKey(request))
@@ -43,33 +46,87 @@ struct EventsAPI: Sendable {
     }
 
     /// Publishes once per client-chosen id (24 h window) and answers 202 with the job id after the ack.
+    ///
+    /// The answer comes within `publishTimeout` whatever the broker does: 503 when the broker has not
+    /// acknowledged by then. A record that is acknowledged after its 503 was sent is published all the same
+    /// (at least once); its id's claim is then settled by the late report, so a retry with the same id answers
+    /// 409 meanwhile and the first job's id afterwards, and never publishes twice.
     private func publish(_ job: PushJob, clientChoseID: Bool) async throws -> HTTPResponse {
         if clientChoseID {
             switch try await idempotency.claim(app: job.appId, id: job.id) {
             case .claimed: break
-            case .alreadyPublished: return try .json(Accepted(jobId: job.id), status: 202)
+            case .alreadyPublished: return Self.accepted(job)
             case .inProgress:
                 throw HTTPError(status: 409, code: "in_progress", message: "a request with this id is being published",
                                 field: "id")
             }
         }
         let start = ContinuousClock.now
-        do {
-            _ = try await producer.send(topic: topic, key: job.recordKey, value: job.encoded())
-        } catch {
+        switch await deliver(job, settlesClaim: clientChoseID) {
+        case .acknowledged:
+            publishLatency.observe(since: start)
+            published.labels(job.target.kind.rawValue).increment()
+            if clientChoseID { await markPublished(job) }
+            return Self.accepted(job)
+        case .failed(let error):
             publishFailures.increment()
             if clientChoseID { try? await idempotency.release(app: job.appId, id: job.id) }
             throw error
+        case .timedOut:
+            publishFailures.increment()
+            logger.warning("kafka did not acknowledge in time", ["job.id": job.id, "timeout": "\(publishTimeout)"])
+            throw HTTPError.unavailable("the job queue did not acknowledge the event within \(publishTimeout); retry later"
+                                        + (clientChoseID ? " with the same id" : ""))
         }
-        publishLatency.observe(since: start)
-        published.labels(job.target.kind.rawValue).increment()
-        if clientChoseID {
-            // Published already: if Redis fails here the claim expires and a retry may publish again (at least once).
-            do { try await idempotency.complete(app: job.appId, id: job.id) } catch {
-                logger.warning("idempotency marker not saved", ["job.id": job.id, "error": "\(error)"])
+    }
+
+    /// Queues the job and waits for the broker's answer, at most `publishTimeout`.
+    private func deliver(_ job: PushJob, settlesClaim: Bool) async -> Delivery {
+        await withCheckedContinuation { continuation in
+            let waiter = DeliveryWaiter(continuation)
+            do throws(KafkaError) {
+                try producer.send(topic: topic, key: Array(job.recordKey.utf8), value: job.encoded()) { result in
+                    // Runs on the producer's thread: anything slow goes to a task.
+                    let delivery: Delivery = switch result {
+                    case .success: .acknowledged
+                    case .failure(let error): .failed(error)
+                    }
+                    if !waiter.resolve(delivery), settlesClaim { Task { await settleLate(job, delivery) } }
+                }
+            } catch {
+                waiter.resolve(.failed(error))
+                return
             }
+            let timeout = publishTimeout
+            waiter.setTimer(Task {
+                try? await Task.sleep(for: timeout)
+                waiter.resolve(.timedOut)
+            })
         }
-        return try .json(Accepted(jobId: job.id), status: 202)
+    }
+
+    /// The broker answered after the request got its 503: settle the id's claim the way the answer says.
+    private func settleLate(_ job: PushJob, _ delivery: Delivery) async {
+        if case .acknowledged = delivery {
+            published.labels(job.target.kind.rawValue).increment()
+            await markPublished(job)
+        } else {
+            try? await idempotency.release(app: job.appId, id: job.id)
+        }
+    }
+
+    private func markPublished(_ job: PushJob) async {
+        // Published already: if Redis fails here the claim expires and a retry may publish again (at least once).
+        do { try await idempotency.complete(app: job.appId, id: job.id) } catch {
+            logger.warning("idempotency marker not saved", ["job.id": job.id, "error": "\(error)"])
+        }
+    }
+
+    /// The request body as JSON (a strict parser much cheaper than `JSONDecoder` on this hot path).
+    private static func body(_ request: HTTPRequest) throws(HTTPError) -> JSONValue {
+        guard !request.body.isEmpty else { throw HTTPError.invalidJSON("the request body is empty") }
+        guard let body = JSONText.parse(request.body) else { throw HTTPError.invalidJSON("the request body is not valid JSON") }
+        return body
     }
 
     private static func idempotencyKey(_ request: HTTPRequest) -> String? { request.headers["Idempotency-Key"] }
@@ -78,5 +135,49 @@ struct EventsAPI: Sendable {
         idempotencyKey(request) != nil || body["id"] != nil
     }
 
-    struct Accepted: Encodable { var jobId: String }
+    private static func accepted(_ job: PushJob) -> HTTPResponse {
+        .json(bytes: JSONText.serialize(.object(["jobId": .string(job.id)])), status: 202)
+    }
+}
+
+/// How a publish ended for the request waiting on it.
+enum Delivery: Sendable {
+    case acknowledged
+    case failed(KafkaError)
+    case timedOut
+}
+
+/// Resumes a publishing request exactly once: with the broker's answer or the timer's, whichever comes first.
+final class DeliveryWaiter: Sendable {
+    private struct State {
+        var continuation: CheckedContinuation<Delivery, Never>?
+        var timer: Task<Void, Never>?
+    }
+
+    private let state: Mutex<State>
+
+    init(_ continuation: CheckedContinuation<Delivery, Never>) {
+        state = Mutex(State(continuation: continuation))
+    }
+
+    /// Resumes the request unless something else already did; true when this call resumed it.
+    @discardableResult
+    func resolve(_ delivery: Delivery) -> Bool {
+        let (continuation, timer) = state.withLock { state in
+            defer { (state.continuation, state.timer) = (nil, nil) }
+            return (state.continuation, state.timer)
+        }
+        timer?.cancel()
+        continuation?.resume(returning: delivery)
+        return continuation != nil
+    }
+
+    /// Keeps the timer to cancel it on an early answer (or cancels it at once when the answer came first).
+    func setTimer(_ timer: Task<Void, Never>) {
+        let resolved = state.withLock { state in
+            if state.continuation != nil { state.timer = timer }
+            return state.continuation == nil
+        }
+        if resolved { timer.cancel() }
+    }
 }

@@ -19,7 +19,7 @@ public final class IngestService: Service {
         ActivitiesAPI(store: ActivityStore(redis: redis, ttl: configuration.activityTTL), gate: gate, logger: logger)
             .register(on: &router)
         EventsAPI(producer: producer, idempotency: IdempotencyStore(redis: redis), topic: configuration.jobsTopic,
-                  gate: gate, logger: logger).register(on: &router)
+                  publishTimeout: configuration.publishTimeout, gate: gate, logger: logger).register(on: &router)
         Operations(redis: redis, producer: producer, topic: configuration.jobsTopic).register(on: &router)
         server = try HTTPServer(configuration: configuration.http, router: router, logger: logger)
     }
@@ -40,7 +40,8 @@ struct Operations: Sendable {
         router.get("/healthz") { _ in try .json(["status": "ok"]) }
         router.get("/readyz") { _ in
             async let redisOK: Bool = (try? await redis.command(["PING"])) != nil
-            async let kafkaOK: Bool = (try? await producer.partitionCount(topic: topic)) ?? 0 > 0
+            // Bounded well inside the request deadline, so an unreachable broker still gets this body.
+            async let kafkaOK: Bool = (try? await producer.partitionCount(topic: topic, timeout: .seconds(2))) ?? 0 > 0
             let checks = ["redis": await redisOK ? "ok" : "unreachable", "kafka": await kafkaOK ? "ok" : "unreachable"]
             let ready = checks.values.allSatisfy { $0 == "ok" }
             return try .json(Readiness(status: ready ? "ready" : "unavailable", checks: checks), status: ready ? 200 : 503)

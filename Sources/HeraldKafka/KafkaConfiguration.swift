@@ -92,6 +92,13 @@ public struct KafkaProducerConfiguration: Sendable, Hashable {
             "linger.ms": linger.fractionalMilliseconds,
             "queue.buffering.max.messages": String(maxBufferedMessages),
             "queue.buffering.max.kbytes": String(maxBufferedKilobytes),
+            // librdkafka notices timed-out records when a broker thread wakes up; with the default 10 s reconnect
+            // backoff a record outlives message.timeout.ms by that much while the broker is down, and a broker
+            // that comes back is found that much later.
+            "reconnect.backoff.max.ms": "1000",
+            // librdkafka's producer default asks the broker to create a missing topic on first use, with the
+            // broker's default partition count; a missing topic must fail the send instead.
+            "allow.auto.create.topics": "false",
         ]) { _, new in new }
         out.merge(kafka.properties) { _, extra in extra }
         return out

@@ -1,4 +1,5 @@
 internal import CRdKafka
+import Foundation
 import HeraldRuntime
 import Synchronization
 
@@ -13,25 +14,58 @@ final class DeliveryHandler: Sendable {
     }
 }
 
+/// One librdkafka producer handle and the thread serving its delivery reports. `KafkaProducer` replaces it
+/// whole when it stops making progress.
+final class ProducerInstance: Sendable {
+    let client: RDKafkaClient
+    let thread: OwnedThread
+    /// Counts instances, so a late delivery report cannot retire the instance that replaced its own.
+    let generation: Int
+
+    init(properties: [String: String], logger: Logger, generation: Int) throws(KafkaError) {
+        let client = try RDKafkaClient(kind: .producer, properties: properties, logger: logger, deliveryReports: true)
+        self.client = client
+        self.generation = generation
+        // Serves delivery reports and error callbacks; rd_kafka_yield cuts a poll short when a job arrives.
+        thread = OwnedThread(name: "kafka-producer-poll", idle: { _ = rd_kafka_poll(client.handle, 100) },
+                             wake: { rd_kafka_yield(client.handle) })
+    }
+}
+
 /// An idempotent Kafka producer (acks=all) whose `send` completes when the broker acknowledged the record.
 ///
 /// Every record either gets the broker's acknowledgement or a typed error within
 /// `KafkaProducerConfiguration.messageTimeout`; a full local buffer fails at once with a retriable `.queueFull`.
 /// Delivery reports are served by a thread the producer owns. Call `close()` when done: it waits for queued
 /// records (up to a timeout) and fails the rest, so no `send` is left waiting.
+///
+/// The producer heals itself: after a fatal error, or when a record times out although the broker answers a
+/// metadata request (a broker that restarted without its state answers every produce with UNKNOWN_PRODUCER_ID,
+/// and librdkafka's idempotent producer then retries with a locally bumped epoch forever), the librdkafka
+/// handle is replaced by a fresh one with a new producer id. Records still queued in the old handle fail
+/// (`.purgedFromQueue` / `.purgedInFlight`); nothing is reported delivered that the broker did not acknowledge.
 public final class KafkaProducer: Sendable {
-    private let client: RDKafkaClient
-    private let thread: OwnedThread
-    private let state = Mutex(State())
+    private let state: Mutex<State>
+    private let properties: [String: String]
+    private let logger: Logger
     private let timeout: Duration
+    /// How long a stalled handle is probed before it is replaced, and the least time between replacements.
+    private let probeTimeout: Duration
+    private let replacements = MetricsRegistry.shared.counter(
+        "herald_kafka_producer_replacements_total",
+        help: "librdkafka producer handles replaced after a fatal error or a stall against a reachable broker.")
 
     private struct State: ~Copyable {
         var closed = false
-        // Topic handles are looked up by name for each record otherwise; kept until close.
+        var instance: ProducerInstance
+        // Topic handles of `instance`, looked up by name for each record otherwise; kept until it is retired.
         var topics: [String: TopicHandle] = [:]
+        /// Set while a stall is being probed or a replacement is under way, so one happens at a time.
+        var recovering = false
+        var lastReplacement: ContinuousClock.Instant?
     }
 
-    // librdkafka's topic handles are thread-safe and live until close() destroys them.
+    // librdkafka's topic handles are thread-safe and live until their instance is retired.
     private struct TopicHandle: @unchecked Sendable {
         let pointer: OpaquePointer
     }
@@ -39,19 +73,21 @@ public final class KafkaProducer: Sendable {
     /// Creates the producer; brokers are contacted in the background (bad ones surface as send errors and logs).
     public init(configuration: KafkaProducerConfiguration, logger: Logger) throws(KafkaError) {
         try configuration.kafka.validate()
-        let client = try RDKafkaClient(kind: .producer, properties: configuration.librdkafkaProperties,
-                                       logger: logger, deliveryReports: true)
-        self.client = client
-        self.timeout = configuration.kafka.requestTimeout
-        // Serves delivery reports and error callbacks; rd_kafka_yield cuts a poll short when a job arrives.
-        thread = OwnedThread(name: "kafka-producer-poll", idle: { _ = rd_kafka_poll(client.handle, 100) },
-                             wake: { rd_kafka_yield(client.handle) })
+        properties = configuration.librdkafkaProperties
+        self.logger = logger
+        timeout = configuration.kafka.requestTimeout
+        probeTimeout = min(configuration.kafka.requestTimeout, max(configuration.messageTimeout, .seconds(1)))
+        state = Mutex(State(instance: try ProducerInstance(properties: properties, logger: logger, generation: 0)))
     }
 
     deinit {
         // close() was not called: fail what is still queued rather than leave senders waiting forever.
-        if !state.withLock({ $0.closed }) { shutdown(flushTimeout: .zero) }
-        thread.stop()
+        let open: (ProducerInstance, [TopicHandle])? = state.withLock { state in
+            guard !state.closed else { return nil } // close() retired it
+            state.closed = true
+            return (state.instance, Array(state.topics.values))
+        }
+        if let (instance, topics) = open { Self.retire(instance, topics: topics, flushTimeout: .zero, logger: logger) }
     }
 
     /// Sends one record and returns where the broker stored it once it acknowledged it (acks=all).
@@ -83,37 +119,104 @@ public final class KafkaProducer: Sendable {
     /// Queues one record and calls `onDelivery` once, on the producer's thread, with the broker's answer.
     ///
     /// Throws instead of calling `onDelivery` when the record cannot even be queued (`.queueFull`, `.destroyed`,
-    /// a fatal producer error). `onDelivery` must return quickly: it delays every other delivery report.
+    /// a fatal producer error, after which the next send goes to a fresh handle). `onDelivery` must return
+    /// quickly: it delays every other delivery report.
     public func send(topic: String, key: [UInt8]?, value: [UInt8], headers: [(String, [UInt8])] = [],
                      partition: Int32? = nil,
                      onDelivery: @escaping @Sendable (Result<KafkaDeliveryReport, KafkaError>) -> Void)
         throws(KafkaError) {
-        let pending = Unmanaged.passRetained(DeliveryHandler(topic: topic, complete: onDelivery)).toOpaque()
-        let failure: KafkaError? = state.withLock { state in
-            guard !state.closed else { return .closed("producer") }
+        let outcome: (failure: KafkaError?, instance: ProducerInstance?) = state.withLock { state in
+            guard !state.closed else { return (.closed("producer"), nil) }
+            let instance = state.instance
             let topicHandle: OpaquePointer
             if let known = state.topics[topic] {
                 topicHandle = known.pointer
             } else {
-                guard let created = rd_kafka_topic_new(client.handle, topic, nil) else {
-                    return KafkaError(rd_kafka_last_error(), message: "topic \(topic)")
+                guard let created = rd_kafka_topic_new(instance.client.handle, topic, nil) else {
+                    return (KafkaError(rd_kafka_last_error(), message: "topic \(topic)"), instance)
                 }
                 state.topics[topic] = TopicHandle(pointer: created)
                 topicHandle = created
             }
-            let failure = produce(topicHandle: topicHandle, key: key, value: value, headers: headers,
-                                  partition: partition ?? RD_KAFKA_PARTITION_UA, pending: pending)
-            // Still under the lock: close() may destroy the handle as soon as it is released.
-            if failure?.code == .fatal, let fatal = client.fatalError { return fatal }
-            return failure
+            let generation = instance.generation
+            let handler = DeliveryHandler(topic: topic) { [weak self] result in
+                if case .failure(let error) = result, error.code == .messageTimedOut {
+                    self?.deliveryTimedOut(generation: generation, topic: topic)
+                }
+                onDelivery(result)
+            }
+            let pending = Unmanaged.passRetained(handler).toOpaque()
+            var failure = produce(client: instance.client, topicHandle: topicHandle, key: key, value: value,
+                                  headers: headers, partition: partition ?? RD_KAFKA_PARTITION_UA, pending: pending)
+            if failure != nil { Unmanaged<DeliveryHandler>.fromOpaque(pending).release() }
+            // Still under the lock: a replacement may retire the handle as soon as it is released.
+            if failure?.code == .fatal, let fatal = instance.client.fatalError { failure = fatal }
+            return (failure, instance)
         }
-        if let failure {
-            Unmanaged<DeliveryHandler>.fromOpaque(pending).release()
-            throw failure
+        guard let failure = outcome.failure else { return }
+        if failure.isFatal, let instance = outcome.instance {
+            logger.error("Kafka producer raised a fatal error; replacing it", ["kafka.error": failure.description])
+            replace(instance)
         }
+        throw failure
     }
 
-    private func produce(topicHandle: OpaquePointer, key: [UInt8]?, value: [UInt8], headers: [(String, [UInt8])],
+    /// A record of `generation` timed out: if the broker still answers, this handle is wedged; replace it.
+    private func deliveryTimedOut(generation: Int, topic: String) {
+        let probeTimeout = self.probeTimeout
+        let probe: ProducerInstance? = state.withLock { state in
+            let now = ContinuousClock.now
+            guard !state.closed, !state.recovering, state.instance.generation == generation,
+                  state.lastReplacement.map({ now - $0 >= probeTimeout }) ?? true else { return nil }
+            state.recovering = true
+            return state.instance
+        }
+        guard let probe else { return }
+        // A job for the poll thread (this runs inside one of its delivery reports): retiring the handle stops
+        // that thread first, so the probe never races the handle's destruction.
+        let queued = probe.thread.submit { [weak self] in
+            let reachable = (try? probe.client.partitionCount(topic: topic, timeout: probeTimeout)) != nil
+            guard let self else { return }
+            if reachable {
+                logger.warning("Kafka producer stalled although the broker answers; replacing it",
+                               ["kafka.topic": topic, "kafka.generation": String(generation)])
+                replace(probe)
+            } else {
+                state.withLock { $0.recovering = false }
+            }
+        }
+        if !queued { state.withLock { $0.recovering = false } }
+    }
+
+    /// Swaps in a fresh handle (unless `stale` was replaced already) and retires `stale` in the background.
+    private func replace(_ stale: ProducerInstance) {
+        let fresh: ProducerInstance
+        do {
+            fresh = try ProducerInstance(properties: properties, logger: logger, generation: stale.generation + 1)
+        } catch {
+            logger.error("Kafka producer could not be recreated", ["kafka.error": error.description])
+            state.withLock { $0.recovering = false }
+            return
+        }
+        let retired: (ProducerInstance, [TopicHandle])? = state.withLock { state in
+            defer { state.recovering = false }
+            guard !state.closed, state.instance === stale else { return nil }
+            let topics = Array(state.topics.values)
+            state.instance = fresh
+            state.topics = [:]
+            state.lastReplacement = .now
+            return (stale, topics)
+        }
+        guard let (old, topics) = retired else {
+            Self.retire(fresh, topics: [], flushTimeout: .zero, logger: logger)
+            return
+        }
+        replacements.increment()
+        let logger = self.logger
+        Thread.detachNewThread { Self.retire(old, topics: topics, flushTimeout: .zero, logger: logger) }
+    }
+
+    private func produce(client: RDKafkaClient, topicHandle: OpaquePointer, key: [UInt8]?, value: [UInt8], headers: [(String, [UInt8])],
                          partition: Int32, pending: UnsafeMutableRawPointer) -> KafkaError? {
         var headerList: OpaquePointer?
         if !headers.isEmpty {
@@ -162,8 +265,8 @@ public final class KafkaProducer: Sendable {
 
     /// Waits until every queued record has been acknowledged or failed; `.timedOut` if some remain after `timeout`.
     public func flush(timeout: Duration) async throws(KafkaError) {
-        let client = self.client
-        try await thread.run { () throws(KafkaError) in
+        let instance = try current(), client = instance.client
+        try await instance.thread.run { () throws(KafkaError) in
             let error = rd_kafka_flush(client.handle, timeout.timeoutMilliseconds)
             if error != RD_KAFKA_RESP_ERR_NO_ERROR {
                 throw KafkaError(error, message: "\(rd_kafka_outq_len(client.handle)) records still unacknowledged")
@@ -171,39 +274,63 @@ public final class KafkaProducer: Sendable {
         }
     }
 
-    /// Partition count of `topic` from the broker's metadata (also a cheap "is Kafka reachable" check).
-    public func partitionCount(topic: String) async throws(KafkaError) -> Int {
-        let client = self.client, timeout = self.timeout
-        return try await thread.run { () throws(KafkaError) in try client.partitionCount(topic: topic, timeout: timeout) }
+    /// Partition count of `topic` from the broker's metadata (also a cheap "is Kafka reachable" check), waiting
+    /// at most `timeout` (default: the configuration's request timeout). It runs on the thread that serves delivery
+    /// reports, which waits meanwhile: keep `timeout` short where the broker may be gone (readiness checks).
+    public func partitionCount(topic: String, timeout: Duration? = nil) async throws(KafkaError) -> Int {
+        let instance = try current(), client = instance.client, timeout = timeout ?? self.timeout
+        return try await instance.thread.run { () throws(KafkaError) in
+            try client.partitionCount(topic: topic, timeout: timeout)
+        }
     }
 
     /// Waits up to `timeout` for queued records, fails the rest (`.purgedFromQueue` / `.purgedInFlight`), stops
     /// the producer and disconnects from the brokers. Later sends fail with `.destroyed`.
     public func close(timeout: Duration = .seconds(5)) async {
-        guard !state.withLock({ state in
-            defer { state.closed = true }
-            return state.closed
+        guard let (instance, topics) = state.withLock({ state -> (ProducerInstance, [TopicHandle])? in
+            guard !state.closed else { return nil }
+            state.closed = true
+            defer { state.topics.removeAll() }
+            return (state.instance, Array(state.topics.values))
         }) else { return }
-        _ = try? await thread.run { [self] in shutdown(flushTimeout: timeout) }
-        thread.stop()
-        client.destroy()
+        let logger = self.logger
+        _ = try? await onOwnThread {
+            Self.retire(instance, topics: topics, flushTimeout: timeout, logger: logger)
+        }
     }
 
-    private func shutdown(flushTimeout: Duration) {
-        state.withLock { $0.closed = true }
+    private func current() throws(KafkaError) -> ProducerInstance {
+        try state.withLock { state throws(KafkaError) in
+            guard !state.closed else { throw .closed("producer") }
+            return state.instance
+        }
+    }
+
+    /// Flushes `instance` for up to `flushTimeout`, fails what remains, and destroys it. Blocks: call it off
+    /// Swift's cooperative pool, once no new record can reach the instance.
+    private static func retire(_ instance: ProducerInstance, topics: [TopicHandle], flushTimeout: Duration,
+                               logger: Logger) {
+        let client = instance.client
+        // From here on the flushes below serve the delivery reports, on this thread only.
+        instance.thread.stop()
         if rd_kafka_flush(client.handle, flushTimeout.timeoutMilliseconds) != RD_KAFKA_RESP_ERR_NO_ERROR {
-            client.logger.warning("Kafka producer closing with unacknowledged records",
-                                  ["kafka.pending": String(rd_kafka_outq_len(client.handle))])
+            logger.warning("Kafka producer closing with unacknowledged records",
+                           ["kafka.pending": String(rd_kafka_outq_len(client.handle))])
             _ = rd_kafka_purge(client.handle, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT)
             // Serves the purged records' failure reports.
             _ = rd_kafka_flush(client.handle, 1000)
         }
-        let topics = state.withLock { state in
-            defer { state.topics.removeAll() }
-            return state.topics.values.map(\.pointer)
-        }
-        for topic in topics { rd_kafka_topic_destroy(topic) }
+        for topic in topics { rd_kafka_topic_destroy(topic.pointer) }
+        client.destroy()
     }
+}
+
+/// Runs one blocking call on a thread of its own: neither the poll thread nor Swift's cooperative pool.
+private func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () throws(KafkaError) -> T) async throws(KafkaError) -> T {
+    let result: Result<T, KafkaError> = await withCheckedContinuation { continuation in
+        Thread.detachNewThread { continuation.resume(returning: Result { () throws(KafkaError) -> T in try body() }) }
+    }
+    return try result.get()
 }
 
 private func withOptionalBytes<R>(_ bytes: [UInt8]?, _ body: (UnsafeRawBufferPointer?) -> R) -> R {

@@ -47,9 +47,5 @@ public enum JSONValue: Sendable, Hashable, Codable {
     public var arrayValue: [JSONValue]? { if case .array(let v) = self { v } else { nil } }
 
     /// Compact JSON bytes with sorted keys (deterministic, so sizes and hashes are stable).
-    public func encoded() -> [UInt8] {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return Array((try? encoder.encode(self)) ?? Data("null".utf8))
-    }
+    public func encoded() -> [UInt8] { JSONText.serialize(self) }
 }

@@ -1,14 +1,14 @@
-import HeraldRuntime
-
 /// Strict RFC 8259 parsing into `JSONValue`, and compact serialisation with sorted keys.
 ///
-/// The simulator parses and records every payload; Foundation's `JSONDecoder` through `JSONValue`'s
-/// `Decodable` conformance (which tries each case in turn) cost about a third of its time per request.
-enum PayloadJSON {
-    static let maximumDepth = 64
+/// For request bodies and payloads on hot paths: Foundation's `JSONDecoder` through `JSONValue`'s `Decodable`
+/// conformance (which tries each case in turn) cost about a third of the APNs simulator's time per request, and
+/// `JSONDecoder`/`JSONEncoder` most of herald-ingest's CPU per published event.
+extension JSONText {
+    /// Deeper documents are refused (bounds the parser's recursion).
+    public static let maximumDepth = 64
 
     /// The value, or nil when `bytes` is not exactly one JSON value (surrounding whitespace allowed).
-    static func parse(_ bytes: [UInt8]) -> JSONValue? {
+    public static func parse(_ bytes: [UInt8]) -> JSONValue? {
         bytes.withUnsafeBufferPointer { buffer in
             var parser = Parser(bytes: buffer)
             guard let value = parser.value(depth: 0) else { return nil }
@@ -17,8 +17,8 @@ enum PayloadJSON {
         }
     }
 
-    /// Compact JSON with object keys sorted (the same shape as `JSONValue.encoded()`).
-    static func serialize(_ value: JSONValue) -> [UInt8] {
+    /// Compact JSON with object keys sorted; integral numbers below 9e15 are written as integers.
+    public static func serialize(_ value: JSONValue) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(512)
         append(value, to: &out)
@@ -86,7 +86,7 @@ enum PayloadJSON {
         }
 
         mutating func value(depth: Int) -> JSONValue? {
-            guard depth < PayloadJSON.maximumDepth else { return nil }
+            guard depth < JSONText.maximumDepth else { return nil }
             skipWhitespace()
             guard index < bytes.count else { return nil }
             switch bytes[index] {
