@@ -20,13 +20,14 @@ public struct Subscription: Sendable, Codable, Equatable {
     }
 }
 
-/// Channel names: opaque, 1–255 printable characters.
+/// Channel names: opaque, 1–255 characters, none of them a control character (U+0000–U+001F, U+007F–U+009F).
 public enum Channel {
+    /// Counted in Unicode code points, as JSON Schema's `maxLength` counts (the OpenAPI document says 255).
     public static let maxLength = 255
 
     public static func validate(_ channel: String, field: String = "channel") throws(ValidationError) {
         guard !channel.isEmpty else { throw .missing(field) }
-        guard channel.count <= maxLength else {
+        guard channel.unicodeScalars.count <= maxLength else {
             throw .invalid(field, "\(field) must be at most \(maxLength) characters")
         }
         guard channel.unicodeScalars.allSatisfy({ $0.properties.generalCategory != .control && $0 != "\u{7f}" }) else {
@@ -58,7 +59,7 @@ public struct SubscriptionInput: Sendable, Equatable {
         environment = try fields.enumeration("environment", APNsEnvironment.self) ?? .production
         activityID = try fields.string("activityID")
         if let activityID {
-            guard !activityID.isEmpty, activityID.utf8.count <= 255 else {
+            guard !activityID.isEmpty, activityID.unicodeScalars.count <= 255 else {
                 throw .invalid("activityID", "activityID must be 1–255 characters")
             }
         }

@@ -201,6 +201,9 @@ import Testing
         }
         return [
             post("channel of 256 characters", ["channel": String(repeating: "c", count: 256)], field: "channel"),
+            post("channel of 256 code points in 128 characters",
+                 ["channel": String(repeating: "e\u{301}", count: 128)], field: "channel"),
+            post("channel with a C1 control character", ["channel": "news\u{85}"], field: "channel"),
             post("channel with a control character", ["channel": "news\u{1}"], field: "channel"),
             post("channel with a newline", ["channel": "news\nsports"], field: "channel"),
             post("channel with DEL", ["channel": "news\u{7f}"], field: "channel"),
@@ -425,7 +428,7 @@ import Testing
         #expect(response.errorCode == "unavailable")
         // Alone this takes ~10 ms; the bound leaves room for the other tests loading the 2 cores meanwhile.
         let elapsed = ContinuousClock.now - started
-        #expect(elapsed < .seconds(3), "answered after \(elapsed)")
+        #expect(elapsed < .seconds(5), "answered after \(elapsed)")
         #expect(try await ingest.request("GET", "/healthz").status == 200)
         #expect(try await ingest.request("GET", "/readyz").status == 503)
     }
@@ -435,14 +438,18 @@ import Testing
         let ingest = try await IngestHarness.start(redisURL: "redis://127.0.0.1:\(silent.port)/0")
         defer { Task { await ingest.stop() } }
         let app = ingest.apps.apps[0]
+        let port = ingest.port, key = app.publicKey, path = "/v1/apps/\(app.id)/subscriptions?deviceToken=\(deviceToken())"
         let started = ContinuousClock.now
-        let response = try await ingest.request("GET", "/v1/apps/\(app.id)/subscriptions?deviceToken=\(deviceToken())",
-                                                key: app.publicKey)
+        // The client waits far longer than the server should, so a late answer is measured rather than cut off.
+        let response = try await onThread {
+            try RawHTTPClient(port: port, timeout: 30).request("GET", path, headers: ["X-API-Key": key])
+        }
         let elapsed = ContinuousClock.now - started
         #expect(response.status == 503, "\(response.text)")
         #expect(response.errorCode == "unavailable")
-        // The Redis client's deadline is 2 s per call; allow scheduling slack on a loaded box, never an open wait.
-        #expect(elapsed >= .seconds(1.5) && elapsed < .seconds(5), "answered after \(elapsed)")
+        // The Redis client's deadline is 2 s per call (~2.1 s alone); the upper bound leaves room for the other
+        // tests and builds loading the 2 cores, and still tells a bounded wait from a hang.
+        #expect(elapsed >= .seconds(1.5) && elapsed < .seconds(10), "answered after \(elapsed)")
         withExtendedLifetime(silent) {}
     }
 
