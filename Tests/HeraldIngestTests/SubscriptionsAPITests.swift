@@ -351,14 +351,18 @@ import Testing
         let port = ingest.port, key = app.publicKey, path = "/v1/apps/\(app.id)/subscriptions"
         let responses = try await onThread {
             let client = try RawHTTPClient(port: port)  // one keep-alive connection
-            return try (1...241).map { n in
-                try client.request("POST", path, headers: ["X-API-Key": key, "Content-Type": "application/json"],
-                                   body: #"{"channel": "c\#(n)", "deviceToken": "\#(deviceToken())", "tokenType": "alert"}"#)
+            // Request 100 is bad input: it counts like any other. Request 242 is bad input over the limit: 429.
+            return try (1...242).map { n in
+                let token = n == 100 || n == 242 ? "not-hex" : deviceToken()
+                return try client.request("POST", path, headers: ["X-API-Key": key, "Content-Type": "application/json"],
+                                          body: #"{"channel": "c\#(n)", "deviceToken": "\#(token)", "tokenType": "alert"}"#)
             }
         }
-        #expect(responses.prefix(240).allSatisfy { $0.status == 201 })
+        #expect(responses.prefix(240).enumerated().allSatisfy { $0.element.status == ($0.offset == 99 ? 400 : 201) })
         #expect(responses[0].headers["ratelimit-remaining"] == "239")
+        #expect(responses[99].headers["ratelimit-remaining"] == "140")
         #expect(responses[239].headers["ratelimit-remaining"] == "0")
+        #expect(responses[241].status == 429, "over the limit, 429 wins over bad input")
         let refused = responses[240]
         #expect(refused.status == 429, "\(refused.text)")
         #expect(refused.errorCode == "rate_limited")
@@ -368,7 +372,7 @@ import Testing
         #expect(refused.headers["ratelimit-remaining"] == "0")
         #expect(refused.headers["ratelimit-reset"] == String(retryAfter))
         let stored = try await ingest.redis.command(["KEYS", StoredKeys(app: app.id).prefix + "sub:*"]).strings ?? []
-        #expect(stored.count == 240, "the refused request stored nothing")
+        #expect(stored.count == 239, "the refused requests stored nothing")
 
         // The limit is per key: the app's secret key still gets in.
         let otherKey = try await ingest.request("GET", path + "?deviceToken=\(deviceToken())", key: app.secretKey)
@@ -497,9 +501,11 @@ private func members(_ redis: RedisClient, _ key: String) async throws -> [Strin
 }
 
 /// Every key under the app's prefix with its content, so a test can assert that a refused request wrote nothing.
+/// Rate-limit counters (`…:rl:…`) are left out: every admitted request counts, refused ones included.
 private func storedState(_ redis: RedisClient, app: String) async throws -> [String: String] {
     var state: [String: String] = [:]
-    for key in try await redis.command(["KEYS", StoredKeys(app: app).prefix + "*"]).strings ?? [] {
+    let keys = try await redis.command(["KEYS", StoredKeys(app: app).prefix + "*"]).strings ?? []
+    for key in keys where !key.hasPrefix(StoredKeys(app: app).prefix + "rl:") {
         let type = try await redis.command(["TYPE", key]).string ?? "none"
         switch type {
         case "hash":
