@@ -39,6 +39,8 @@ public enum Channel {
 /// `POST /v1/apps/{appID}/subscriptions`, checked.
 public struct SubscriptionInput: Sendable, Equatable {
     public static let maxMetadataBytes = 4096
+    static let fields: Set<String> = ["channel", "deviceToken", "tokenType", "environment", "activityID", "metadata",
+                                      "previousToken"]
 
     public var channel: String
     public var deviceToken: String
@@ -49,8 +51,7 @@ public struct SubscriptionInput: Sendable, Equatable {
     public var previousToken: String?
 
     public init(_ body: JSONValue) throws(ValidationError) {
-        let fields = try FieldReader(body, allowed: ["channel", "deviceToken", "tokenType", "environment", "activityID",
-                                                     "metadata", "previousToken"])
+        let fields = try FieldReader(body, allowed: Self.fields)
         channel = try fields.requiredString("channel")
         try Channel.validate(channel)
         deviceToken = try DeviceToken.normalized(try fields.requiredString("deviceToken"), field: "deviceToken")
@@ -84,8 +85,10 @@ public struct SubscriptionRemoval: Sendable, Equatable {
     public var channel: String?
     public var tokenType: TokenType?
 
+    static let fields: Set<String> = ["deviceToken", "channel", "tokenType"]
+
     public init(_ body: JSONValue) throws(ValidationError) {
-        let fields = try FieldReader(body, allowed: ["deviceToken", "channel", "tokenType"])
+        let fields = try FieldReader(body, allowed: Self.fields)
         deviceToken = try DeviceToken.normalized(try fields.requiredString("deviceToken"), field: "deviceToken")
         channel = try fields.string("channel")
         if let channel { try Channel.validate(channel) }

@@ -31,13 +31,13 @@ struct SubscriptionsAPI: Sendable {
                             ["app": admission.app.id, "token": Redaction.tag(input.deviceToken),
                              "token.type": input.tokenType.rawValue, "request.id": request.requestID])
             }
-            return .json(bytes: Self.json(subscription).serialized(), status: created ? 201 : 200)
+            return .json(bytes: Self.json(subscription), status: created ? 201 : 200)
         })
         router.get(path, gate.endpoint(.device) { request, admission in
             guard let raw = request.query["deviceToken"] else { throw ValidationError.missing("deviceToken") }
             let token = try DeviceToken.normalized(raw, field: "deviceToken")
             let subscriptions = try await store.list(app: admission.app.id, deviceToken: token)
-            return .json(bytes: JSONValue.object(["subscriptions": .array(subscriptions.map(Self.json))]).serialized())
+            return .json(bytes: Self.json(list: subscriptions))
         })
         router.delete(path, body: .json, gate.endpoint(.device) { request, admission in
             let removal = try SubscriptionRemoval(try Self.body(of: request))
@@ -56,16 +56,43 @@ struct SubscriptionsAPI: Sendable {
     }
 
     /// A subscription as the API shows it (schemas/openapi.yaml `Subscription`): `activityID` and `metadata` only
-    /// when set.
-    static func json(_ subscription: Subscription) -> JSONValue {
-        var fields: [String: JSONValue] = [
-            "id": .string(subscription.id), "channel": .string(subscription.channel),
-            "deviceToken": .string(subscription.deviceToken), "tokenType": .string(subscription.tokenType.rawValue),
-            "environment": .string(subscription.environment.rawValue),
-            "createdAt": .string(subscription.createdAt), "updatedAt": .string(subscription.updatedAt),
-        ]
-        if let activityID = subscription.activityID { fields["activityID"] = .string(activityID) }
-        if let metadata = subscription.metadata { fields["metadata"] = metadata }
-        return .object(fields)
+    /// when set. Written field by field: no dictionary to build and sort per request.
+    static func json(_ subscription: Subscription, into out: inout [UInt8]) {
+        func field(_ name: StaticString, _ value: String, first: Bool = false) {
+            out += (first ? "{\"" : ",\"").utf8
+            out += UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)
+            out += "\":".utf8
+            JSONValue.appendQuoted(value, to: &out)
+        }
+        field("id", subscription.id, first: true)
+        field("channel", subscription.channel)
+        field("deviceToken", subscription.deviceToken)
+        field("tokenType", subscription.tokenType.rawValue)
+        field("environment", subscription.environment.rawValue)
+        if let activityID = subscription.activityID { field("activityID", activityID) }
+        if let metadata = subscription.metadata {
+            out += #","metadata":"#.utf8
+            metadata.serialize(into: &out)
+        }
+        field("createdAt", subscription.createdAt)
+        field("updatedAt", subscription.updatedAt)
+        out.append(UInt8(ascii: "}"))
+    }
+
+    static func json(_ subscription: Subscription) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(384)
+        json(subscription, into: &out)
+        return out
+    }
+
+    static func json(list subscriptions: [Subscription]) -> [UInt8] {
+        var out = Array(#"{"subscriptions":["#.utf8)
+        for (index, subscription) in subscriptions.enumerated() {
+            if index > 0 { out.append(UInt8(ascii: ",")) }
+            json(subscription, into: &out)
+        }
+        out += "]}".utf8
+        return out
     }
 }

@@ -13,7 +13,8 @@ enum Scripts {
         local count = 0
         if counter ~= '' then
           count = redis.call('INCR', counter)
-          redis.call('EXPIRE', counter, ARGV[14])
+          -- Atomic here, so the window's first request alone needs to set the lifetime.
+          if count == 1 then redis.call('EXPIRE', counter, ARGV[14]) end
           if count > tonumber(ARGV[13]) then return {-1, '', count} end
         end
         if previous ~= '' then
@@ -37,7 +38,8 @@ enum Scripts {
                    'updatedMs', ARGV[10])
         redis.call('SADD', p .. 'ch:' .. channel, id)
         redis.call('SADD', p .. 'dev:' .. token, id)
-        return {created, redis.call('HGET', key, 'createdAt'), count}
+        local createdAt = created == 1 and ARGV[9] or redis.call('HGET', key, 'createdAt')
+        return {created, createdAt, count}
         """)
 
     /// ARGV: prefix, token, only (one subscription id, or "" for all), keepAfterMs ("" for none), unused.
