@@ -66,9 +66,9 @@ struct Gatekeeper: Sendable {
 
     /// Like `endpoint`, for a handler that counts its request itself, in the Redis call that does its work (one
     /// round trip instead of two): it counts in `meter.window`, then records an allowed decision with
-    /// `meter.record(_:)` or throws `refuse(_:_:)` for a refused one. A request
-    /// whose handler fails before counting (bad input) is counted here instead, so every admitted request counts
-    /// once and over the limit 429 wins over any other answer, as with `endpoint`.
+    /// `meter.record(_:)` or throws `refuse(_:_:)` for a refused one. A request whose handler fails before counting
+    /// (bad input) is counted here instead, so every admitted request counts once and over the limit 429 wins over
+    /// any other answer, as with `endpoint`. `admission.headers` is empty: the wrapper adds them to the answer.
     func selfCountingEndpoint(_ audience: Audience,
                               _ body: @escaping @Sendable (HTTPRequest, Admission, Meter) async throws -> HTTPResponse)
         -> HTTPHandler {
