@@ -82,15 +82,15 @@ public enum EventIntake {
         job.collapseId = try f.string("collapseId")
     }
 
-    /// The job id: the client's `id` (body, which wins) or `Idempotency-Key` (header), else a fresh random one.
+    /// The job id: the client's `id` (body) or `Idempotency-Key` (header), else a fresh random one. A malformed
+    /// header is refused even when the body's `id` takes precedence, as the OpenAPI document says.
     private static func jobIdentifier(_ f: FieldReader, _ headerID: String?) throws(ValidationError) -> String {
-        if let id = try f.string("id") ?? headerID {
-            guard !id.isEmpty, id.utf8.count <= 128, id.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7f }) else {
-                throw .invalid("id", "id must be 1–128 visible ASCII characters")
-            }
+        if let headerID { try checkJobID(headerID, field: "Idempotency-Key") }
+        if let id = try f.string("id") {
+            try checkJobID(id, field: "id")
             return id
         }
-        return randomUUID()
+        return headerID ?? randomUUID()
     }
 
     /// A random (version 4) UUID in lowercase: Foundation's `UUID()` plus `uuidString` cost several percent of
@@ -109,5 +109,11 @@ public enum EventIntake {
             text.append(digits[Int(byte & 0x0f)])
         }
         return String(decoding: text, as: UTF8.self)
+    }
+
+    private static func checkJobID(_ id: String, field: String) throws(ValidationError) {
+        guard !id.isEmpty, id.utf8.count <= 128, id.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7f }) else {
+            throw .invalid(field, "\(field) must be 1–128 visible ASCII characters")
+        }
     }
 }

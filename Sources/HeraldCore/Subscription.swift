@@ -20,13 +20,14 @@ public struct Subscription: Sendable, Codable, Equatable {
     }
 }
 
-/// Channel names: opaque, 1–255 printable characters.
+/// Channel names: opaque, 1–255 characters, none of them a control character (U+0000–U+001F, U+007F–U+009F).
 public enum Channel {
+    /// Counted in Unicode code points, as JSON Schema's `maxLength` counts (the OpenAPI document says 255).
     public static let maxLength = 255
 
     public static func validate(_ channel: String, field: String = "channel") throws(ValidationError) {
         guard !channel.isEmpty else { throw .missing(field) }
-        guard channel.count <= maxLength else {
+        guard channel.unicodeScalars.count <= maxLength else {
             throw .invalid(field, "\(field) must be at most \(maxLength) characters")
         }
         guard channel.unicodeScalars.allSatisfy({ $0.properties.generalCategory != .control && $0 != "\u{7f}" }) else {
@@ -38,6 +39,8 @@ public enum Channel {
 /// `POST /v1/apps/{appID}/subscriptions`, checked.
 public struct SubscriptionInput: Sendable, Equatable {
     public static let maxMetadataBytes = 4096
+    static let fields: Set<String> = ["channel", "deviceToken", "tokenType", "environment", "activityID", "metadata",
+                                      "previousToken"]
 
     public var channel: String
     public var deviceToken: String
@@ -48,8 +51,7 @@ public struct SubscriptionInput: Sendable, Equatable {
     public var previousToken: String?
 
     public init(_ body: JSONValue) throws(ValidationError) {
-        let fields = try FieldReader(body, allowed: ["channel", "deviceToken", "tokenType", "environment", "activityID",
-                                                     "metadata", "previousToken"])
+        let fields = try FieldReader(body, allowed: Self.fields)
         channel = try fields.requiredString("channel")
         try Channel.validate(channel)
         deviceToken = try DeviceToken.normalized(try fields.requiredString("deviceToken"), field: "deviceToken")
@@ -58,7 +60,7 @@ public struct SubscriptionInput: Sendable, Equatable {
         environment = try fields.enumeration("environment", APNsEnvironment.self) ?? .production
         activityID = try fields.string("activityID")
         if let activityID {
-            guard !activityID.isEmpty, activityID.utf8.count <= 255 else {
+            guard !activityID.isEmpty, activityID.unicodeScalars.count <= 255 else {
                 throw .invalid("activityID", "activityID must be 1–255 characters")
             }
         }
@@ -67,7 +69,7 @@ public struct SubscriptionInput: Sendable, Equatable {
                                   field: "activityID")
         }
         metadata = try fields.object("metadata")
-        if let metadata, metadata.encoded().count > Self.maxMetadataBytes {
+        if let metadata, metadata.serialized().count > Self.maxMetadataBytes {
             throw .invalid("metadata", "metadata must be at most \(Self.maxMetadataBytes) bytes of JSON")
         }
         previousToken = try fields.string("previousToken").map { (raw) throws(ValidationError) in
@@ -83,8 +85,10 @@ public struct SubscriptionRemoval: Sendable, Equatable {
     public var channel: String?
     public var tokenType: TokenType?
 
+    static let fields: Set<String> = ["deviceToken", "channel", "tokenType"]
+
     public init(_ body: JSONValue) throws(ValidationError) {
-        let fields = try FieldReader(body, allowed: ["deviceToken", "channel", "tokenType"])
+        let fields = try FieldReader(body, allowed: Self.fields)
         deviceToken = try DeviceToken.normalized(try fields.requiredString("deviceToken"), field: "deviceToken")
         channel = try fields.string("channel")
         if let channel { try Channel.validate(channel) }

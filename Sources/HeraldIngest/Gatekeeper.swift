@@ -4,6 +4,7 @@ import HeraldCrypto
 import HeraldHTTP
 import HeraldRuntime
 import HeraldStore
+import Synchronization
 
 /// Who may call what: API-key or OAuth authentication, app scoping, key kinds, and the per-key rate limit.
 struct Gatekeeper: Sendable {
@@ -49,23 +50,95 @@ struct Gatekeeper: Sendable {
         }
     }
 
+    /// A request's rate-limit window, for a handler that counts the request in the Redis call doing its work.
+    final class Meter: Sendable {
+        /// The window to count the request in.
+        let window: RateLimiter.Window
+        private let settled = Mutex<RateLimiter.Decision?>(nil)
+
+        init(window: RateLimiter.Window) { self.window = window }
+
+        /// What counting the request decided, once it has been counted.
+        var decision: RateLimiter.Decision? { settled.withLock { $0 } }
+
+        func record(_ decision: RateLimiter.Decision) { settled.withLock { $0 = decision } }
+    }
+
+    /// Like `endpoint`, for a handler that counts its request itself, in the Redis call that does its work (one
+    /// round trip instead of two): it counts in `meter.window`, then records an allowed decision with
+    /// `meter.record(_:)` or throws `refuse(_:_:)` for a refused one. A request whose handler fails before counting
+    /// (bad input) is counted here instead, so every admitted request counts once and over the limit 429 wins over
+    /// any other answer, as with `endpoint`. `admission.headers` is empty: the wrapper adds them to the answer.
+    func selfCountingEndpoint(_ audience: Audience,
+                              _ body: @escaping @Sendable (HTTPRequest, Admission, Meter) async throws -> HTTPResponse)
+        -> HTTPHandler {
+        { request in
+            let (app, principal) = try identify(request, audience: audience, appID: try request.pathParameter("appID"),
+                                                oauth: false)
+            let meter = Meter(window: limiter.window(for: principal.rateLimitKey, app: app.id))
+            let admission = Admission(app: app, principal: principal, headers: [:])
+            do {
+                var response = try await body(request, admission, meter)
+                let decision = try await decision(of: meter, principal: principal, app: app)
+                for (name, value) in Self.headers(decision) { response.headers[name] = value }
+                return response
+            } catch {
+                guard var failure = Failures.http(error, logger: logger) as? HTTPError else { throw error }
+                // After a 503 Redis is failing: counting now would only wait for the same deadline again.
+                guard failure.status != 503 else { throw failure }
+                let decision = try await decision(of: meter, principal: principal, app: app)
+                failure.headers.merge(Self.headers(decision)) { old, _ in old }
+                throw failure
+            }
+        }
+    }
+
+    /// Records a refused decision and returns the 429 to throw.
+    func refuse(_ meter: Meter, _ decision: RateLimiter.Decision) -> HTTPError {
+        meter.record(decision)
+        return refusal(decision)
+    }
+
+    /// The meter's decision, counting the request now if the handler did not; throws the 429 past the limit.
+    private func decision(of meter: Meter, principal: Principal, app: App) async throws -> RateLimiter.Decision {
+        if let decision = meter.decision { return decision }
+        let decision = try await Failures.mapping(logger) { try await limiter.hit(principal.rateLimitKey, app: app.id) }
+        guard decision.allowed else { throw refuse(meter, decision) }
+        meter.record(decision)
+        return decision
+    }
+
     func admit(_ request: HTTPRequest, audience: Audience, appID: String?, oauth: Bool) async throws -> Admission {
-        let directory = apps.directory
-        let (app, principal) = try authenticate(request, directory: directory, appID: appID, oauth: oauth)
+        let (app, principal) = try identify(request, audience: audience, appID: appID, oauth: oauth)
+        let decision = try await Failures.mapping(logger) { try await limiter.hit(principal.rateLimitKey, app: app.id) }
+        guard decision.allowed else { throw refusal(decision) }
+        return Admission(app: app, principal: principal, headers: Self.headers(decision))
+    }
+
+    /// Authentication, app scoping and key kind: everything about the caller but the rate limit.
+    private func identify(_ request: HTTPRequest, audience: Audience, appID: String?,
+                          oauth: Bool) throws(HTTPError) -> (App, Principal) {
+        let (app, principal) = try authenticate(request, directory: apps.directory, appID: appID, oauth: oauth)
         if audience == .producer, principal.kind != .secret {
             throw HTTPError(status: 403, code: "forbidden", message: "this endpoint takes a secret key")
         }
-        let decision = try await Failures.mapping(logger) { try await limiter.hit(principal.rateLimitKey) }
-        var headers = ["RateLimit-Limit": String(decision.limit), "RateLimit-Remaining": String(decision.remaining),
-                       "RateLimit-Reset": String(decision.resetSeconds)]
-        guard decision.allowed else {
-            rateLimited.increment()
-            headers["Retry-After"] = String(decision.resetSeconds)
-            throw HTTPError(status: 429, code: "rate_limited",
-                            message: "more than \(decision.limit) requests this minute; retry in \(decision.resetSeconds) s",
-                            headers: headers)
-        }
-        return Admission(app: app, principal: principal, headers: headers)
+        return (app, principal)
+    }
+
+    /// `RateLimit-*`: on every response to a counted request.
+    static func headers(_ decision: RateLimiter.Decision) -> [String: String] {
+        ["RateLimit-Limit": String(decision.limit), "RateLimit-Remaining": String(decision.remaining),
+         "RateLimit-Reset": String(decision.resetSeconds)]
+    }
+
+    /// The 429 for a request over the limit.
+    private func refusal(_ decision: RateLimiter.Decision) -> HTTPError {
+        rateLimited.increment()
+        var headers = Self.headers(decision)
+        headers["Retry-After"] = String(decision.resetSeconds)
+        return HTTPError(status: 429, code: "rate_limited",
+                         message: "more than \(decision.limit) requests this minute; retry in \(decision.resetSeconds) s",
+                         headers: headers)
     }
 
     private func authenticate(_ request: HTTPRequest, directory: AppDirectory, appID: String?,

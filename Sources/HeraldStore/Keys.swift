@@ -12,7 +12,7 @@ import HeraldCrypto
 /// | `herald:{app}:post:<hash>` | zset, TTL | registration ids of a post, scored by expiry (ms) |
 /// | `herald:{app}:acttok:<token>` | zset, TTL | registration ids of a push token, scored by expiry (ms) |
 /// | `herald:{app}:idem:<id>` | string, 24 h | idempotency marker of a producer request |
-/// | `herald:rl:{<key>}:<window>` | counter, 60 s | fixed-window rate limit |
+/// | `herald:{app}:rl:<key>:<window>` | counter, 61 s | fixed-window rate limit of one API key or OAuth subject |
 public struct RedisKeys: Sendable {
     public let app: String
     /// `herald:{app}:`, passed to scripts that derive index keys from stored fields.
@@ -30,6 +30,7 @@ public struct RedisKeys: Sendable {
     public func post(_ hash: String) -> String { prefix + "post:" + hash }
     public func activityToken(_ token: String) -> String { prefix + "acttok:" + token }
     public func idempotency(_ id: String) -> String { prefix + "idem:" + id }
+    public func rateLimit(_ key: String, window: Int) -> String { prefix + "rl:" + key + ":" + String(window) }
 
     /// A stable 24-hex-digit id from the parts that make a record unique.
     static func identifier(_ parts: String...) -> String {

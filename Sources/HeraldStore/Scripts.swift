@@ -4,10 +4,19 @@ import HeraldRedis
 /// records are derived from it and from stored fields, all in the app's hash slot.
 enum Scripts {
     /// ARGV: prefix, id, channel, token, tokenType, environment, activityID, metadata, now (RFC 3339), now (ms),
-    /// previousToken ("" for none). Returns {created (0/1), createdAt}.
+    /// previousToken ("" for none), rate-limit counter ("" to count nothing), limit, counter TTL (s).
+    /// Returns {created (0/1), createdAt, count}; {-1, "", count} when the count is over the limit, having
+    /// changed nothing else.
     static let upsert = RedisScript(source: """
         local p, id, channel, token, ttype = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-        local previous = ARGV[11]
+        local previous, counter = ARGV[11], ARGV[12]
+        local count = 0
+        if counter ~= '' then
+          count = redis.call('INCR', counter)
+          -- Atomic here, so the window's first request alone needs to set the lifetime.
+          if count == 1 then redis.call('EXPIRE', counter, ARGV[14]) end
+          if count > tonumber(ARGV[13]) then return {-1, '', count} end
+        end
         if previous ~= '' then
           local prevDev = p .. 'dev:' .. previous
           for _, sid in ipairs(redis.call('SMEMBERS', prevDev)) do
@@ -29,7 +38,8 @@ enum Scripts {
                    'updatedMs', ARGV[10])
         redis.call('SADD', p .. 'ch:' .. channel, id)
         redis.call('SADD', p .. 'dev:' .. token, id)
-        return {created, redis.call('HGET', key, 'createdAt')}
+        local createdAt = created == 1 and ARGV[9] or redis.call('HGET', key, 'createdAt')
+        return {created, createdAt, count}
         """)
 
     /// ARGV: prefix, token, only (one subscription id, or "" for all), keepAfterMs ("" for none), unused.

@@ -15,25 +15,55 @@ public struct SubscriptionStore: Sendable {
     /// every subscription of that token with the same tokenType. `created` is false for an update.
     public func upsert(app: String, _ input: SubscriptionInput, now: Date = Date()) async throws
         -> (subscription: Subscription, created: Bool) {
+        let outcome = try await run(app: app, input, counting: nil, now: now)
+        guard let stored = outcome.stored else { throw StoreError.unexpectedReply("upsert") }
+        return stored
+    }
+
+    /// What a counted upsert did.
+    public enum CountedUpsert: Sendable, Equatable {
+        /// Within the limit: stored (`created` false for an update).
+        case stored(Subscription, created: Bool, RateLimiter.Decision)
+        /// Over the limit: nothing was stored.
+        case rateLimited(RateLimiter.Decision)
+    }
+
+    /// `upsert(app:_:now:)` that first counts the request in `window` and stores only within the limit, in the
+    /// same script: the request's one Redis round trip.
+    public func upsert(app: String, _ input: SubscriptionInput, counting window: RateLimiter.Window,
+                       now: Date = Date()) async throws -> CountedUpsert {
+        let outcome = try await run(app: app, input, counting: window, now: now)
+        let decision = window.decision(count: outcome.count)
+        guard let stored = outcome.stored else { return .rateLimited(decision) }
+        return .stored(stored.subscription, created: stored.created, decision)
+    }
+
+    /// Runs the upsert script; `stored` is nil when the count went over the window's limit.
+    private func run(app: String, _ input: SubscriptionInput, counting window: RateLimiter.Window?, now: Date)
+        async throws -> (stored: (subscription: Subscription, created: Bool)?, count: Int64) {
         let keys = RedisKeys(app: app)
         let id = RedisKeys.identifier(input.deviceToken, input.tokenType.rawValue, input.channel)
         let stamp = Timestamp.rfc3339(now)
-        let metadata = input.metadata.map { String(decoding: $0.encoded(), as: UTF8.self) } ?? ""
+        let metadata = input.metadata.map { String(decoding: $0.serialized(), as: UTF8.self) } ?? ""
         let previous = input.previousToken.flatMap { $0 == input.deviceToken ? nil : $0 } ?? ""
-        let reply = try await redis.run(Scripts.upsert,
-            keys: [keys.subscription(id), keys.channel(input.channel), keys.device(input.deviceToken)]
-                + (previous.isEmpty ? [] : [keys.device(previous)]),
+        var touched = [keys.subscription(id), keys.channel(input.channel), keys.device(input.deviceToken)]
+        if !previous.isEmpty { touched.append(keys.device(previous)) }
+        if let window { touched.append(window.redisKey) }
+        let reply = try await redis.run(Scripts.upsert, keys: touched,
             args: [keys.prefix, id, input.channel, input.deviceToken, input.tokenType.rawValue,
                    input.environment.rawValue, input.activityID ?? "", metadata, stamp,
-                   String(Int64(now.timeIntervalSince1970 * 1000)), previous])
-        guard let parts = reply.array, parts.count == 2, let created = parts[0].int, let createdAt = parts[1].string else {
+                   String(Int64(now.timeIntervalSince1970 * 1000)), previous, window?.redisKey ?? "",
+                   String(window?.limit ?? 0), String(window?.ttlSeconds ?? 0)])
+        guard let parts = reply.array, parts.count == 3, let created = parts[0].int, let createdAt = parts[1].string,
+              let count = parts[2].int else {
             throw StoreError.unexpectedReply("upsert")
         }
+        guard created >= 0 else { return (nil, count) }
         let subscription = Subscription(id: id, channel: input.channel, deviceToken: input.deviceToken,
                                         tokenType: input.tokenType, environment: input.environment,
                                         activityID: input.activityID, metadata: input.metadata,
                                         createdAt: createdAt, updatedAt: stamp)
-        return (subscription, created == 1)
+        return ((subscription, created == 1), count)
     }
 
     /// Every subscription of a device token.
@@ -88,7 +118,7 @@ public struct SubscriptionStore: Sendable {
               let environment = fields["environment"].flatMap(APNsEnvironment.init(rawValue:)),
               let createdAt = fields["createdAt"], let updatedAt = fields["updatedAt"] else { return nil }
         let activityID = fields["activityID"].flatMap { $0.isEmpty ? nil : $0 }
-        let metadata = fields["metadata"].flatMap { $0.isEmpty ? nil : try? JSONDecoder().decode(JSONValue.self, from: Data($0.utf8)) }
+        let metadata = fields["metadata"].flatMap { $0.isEmpty ? nil : JSONValue(parsing: Array($0.utf8)) }
         return Subscription(id: id, channel: channel, deviceToken: token, tokenType: tokenType,
                             environment: environment, activityID: activityID, metadata: metadata,
                             createdAt: createdAt, updatedAt: updatedAt)

@@ -18,10 +18,12 @@ final class IngestHarness: Sendable {
     let port: UInt16
     private let task: Task<Void, any Error>
 
-    /// `apps`: the apps file to serve (default: two fresh ES256-issuer apps); the harness removes it on `stop()`.
+    /// Starts a service on a free port. `apps`: the apps file to serve (default: two fresh ES256-issuer apps; the
+    /// harness removes it on `stop()`); `brokers` set skips creating the jobs topic; `redisURL` replaces the test
+    /// Redis (a closed port, a listener that never answers).
     static func start(rateLimit: Int = 240, activityTTL: Duration = .seconds(3600),
                       publishTimeout: Duration = .seconds(5), brokers: String? = nil,
-                      apps: TestApps? = nil) async throws -> IngestHarness {
+                      redisURL: String? = nil, apps: TestApps? = nil) async throws -> IngestHarness {
         let apps = try apps ?? TestApps()
         let brokerList = try brokers ?? TestEnvironment.kafkaBrokers()
         let topic = "herald.jobs.test-" + SecureRandom.hex(6)
@@ -36,7 +38,7 @@ final class IngestHarness: Sendable {
         configuration.activityTTL = activityTTL
         configuration.jobsTopic = topic
         configuration.publishTimeout = publishTimeout
-        let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
+        let redis = RedisClient(configuration: try RedisConfiguration(url: try redisURL ?? TestEnvironment.redisURL()))
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
             kafka: KafkaConfiguration(brokerList: brokerList), messageTimeout: publishTimeout), logger: Self.logger)
         let service = try IngestService(configuration: configuration, apps: AppRegistry(apps.directory), redis: redis,

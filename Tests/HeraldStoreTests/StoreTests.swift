@@ -164,12 +164,12 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let limiter = RateLimiter(redis: redis.client, limit: 5)
         let now = Date(timeIntervalSince1970: 1_800_000_010)
         for i in 1...5 {
-            let decision = try await limiter.hit(redis.app, now: now)
+            let decision = try await limiter.hit("key:1", app: redis.app, now: now)
             #expect(decision.allowed && decision.remaining == 5 - i && decision.resetSeconds == 50)
         }
-        let over = try await limiter.hit(redis.app, now: now)
+        let over = try await limiter.hit("key:1", app: redis.app, now: now)
         #expect(!over.allowed && over.remaining == 0)
-        #expect(try await limiter.hit(redis.app, now: now.addingTimeInterval(50)).allowed)
+        #expect(try await limiter.hit("key:1", app: redis.app, now: now.addingTimeInterval(50)).allowed)
     }
 
     @Test func anIdPublishesOnce() async throws {

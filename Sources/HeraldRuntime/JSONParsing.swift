@@ -1,0 +1,278 @@
+/// Strict RFC 8259 parsing into `JSONValue` and compact serialisation, without Foundation.
+///
+/// `JSONDecoder` through `JSONValue`'s `Decodable` conformance tries each case in turn and throws on every miss;
+/// on the ingest path that was the largest cost of a request after the kernel's. The same technique as the APNs
+/// simulator's payload parser.
+extension JSONValue {
+    /// Deepest nesting `init(parsing:)` accepts; deeper documents are refused rather than recursed into.
+    public static let maximumParsingDepth = 64
+
+    /// Parses exactly one JSON value (surrounding whitespace allowed); nil when `bytes` are not valid JSON (UTF-8
+    /// included), nest deeper than `maximumParsingDepth`, or hold a number no `Double` can represent.
+    public init?(parsing bytes: [UInt8]) {
+        let parsed: JSONValue? = bytes.withUnsafeBufferPointer { buffer in
+            var parser = JSONParser(bytes: buffer)
+            guard let value = parser.value(depth: 0) else { return nil }
+            parser.skipWhitespace()
+            return parser.index == buffer.count ? value : nil
+        }
+        guard let parsed else { return nil }
+        self = parsed
+    }
+
+    /// Compact JSON text with object keys sorted, like `encoded()` but without `JSONEncoder`.
+    public func serialized() -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(256)
+        serialize(into: &out)
+        return out
+    }
+
+    /// Appends the compact JSON text of this value to `out`.
+    public func serialize(into out: inout [UInt8]) {
+        switch self {
+        case .null: out += "null".utf8
+        case .bool(let flag): out += (flag ? "true" : "false").utf8
+        case .number(let number):
+            // Integral numbers stay integers on the wire (`1`, not `1.0`), as in `encode(to:)`.
+            if number == number.rounded(), abs(number) < 9e15 {
+                out += String(Int64(number)).utf8
+            } else {
+                out += "\(number)".utf8
+            }
+        case .string(let text): Self.appendQuoted(text, to: &out)
+        case .array(let items):
+            out.append(UInt8(ascii: "["))
+            for (index, item) in items.enumerated() {
+                if index > 0 { out.append(UInt8(ascii: ",")) }
+                item.serialize(into: &out)
+            }
+            out.append(UInt8(ascii: "]"))
+        case .object(let fields):
+            out.append(UInt8(ascii: "{"))
+            for (index, key) in fields.keys.sorted().enumerated() {
+                if index > 0 { out.append(UInt8(ascii: ",")) }
+                Self.appendQuoted(key, to: &out)
+                out.append(UInt8(ascii: ":"))
+                fields[key]!.serialize(into: &out)
+            }
+            out.append(UInt8(ascii: "}"))
+        }
+    }
+
+    /// A JSON string literal: quotes, backslashes and control characters escaped, everything else as UTF-8.
+    public static func appendQuoted(_ text: String, to out: inout [UInt8]) {
+        out.append(UInt8(ascii: "\""))
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "\""): out += #"\""#.utf8
+            case UInt8(ascii: "\\"): out += #"\\"#.utf8
+            case 0x0A: out += #"\n"#.utf8
+            case 0x0D: out += #"\r"#.utf8
+            case 0x09: out += #"\t"#.utf8
+            case 0..<0x20:
+                out += #"\u00"#.utf8
+                out.append(hexDigits[Int(byte >> 4)])
+                out.append(hexDigits[Int(byte & 0xF)])
+            default: out.append(byte)
+            }
+        }
+        out.append(UInt8(ascii: "\""))
+    }
+
+    private static let hexDigits = Array("0123456789abcdef".utf8)
+}
+
+/// A recursive-descent parser over a byte buffer; every failure returns nil.
+private struct JSONParser {
+    let bytes: UnsafeBufferPointer<UInt8>
+    var index = 0
+
+    init(bytes: UnsafeBufferPointer<UInt8>) { self.bytes = bytes }
+
+    mutating func skipWhitespace() {
+        while index < bytes.count {
+            switch bytes[index] {
+            case 0x20, 0x09, 0x0A, 0x0D: index += 1
+            default: return
+            }
+        }
+    }
+
+    mutating func value(depth: Int) -> JSONValue? {
+        guard depth < JSONValue.maximumParsingDepth else { return nil }
+        skipWhitespace()
+        guard index < bytes.count else { return nil }
+        switch bytes[index] {
+        case UInt8(ascii: "{"): return object(depth: depth)
+        case UInt8(ascii: "["): return array(depth: depth)
+        case UInt8(ascii: "\""): return string().map { .string($0) }
+        case UInt8(ascii: "t"): return literal("true", .bool(true))
+        case UInt8(ascii: "f"): return literal("false", .bool(false))
+        case UInt8(ascii: "n"): return literal("null", .null)
+        default: return number()
+        }
+    }
+
+    private mutating func literal(_ word: StaticString, _ value: JSONValue) -> JSONValue? {
+        let count = word.utf8CodeUnitCount
+        guard index + count <= bytes.count else { return nil }
+        for offset in 0..<count where bytes[index + offset] != word.utf8Start[offset] { return nil }
+        index += count
+        return value
+    }
+
+    private mutating func object(depth: Int) -> JSONValue? {
+        index += 1
+        var fields: [String: JSONValue] = [:]
+        skipWhitespace()
+        if index < bytes.count, bytes[index] == UInt8(ascii: "}") {
+            index += 1
+            return .object(fields)
+        }
+        while true {
+            skipWhitespace()
+            guard index < bytes.count, bytes[index] == UInt8(ascii: "\""), let key = string() else { return nil }
+            skipWhitespace()
+            guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { return nil }
+            index += 1
+            guard let item = value(depth: depth + 1) else { return nil }
+            fields[key] = item
+            skipWhitespace()
+            guard index < bytes.count else { return nil }
+            if bytes[index] == UInt8(ascii: ",") {
+                index += 1
+                continue
+            }
+            guard bytes[index] == UInt8(ascii: "}") else { return nil }
+            index += 1
+            return .object(fields)
+        }
+    }
+
+    private mutating func array(depth: Int) -> JSONValue? {
+        index += 1
+        var items: [JSONValue] = []
+        skipWhitespace()
+        if index < bytes.count, bytes[index] == UInt8(ascii: "]") {
+            index += 1
+            return .array(items)
+        }
+        while true {
+            guard let item = value(depth: depth + 1) else { return nil }
+            items.append(item)
+            skipWhitespace()
+            guard index < bytes.count else { return nil }
+            if bytes[index] == UInt8(ascii: ",") {
+                index += 1
+                continue
+            }
+            guard bytes[index] == UInt8(ascii: "]") else { return nil }
+            index += 1
+            return .array(items)
+        }
+    }
+
+    private mutating func string() -> String? {
+        index += 1
+        let start = index
+        // Fast path: no escapes, so the text is the bytes between the quotes.
+        while index < bytes.count, bytes[index] != UInt8(ascii: "\""), bytes[index] != UInt8(ascii: "\\") {
+            guard bytes[index] >= 0x20 else { return nil }
+            index += 1
+        }
+        guard index < bytes.count else { return nil }
+        if bytes[index] == UInt8(ascii: "\"") {
+            defer { index += 1 }
+            return String(validating: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)
+        }
+        var text = Array(bytes[start..<index])
+        while index < bytes.count {
+            let byte = bytes[index]
+            if byte == UInt8(ascii: "\"") {
+                index += 1
+                return String(validating: text, as: UTF8.self)
+            }
+            guard byte >= 0x20 else { return nil }
+            if byte != UInt8(ascii: "\\") {
+                text.append(byte)
+                index += 1
+                continue
+            }
+            index += 1
+            guard index < bytes.count else { return nil }
+            let escape = bytes[index]
+            index += 1
+            switch escape {
+            case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): text.append(escape)
+            case UInt8(ascii: "b"): text.append(0x08)
+            case UInt8(ascii: "f"): text.append(0x0C)
+            case UInt8(ascii: "n"): text.append(0x0A)
+            case UInt8(ascii: "r"): text.append(0x0D)
+            case UInt8(ascii: "t"): text.append(0x09)
+            case UInt8(ascii: "u"):
+                guard var code = hex4() else { return nil }
+                if (0xD800..<0xDC00).contains(code) {
+                    guard index + 1 < bytes.count, bytes[index] == UInt8(ascii: "\\"),
+                          bytes[index + 1] == UInt8(ascii: "u") else { return nil }
+                    index += 2
+                    guard let low = hex4(), (0xDC00..<0xE000).contains(low) else { return nil }
+                    code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
+                }
+                // A lone low surrogate is not a scalar: refused here.
+                guard let scalar = Unicode.Scalar(code) else { return nil }
+                text.append(contentsOf: String(scalar).utf8)
+            default: return nil
+            }
+        }
+        return nil
+    }
+
+    private mutating func hex4() -> UInt32? {
+        guard index + 4 <= bytes.count else { return nil }
+        var code: UInt32 = 0
+        for _ in 0..<4 {
+            let c = bytes[index]
+            let digit: UInt32
+            switch c {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): digit = UInt32(c - UInt8(ascii: "0"))
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): digit = UInt32(c - UInt8(ascii: "a") + 10)
+            case UInt8(ascii: "A")...UInt8(ascii: "F"): digit = UInt32(c - UInt8(ascii: "A") + 10)
+            default: return nil
+            }
+            code = code << 4 | digit
+            index += 1
+        }
+        return code
+    }
+
+    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`
+    private mutating func number() -> JSONValue? {
+        let start = index
+        if index < bytes.count, bytes[index] == UInt8(ascii: "-") { index += 1 }
+        guard index < bytes.count else { return nil }
+        if bytes[index] == UInt8(ascii: "0") {
+            index += 1
+        } else {
+            guard digits() > 0 else { return nil }
+        }
+        if index < bytes.count, bytes[index] == UInt8(ascii: ".") {
+            index += 1
+            guard digits() > 0 else { return nil }
+        }
+        if index < bytes.count, bytes[index] == UInt8(ascii: "e") || bytes[index] == UInt8(ascii: "E") {
+            index += 1
+            if index < bytes.count, bytes[index] == UInt8(ascii: "+") || bytes[index] == UInt8(ascii: "-") { index += 1 }
+            guard digits() > 0 else { return nil }
+        }
+        let text = String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)
+        guard let number = Double(text), number.isFinite else { return nil }
+        return .number(number)
+    }
+
+    private mutating func digits() -> Int {
+        let from = index
+        while index < bytes.count, bytes[index] >= 0x30, bytes[index] <= 0x39 { index += 1 }
+        return index - from
+    }
+}

@@ -1,0 +1,561 @@
+import Foundation
+import HeraldRedis
+import HeraldTestSupport
+import Testing
+
+/// The device subscriptions API end to end: herald-ingest in-process against the real Redis of `scripts/test`.
+/// Each test checks what a client sees (status, error code and field, headers) and what Redis holds afterwards.
+@Suite struct SubscriptionsAPITests {
+    // MARK: Upsert, list, remove
+
+    @Test func createsThenUpdatesTheSameSubscription() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        let token = deviceToken()
+        let path = "/v1/apps/\(app.id)/subscriptions"
+
+        let created = try await ingest.request("POST", path, key: app.publicKey, json: body([
+            "channel": "order:42:status", "deviceToken": token.uppercased(), "tokenType": "alert",
+            "environment": "sandbox", "metadata": ["locale": "en_US"],
+        ]))
+        #expect(created.status == 201, "\(created.text)")
+        let first = try created.json()
+        let id = try #require(first["id"] as? String)
+        #expect(first["channel"] as? String == "order:42:status")
+        #expect(first["deviceToken"] as? String == token, "stored lowercase")
+        #expect(first["tokenType"] as? String == "alert")
+        #expect(first["environment"] as? String == "sandbox")
+        #expect((first["metadata"] as? [String: Any])?["locale"] as? String == "en_US")
+        #expect(first["createdAt"] as? String == first["updatedAt"] as? String)
+        #expect(created.headers["ratelimit-limit"] == "240")
+        #expect(created.headers["ratelimit-remaining"] == "239")
+        #expect(created.headers["x-request-id"]?.isEmpty == false)
+
+        // The same (token, tokenType, channel), in another letter case and with new fields: an update.
+        let updated = try await ingest.request("POST", path, key: app.publicKey, json: body([
+            "channel": "order:42:status", "deviceToken": token, "tokenType": "alert", "metadata": ["locale": "fr_FR"],
+        ]))
+        #expect(updated.status == 200, "\(updated.text)")
+        let second = try updated.json()
+        #expect(second["id"] as? String == id)
+        #expect(second["createdAt"] as? String == first["createdAt"] as? String)
+        #expect(second["environment"] as? String == "production", "the default when not given")
+        #expect((second["metadata"] as? [String: Any])?["locale"] as? String == "fr_FR")
+
+        let keys = StoredKeys(app: app.id)
+        #expect(try await ingest.redis.command(["KEYS", keys.prefix + "sub:*"]).strings == [keys.subscription(id)])
+        #expect(try await members(ingest.redis, keys.channel("order:42:status")) == [id])
+        #expect(try await members(ingest.redis, keys.device(token)) == [id])
+        let stored = try #require(try await ingest.redis.command(["HGETALL", keys.subscription(id)]).fieldValues)
+        #expect(stored["deviceToken"] == token)
+        #expect(stored["environment"] == "production")
+        #expect(stored["metadata"] == #"{"locale":"fr_FR"}"#)
+    }
+
+    @Test func concurrentPostsOfOneSubscriptionCreateItOnce() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        let json = body(["channel": "news", "deviceToken": deviceToken(), "tokenType": "alert"])
+        let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
+            for _ in 0..<8 {
+                group.addTask {
+                    try await ingest.request("POST", "/v1/apps/\(app.id)/subscriptions", key: app.publicKey, json: json).status
+                }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(statuses.sorted() == [200, 200, 200, 200, 200, 200, 200, 201])
+        let stored = try await ingest.redis.command(["KEYS", StoredKeys(app: app.id).prefix + "sub:*"]).strings ?? []
+        #expect(stored.count == 1)
+    }
+
+    @Test func listsADevicesSubscriptions() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        let token = deviceToken(), other = deviceToken()
+        try await subscribe(ingest, app, token, "news")
+        try await subscribe(ingest, app, token, "sports")
+        try await subscribe(ingest, app, token, "news", type: "liveactivity-update", activityID: "match-7")
+        try await subscribe(ingest, app, other, "news")
+
+        let listed = try await ingest.request("GET", "/v1/apps/\(app.id)/subscriptions?deviceToken=\(token.uppercased())",
+                                              key: app.publicKey)
+        #expect(listed.status == 200, "\(listed.text)")
+        let subscriptions = try #require(try listed.json()["subscriptions"] as? [[String: Any]])
+        #expect(Set(subscriptions.map { "\($0["channel"]!)/\($0["tokenType"]!)" })
+                == ["news/alert", "sports/alert", "news/liveactivity-update"])
+        #expect(subscriptions.allSatisfy { $0["deviceToken"] as? String == token })
+        #expect(subscriptions.compactMap { $0["activityID"] as? String } == ["match-7"])
+
+        let none = try await ingest.request("GET", "/v1/apps/\(app.id)/subscriptions?deviceToken=\(deviceToken())",
+                                            key: app.publicKey)
+        #expect(none.status == 200)
+        #expect((try none.json()["subscriptions"] as? [Any])?.isEmpty == true)
+    }
+
+    @Test func removesOneSubscription() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        let token = deviceToken()
+        let newsID = try await subscribe(ingest, app, token, "news")
+        let sportsID = try await subscribe(ingest, app, token, "sports")
+        let liveID = try await subscribe(ingest, app, token, "news", type: "liveactivity-start")
+        let path = "/v1/apps/\(app.id)/subscriptions"
+
+        let removed = try await ingest.request("DELETE", path, key: app.publicKey,
+                                               json: body(["deviceToken": token, "channel": "news", "tokenType": "alert"]))
+        #expect(removed.status == 200, "\(removed.text)")
+        #expect(try removed.json()["removed"] as? Int == 1)
+
+        let keys = StoredKeys(app: app.id)
+        #expect(try await ingest.redis.command(["EXISTS", keys.subscription(newsID)]).int == 0)
+        #expect(try await members(ingest.redis, keys.channel("news")) == [liveID])
+        #expect(try await members(ingest.redis, keys.device(token)) == [liveID, sportsID].sorted())
+
+        let again = try await ingest.request("DELETE", path, key: app.publicKey,
+                                             json: body(["deviceToken": token, "channel": "news", "tokenType": "alert"]))
+        #expect(again.status == 200)
+        #expect(try again.json()["removed"] as? Int == 0)
+    }
+
+    @Test func removesEverySubscriptionOfADevice() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        let token = deviceToken(), other = deviceToken()
+        for channel in ["a", "b", "c"] { try await subscribe(ingest, app, token, channel) }
+        try await subscribe(ingest, app, token, "a", type: "liveactivity-start")
+        let kept = try await subscribe(ingest, app, other, "a")
+        let path = "/v1/apps/\(app.id)/subscriptions"
+
+        let removed = try await ingest.request("DELETE", path, key: app.publicKey, json: body(["deviceToken": token]))
+        #expect(removed.status == 200, "\(removed.text)")
+        #expect(try removed.json()["removed"] as? Int == 4)
+
+        let keys = StoredKeys(app: app.id)
+        #expect(try await ingest.redis.command(["KEYS", keys.prefix + "sub:*"]).strings == [keys.subscription(kept)])
+        #expect(try await ingest.redis.command(["EXISTS", keys.device(token), keys.channel("b"), keys.channel("c")]).int == 0)
+        #expect(try await members(ingest.redis, keys.channel("a")) == [kept])
+
+        let again = try await ingest.request("DELETE", path, key: app.publicKey, json: body(["deviceToken": token]))
+        #expect(try again.json()["removed"] as? Int == 0)
+    }
+
+    @Test func rotationRemovesOnlyTheOldTokensSubscriptionsOfTheSameType() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0], otherApp = ingest.apps.apps[1]
+        let old = deviceToken(), new = deviceToken()
+        try await subscribe(ingest, app, old, "news")
+        try await subscribe(ingest, app, old, "sports")
+        let start = try await subscribe(ingest, app, old, "news", type: "liveactivity-start")
+        let elsewhere = try await subscribe(ingest, otherApp, old, "news")
+
+        let rotated = try await ingest.request("POST", "/v1/apps/\(app.id)/subscriptions", key: app.publicKey, json: body([
+            "channel": "news", "deviceToken": new, "tokenType": "alert", "previousToken": old.uppercased(),
+        ]))
+        #expect(rotated.status == 201, "\(rotated.text)")
+        let newID = try #require(try rotated.json()["id"] as? String)
+
+        #expect(try await list(ingest, app, old).map(\.id) == [start])
+        #expect(try await list(ingest, app, new).map(\.id) == [newID])
+        let keys = StoredKeys(app: app.id)
+        #expect(try await members(ingest.redis, keys.channel("news")) == [newID, start].sorted())
+        #expect(try await ingest.redis.command(["EXISTS", keys.channel("sports")]).int == 0)
+        #expect(try await members(ingest.redis, keys.device(old)) == [start])
+        #expect(try await list(ingest, otherApp, old).map(\.id) == [elsewhere], "another app's subscriptions stay")
+
+        // previousToken equal to deviceToken is not a rotation: nothing is removed.
+        let same = try await ingest.request("POST", "/v1/apps/\(app.id)/subscriptions", key: app.publicKey, json: body([
+            "channel": "news", "deviceToken": new, "tokenType": "alert", "previousToken": new,
+        ]))
+        #expect(same.status == 200, "\(same.text)")
+        #expect(try await list(ingest, app, new).map(\.id) == [newID])
+    }
+
+    // MARK: Validation
+
+    /// A request the API must refuse, and how.
+    struct Refusal: Sendable, CustomStringConvertible {
+        var name: String
+        var method = "POST"
+        var body: String
+        var contentType = "application/json"
+        var status = 400
+        var code: String
+        var field: String?
+        var description: String { name }
+    }
+
+    static func postRefusals(token: String, existing: String) -> [Refusal] {
+        func post(_ name: String, _ fields: [String: Any], code: String = "invalid_field", field: String?,
+                  dropping: [String] = []) -> Refusal {
+            var all: [String: Any] = ["channel": "news", "deviceToken": token, "tokenType": "alert"]
+            for (name, value) in fields { all[name] = value }
+            for name in dropping { all.removeValue(forKey: name) }
+            return Refusal(name: name, body: body(all), code: code, field: field)
+        }
+        return [
+            post("channel of 256 characters", ["channel": String(repeating: "c", count: 256)], field: "channel"),
+            post("channel of 256 code points in 128 characters",
+                 ["channel": String(repeating: "e\u{301}", count: 128)], field: "channel"),
+            post("channel with a C1 control character", ["channel": "news\u{85}"], field: "channel"),
+            post("channel with a control character", ["channel": "news\u{1}"], field: "channel"),
+            post("channel with a newline", ["channel": "news\nsports"], field: "channel"),
+            post("channel with DEL", ["channel": "news\u{7f}"], field: "channel"),
+            post("empty channel", ["channel": ""], code: "missing_field", field: "channel"),
+            post("channel not a string", ["channel": 42], field: "channel"),
+            post("no channel", [:], code: "missing_field", field: "channel", dropping: ["channel"]),
+            post("odd-length token", ["deviceToken": token + "a"], field: "deviceToken"),
+            post("non-hex token", ["deviceToken": String(repeating: "zz", count: 32)], field: "deviceToken"),
+            post("token too short", ["deviceToken": "abcd"], field: "deviceToken"),
+            post("token too long", ["deviceToken": String(repeating: "ab", count: 101)], field: "deviceToken"),
+            post("no token", [:], code: "missing_field", field: "deviceToken", dropping: ["deviceToken"]),
+            post("unknown tokenType", ["tokenType": "voip"], field: "tokenType"),
+            post("no tokenType", [:], code: "missing_field", field: "tokenType", dropping: ["tokenType"]),
+            post("liveactivity-update without activityID", ["tokenType": "liveactivity-update"],
+                 code: "missing_field", field: "activityID"),
+            post("empty activityID", ["tokenType": "liveactivity-update", "activityID": ""], field: "activityID"),
+            post("unknown environment", ["environment": "staging"], field: "environment"),
+            post("metadata an array", ["metadata": [1, 2]], field: "metadata"),
+            post("metadata a string", ["metadata": "x"], field: "metadata"),
+            post("metadata over 4 KiB", ["metadata": ["note": String(repeating: "m", count: 4100)]], field: "metadata"),
+            // A rotation with a bad previousToken must not remove the existing token's subscriptions.
+            post("non-hex previousToken", ["previousToken": "xyz"], field: "previousToken"),
+            post("odd-length previousToken", ["previousToken": existing + "0"], field: "previousToken"),
+            post("rotation with a bad channel", ["previousToken": existing, "channel": "\u{0}"], field: "channel"),
+            post("unknown field", ["colour": "red"], code: "unknown_field", field: "colour"),
+            Refusal(name: "malformed JSON", body: #"{"channel": "news", "deviceToken": "#, code: "invalid_json"),
+            Refusal(name: "empty body", body: "", code: "invalid_json"),
+            Refusal(name: "body not an object", body: "[1, 2]", code: "invalid_body"),
+            Refusal(name: "oversize body", body: body(["channel": "news", "deviceToken": token, "tokenType": "alert",
+                                                      "metadata": ["pad": String(repeating: "p", count: 70_000)]]),
+                    status: 413, code: "body_too_large"),
+            Refusal(name: "not JSON", body: "channel=news", contentType: "application/x-www-form-urlencoded",
+                    status: 415, code: "unsupported_media_type"),
+        ]
+    }
+
+    static func deleteRefusals(token: String) -> [Refusal] {
+        func delete(_ name: String, _ fields: [String: Any], code: String = "invalid_field", field: String?) -> Refusal {
+            Refusal(name: "DELETE: " + name, method: "DELETE", body: body(fields), code: code, field: field)
+        }
+        return [
+            delete("no deviceToken", ["channel": "news", "tokenType": "alert"], code: "missing_field", field: "deviceToken"),
+            delete("non-hex token", ["deviceToken": "not-hex"], field: "deviceToken"),
+            delete("channel without tokenType", ["deviceToken": token, "channel": "news"], field: "tokenType"),
+            delete("tokenType without channel", ["deviceToken": token, "tokenType": "alert"], field: "channel"),
+            delete("unknown tokenType", ["deviceToken": token, "channel": "news", "tokenType": "voip"], field: "tokenType"),
+            delete("channel of 256 characters", ["deviceToken": token, "channel": String(repeating: "c", count: 256),
+                                                 "tokenType": "alert"], field: "channel"),
+            delete("unknown field", ["deviceToken": token, "everything": true], code: "unknown_field", field: "everything"),
+            Refusal(name: "DELETE: malformed JSON", method: "DELETE", body: "{", code: "invalid_json"),
+            Refusal(name: "DELETE: not JSON", method: "DELETE", body: "deviceToken=\(token)", contentType: "text/plain",
+                    status: 415, code: "unsupported_media_type"),
+        ]
+    }
+
+    @Test func refusesBadInputAndChangesNothing() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        let token = deviceToken()
+        // Existing state a wrong request could disturb: the token's own subscriptions on both channels used.
+        try await subscribe(ingest, app, token, "news")
+        try await subscribe(ingest, app, token, "sports", type: "liveactivity-start")
+        let before = try await storedState(ingest.redis, app: app.id)
+        let path = "/v1/apps/\(app.id)/subscriptions"
+
+        for refusal in Self.postRefusals(token: deviceToken(), existing: token) + Self.deleteRefusals(token: token) {
+            let response = try await ingest.request(refusal.method, path, key: app.publicKey, json: refusal.body,
+                                                    headers: ["Content-Type": refusal.contentType])
+            #expect(response.status == refusal.status, "\(refusal): \(response.text)")
+            #expect(response.errorCode == refusal.code, "\(refusal): \(response.text)")
+            #expect(response.errorField == refusal.field, "\(refusal): \(response.text)")
+            if refusal.status == 400 {
+                #expect(response.headers["ratelimit-remaining"] != nil, "\(refusal): rate-limit headers on errors too")
+            }
+            #expect(try await storedState(ingest.redis, app: app.id) == before, "\(refusal) changed Redis")
+        }
+        // The rotation refused above left the token's subscriptions in place.
+        #expect(try await list(ingest, app, token).count == 2)
+
+        let noToken = try await ingest.request("GET", path, key: app.publicKey)
+        #expect(noToken.status == 400)
+        #expect(noToken.errorCode == "missing_field" && noToken.errorField == "deviceToken", "\(noToken.text)")
+        let badToken = try await ingest.request("GET", path + "?deviceToken=abc", key: app.publicKey)
+        #expect(badToken.status == 400)
+        #expect(badToken.errorCode == "invalid_field" && badToken.errorField == "deviceToken", "\(badToken.text)")
+    }
+
+    @Test func acceptsTheLimitsThemselves() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        // 255 characters, multi-byte ones included, and metadata just under 4 KiB of JSON.
+        let channel = String(repeating: "é", count: 200) + String(repeating: "c", count: 55)
+        let metadata = ["note": String(repeating: "m", count: 4096 - #"{"note":""}"#.utf8.count)]
+        let response = try await ingest.request("POST", "/v1/apps/\(app.id)/subscriptions", key: app.publicKey, json: body([
+            "channel": channel, "deviceToken": deviceToken(), "tokenType": "liveactivity-update", "activityID": "a",
+            "metadata": metadata,
+        ]))
+        #expect(response.status == 201, "\(response.text)")
+        #expect(try response.json()["channel"] as? String == channel)
+    }
+
+    // MARK: Auth, rate limit, tenants
+
+    @Test func refusesMissingUnknownAndForeignKeys() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0], other = ingest.apps.apps[1]
+        let path = "/v1/apps/\(app.id)/subscriptions"
+        let subscription = body(["channel": "news", "deviceToken": deviceToken(), "tokenType": "alert"])
+
+        let none = try await ingest.request("POST", path, json: subscription)
+        #expect(none.status == 401)
+        #expect(none.errorCode == "unauthorized")
+        let unknown = try await ingest.request("POST", path, key: "hrd_pub_" + deviceToken(), json: subscription)
+        #expect(unknown.status == 401)
+        #expect(unknown.errorCode == "unauthorized")
+        let wrongScheme = try await ingest.request("POST", path, json: subscription,
+                                                   headers: ["Authorization": "Basic \(app.publicKey)"])
+        #expect(wrongScheme.status == 401)
+        let foreign = try await ingest.request("POST", path, key: other.publicKey, json: subscription)
+        #expect(foreign.status == 403)
+        #expect(foreign.errorCode == "forbidden")
+        let noSuchApp = try await ingest.request("POST", "/v1/apps/no-such-app/subscriptions", key: app.publicKey,
+                                                 json: subscription)
+        #expect(noSuchApp.status == 404)
+        #expect(try await storedState(ingest.redis, app: app.id).isEmpty)
+
+        // Both headers and both key kinds get in.
+        let bearer = try await ingest.request("POST", path, bearer: app.publicKey, json: subscription)
+        #expect(bearer.status == 201, "\(bearer.text)")
+        let secret = try await ingest.request("POST", path, key: app.secretKey, json: subscription)
+        #expect(secret.status == 200, "\(secret.text)")
+    }
+
+    @Test func the241stRequestInAWindowGets429() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        // All 241 requests must fall in one fixed 60 s window: start early in one.
+        let intoWindow = Int(Date().timeIntervalSince1970) % 60
+        if intoWindow > 40 { try await Task.sleep(for: .seconds(61 - intoWindow)) }
+
+        let port = ingest.port, key = app.publicKey, path = "/v1/apps/\(app.id)/subscriptions"
+        let responses = try await onThread {
+            let client = try RawHTTPClient(port: port)  // one keep-alive connection
+            // Request 100 is bad input: it counts like any other. Request 242 is bad input over the limit: 429.
+            return try (1...242).map { n in
+                let token = n == 100 || n == 242 ? "not-hex" : deviceToken()
+                return try client.request("POST", path, headers: ["X-API-Key": key, "Content-Type": "application/json"],
+                                          body: #"{"channel": "c\#(n)", "deviceToken": "\#(token)", "tokenType": "alert"}"#)
+            }
+        }
+        #expect(responses.prefix(240).enumerated().allSatisfy { $0.element.status == ($0.offset == 99 ? 400 : 201) })
+        #expect(responses[0].headers["ratelimit-remaining"] == "239")
+        #expect(responses[99].headers["ratelimit-remaining"] == "140")
+        #expect(responses[239].headers["ratelimit-remaining"] == "0")
+        #expect(responses[241].status == 429, "over the limit, 429 wins over bad input")
+        let refused = responses[240]
+        #expect(refused.status == 429, "\(refused.text)")
+        #expect(refused.errorCode == "rate_limited")
+        let retryAfter = try #require(refused.headers["retry-after"].flatMap(Int.init))
+        #expect((1...60).contains(retryAfter))
+        #expect(refused.headers["ratelimit-limit"] == "240")
+        #expect(refused.headers["ratelimit-remaining"] == "0")
+        #expect(refused.headers["ratelimit-reset"] == String(retryAfter))
+        let stored = try await ingest.redis.command(["KEYS", StoredKeys(app: app.id).prefix + "sub:*"]).strings ?? []
+        #expect(stored.count == 239, "the refused requests stored nothing")
+
+        // The limit is per key: the app's secret key still gets in.
+        let otherKey = try await ingest.request("GET", path + "?deviceToken=\(deviceToken())", key: app.secretKey)
+        #expect(otherKey.status == 200)
+        #expect(otherKey.headers["ratelimit-remaining"] == "239")
+
+        let metrics = try await ingest.request("GET", "/metrics").text
+        #expect(metrics.contains(#"herald_http_requests_total{route="/v1/apps/{appID}/subscriptions",method="POST",status="429"}"#))
+        #expect(metrics.contains(#"herald_http_request_duration_seconds_bucket{route="/v1/apps/{appID}/subscriptions""#))
+        #expect(metrics.contains("herald_ingest_rate_limited_total "))
+    }
+
+    @Test func anAppCannotSeeOrChangeAnotherAppsSubscriptions() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let a = ingest.apps.apps[0], b = ingest.apps.apps[1]
+        let token = deviceToken()
+        let aID = try await subscribe(ingest, a, token, "news")
+        let aState = try await storedState(ingest.redis, app: a.id)
+        let aPath = "/v1/apps/\(a.id)/subscriptions", bPath = "/v1/apps/\(b.id)/subscriptions"
+
+        // B's keys on A's path: refused, whatever the method.
+        for key in [b.publicKey, b.secretKey] {
+            #expect(try await ingest.request("GET", aPath + "?deviceToken=\(token)", key: key).status == 403)
+            #expect(try await ingest.request("POST", aPath, key: key, json: body([
+                "channel": "news", "deviceToken": token, "tokenType": "alert", "metadata": ["by": "b"]])).status == 403)
+            #expect(try await ingest.request("DELETE", aPath, key: key, json: body(["deviceToken": token])).status == 403)
+        }
+        // On its own path B sees none of A's, removes none of A's, and a rotation away from A's token stays in B.
+        let listed = try await ingest.request("GET", bPath + "?deviceToken=\(token)", key: b.publicKey)
+        #expect((try listed.json()["subscriptions"] as? [Any])?.isEmpty == true)
+        let removed = try await ingest.request("DELETE", bPath, key: b.publicKey, json: body(["deviceToken": token]))
+        #expect(try removed.json()["removed"] as? Int == 0)
+        let rotated = try await ingest.request("POST", bPath, key: b.publicKey, json: body([
+            "channel": "news", "deviceToken": deviceToken(), "tokenType": "alert", "previousToken": token]))
+        #expect(rotated.status == 201)
+        let own = try await ingest.request("POST", bPath, key: b.publicKey, json: body([
+            "channel": "news", "deviceToken": token, "tokenType": "alert"]))
+        #expect(own.status == 201, "B's subscription is its own, not an update of A's")
+        #expect(try own.json()["id"] as? String != nil)
+
+        #expect(try await storedState(ingest.redis, app: a.id) == aState)
+        #expect(try await list(ingest, a, token).map(\.id) == [aID])
+    }
+
+    // MARK: Redis unavailable
+
+    @Test func redisRefusingConnectionsGives503() async throws {
+        let port = try closedPort()
+        let ingest = try await IngestHarness.start(redisURL: "redis://127.0.0.1:\(port)/0")
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        let started = ContinuousClock.now
+        let response = try await ingest.request("POST", "/v1/apps/\(app.id)/subscriptions", key: app.publicKey,
+                                                json: body(["channel": "news", "deviceToken": deviceToken(), "tokenType": "alert"]))
+        #expect(response.status == 503, "\(response.text)")
+        #expect(response.errorCode == "unavailable")
+        // Alone this takes ~10 ms; the bound leaves room for the other tests loading the 2 cores meanwhile.
+        let elapsed = ContinuousClock.now - started
+        #expect(elapsed < .seconds(5), "answered after \(elapsed)")
+        #expect(try await ingest.request("GET", "/healthz").status == 200)
+        #expect(try await ingest.request("GET", "/readyz").status == 503)
+    }
+
+    @Test func redisThatNeverAnswersGives503WithinTheCommandTimeout() async throws {
+        let silent = try SilentListener()
+        let ingest = try await IngestHarness.start(redisURL: "redis://127.0.0.1:\(silent.port)/0")
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        let port = ingest.port, key = app.publicKey, path = "/v1/apps/\(app.id)/subscriptions?deviceToken=\(deviceToken())"
+        let started = ContinuousClock.now
+        // The client waits far longer than the server should, so a late answer is measured rather than cut off.
+        let response = try await onThread {
+            try RawHTTPClient(port: port, timeout: 30).request("GET", path, headers: ["X-API-Key": key])
+        }
+        let elapsed = ContinuousClock.now - started
+        #expect(response.status == 503, "\(response.text)")
+        #expect(response.errorCode == "unavailable")
+        // The Redis client's deadline is 2 s per call (~2.1 s alone); the upper bound leaves room for the other
+        // tests and builds loading the 2 cores, and still tells a bounded wait from a hang.
+        #expect(elapsed >= .seconds(1.5) && elapsed < .seconds(10), "answered after \(elapsed)")
+        withExtendedLifetime(silent) {}
+    }
+
+    // MARK: Helpers
+
+    struct Listed { var id: String }
+
+    @discardableResult
+    func subscribe(_ ingest: IngestHarness, _ app: TestApps.Entry, _ token: String, _ channel: String,
+                   type: String = "alert", activityID: String? = nil) async throws -> String {
+        var fields: [String: Any] = ["channel": channel, "deviceToken": token, "tokenType": type]
+        if let activityID { fields["activityID"] = activityID }
+        let response = try await ingest.request("POST", "/v1/apps/\(app.id)/subscriptions", key: app.publicKey,
+                                                json: body(fields))
+        try #require(response.status == 201, "\(response.text)")
+        return try #require(try response.json()["id"] as? String)
+    }
+
+    func list(_ ingest: IngestHarness, _ app: TestApps.Entry, _ token: String) async throws -> [Listed] {
+        let response = try await ingest.request("GET", "/v1/apps/\(app.id)/subscriptions?deviceToken=\(token)",
+                                                key: app.publicKey)
+        try #require(response.status == 200, "\(response.text)")
+        let subscriptions = try #require(try response.json()["subscriptions"] as? [[String: Any]])
+        return subscriptions.compactMap { ($0["id"] as? String).map(Listed.init) }.sorted { $0.id < $1.id }
+    }
+}
+
+/// JSON text of a body built from Swift values.
+private func body(_ fields: [String: Any]) -> String {
+    String(decoding: try! JSONSerialization.data(withJSONObject: fields, options: [.sortedKeys]), as: UTF8.self)
+}
+
+/// The Redis keys of an app's subscriptions (mirrors HeraldStore's layout, which the tests pin down).
+private struct StoredKeys {
+    let prefix: String
+    init(app: String) { prefix = "herald:{\(app)}:" }
+    func subscription(_ id: String) -> String { prefix + "sub:" + id }
+    func channel(_ name: String) -> String { prefix + "ch:" + name }
+    func device(_ token: String) -> String { prefix + "dev:" + token }
+}
+
+/// A set's members, sorted.
+private func members(_ redis: RedisClient, _ key: String) async throws -> [String] {
+    (try await redis.command(["SMEMBERS", key]).strings ?? []).sorted()
+}
+
+/// Every key under the app's prefix with its content, so a test can assert that a refused request wrote nothing.
+/// Rate-limit counters (`…:rl:…`) are left out: every admitted request counts, refused ones included.
+private func storedState(_ redis: RedisClient, app: String) async throws -> [String: String] {
+    var state: [String: String] = [:]
+    let keys = try await redis.command(["KEYS", StoredKeys(app: app).prefix + "*"]).strings ?? []
+    for key in keys where !key.hasPrefix(StoredKeys(app: app).prefix + "rl:") {
+        let type = try await redis.command(["TYPE", key]).string ?? "none"
+        switch type {
+        case "hash":
+            let fields = try await redis.command(["HGETALL", key]).fieldValues ?? [:]
+            state[key] = fields.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: "\n")
+        case "set":
+            state[key] = try await members(redis, key).joined(separator: "\n")
+        default:
+            state[key] = type
+        }
+    }
+    return state
+}
+
+/// A port nothing listens on (bound, then closed again).
+private func closedPort() throws -> UInt16 {
+    let listener = try SilentListener()
+    return listener.port
+}
+
+/// A TCP listener that never accepts: connections complete in the kernel's backlog, and what is sent is never
+/// answered — a Redis that hangs.
+private final class SilentListener {
+    let fd: Int32
+    let port: UInt16
+
+    init() throws {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard bound == 0, listen(fd, 64) == 0 else {
+            let reason = String(cString: strerror(errno))
+            close(fd)
+            throw SocketFailure(description: "listen: \(reason)")
+        }
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { _ = getsockname(fd, $0, &length) }
+        }
+        self.fd = fd
+        port = UInt16(bigEndian: address.sin_port)
+    }
+
+    deinit { close(fd) }
+}
+
+private struct SocketFailure: Error, CustomStringConvertible {
+    let description: String
+}

@@ -1,0 +1,44 @@
+import Foundation
+import HeraldRuntime
+import Testing
+
+@Suite struct JSONParsingTests {
+    @Test func parsesWhatJSONDecoderParses() throws {
+        let documents = [
+            #"{"channel": "order:42", "n": 42, "pi": 3.25, "neg": -1e3, "ok": true, "no": false, "none": null}"#,
+            #"[1, [2, [3, {}]], [], "x"]"#,
+            #"{"esc": "quote \" backslash \\ slash \/ \b\f\n\r\t \u00e9 \ud83d\ude00"}"#,
+            #"  "  padded  "  "#,
+            "{\"utf8\": \"é日本😀\"}",
+            "0", "-0.5", "1E+2",
+        ]
+        for text in documents {
+            let ours = JSONValue(parsing: Array(text.utf8))
+            let foundation = try JSONDecoder().decode(JSONValue.self, from: Data(text.utf8))
+            #expect(ours == foundation, "\(text)")
+        }
+    }
+
+    @Test func refusesWhatIsNotExactlyOneJSONValue() {
+        let bad = ["", " ", "{", "{\"a\" 1}", "{\"a\": 1,}", "[1,]", "01", "1.", ".5", "+1", "-", "tru", "nul",
+                   "\"open", "\"bad \\x escape\"", "\"raw \u{1} control\"", "\"\\ud800\"", "\"\\udc00\"",
+                   "{\"a\": 1} {}", "{'a': 1}", "1e999", "NaN"]
+        for text in bad { #expect(JSONValue(parsing: Array(text.utf8)) == nil, "\(text)") }
+        #expect(JSONValue(parsing: [0x22, 0xFF, 0xFE, 0x22]) == nil, "invalid UTF-8")
+    }
+
+    @Test func refusesNestingDeeperThanTheLimit() {
+        let depth = JSONValue.maximumParsingDepth
+        #expect(JSONValue(parsing: Array((String(repeating: "[", count: depth) + String(repeating: "]", count: depth)).utf8)) != nil)
+        #expect(JSONValue(parsing: Array((String(repeating: "[", count: depth + 1) + String(repeating: "]", count: depth + 1)).utf8)) == nil)
+    }
+
+    @Test func serialisesCompactlyWithSortedKeysAndRoundTrips() {
+        let value = JSONValue.object(["b": .array([.number(1), .number(2.5), .null, .bool(true)]),
+                                      "a": .string("line\nquote\" \u{1} é"), "c": .object([:])])
+        let text = String(decoding: value.serialized(), as: UTF8.self)
+        #expect(text == #"{"a":"line\nquote\" \u0001 é","b":[1,2.5,null,true],"c":{}}"#)
+        #expect(JSONValue(parsing: value.serialized()) == value)
+        #expect(value.serialized().count == value.encoded().count, "same size as JSONEncoder's output")
+    }
+}
