@@ -31,6 +31,8 @@ let usage = """
     """
 
 let tool = "herald-apns-sim"
+// A client that dies mid-stream must cost one connection (EPIPE on the next write), not the whole simulator.
+signal(SIGPIPE, SIG_IGN)
 var arguments = Array(CommandLine.arguments.dropFirst())
 if CommandLineTool.helpRequested() { CommandLineTool.exitWithUsage(usage) }
 

@@ -8,19 +8,6 @@ import HeraldStore
 import HeraldTestSupport
 import Testing
 
-/// The built `heraldctl` next to the test bundle (`swift build --build-tests` builds it).
-func heraldctlExecutable() throws -> String {
-    let directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-    var candidates = [directory.appendingPathComponent("heraldctl").path]
-    if directory.pathExtension == "xctest" {
-        candidates.append(directory.deletingLastPathComponent().appendingPathComponent("heraldctl").path)
-    }
-    candidates.append(TestEnvironment.repositoryRoot.appendingPathComponent(".build/debug/heraldctl").path)
-    if let found = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0) }) { return found }
-    Issue.record("heraldctl is not built (looked at \(candidates)); run swift build --build-tests")
-    throw POSIXError(.ENOENT)
-}
-
 /// What a finished heraldctl run printed.
 struct CtlResult {
     var status: Int32
@@ -136,7 +123,7 @@ struct CtlHarness {
     }
 
     func start(_ arguments: [String], environment extra: [String: String] = [:]) throws -> CtlProcess {
-        try CtlProcess(executable: try heraldctlExecutable(), arguments: arguments,
+        try CtlProcess(executable: try builtExecutable("heraldctl"), arguments: arguments,
                        environment: environment.merging(extra) { _, new in new })
     }
 

@@ -60,11 +60,6 @@ final class SimulatorPair: Sendable {
     }
 }
 
-func readJSONLines(_ path: String) -> [JSONValue] {
-    guard let data = FileManager.default.contents(atPath: path) else { return [] }
-    return data.split(separator: UInt8(ascii: "\n")).compactMap { try? JSONDecoder().decode(JSONValue.self, from: Data($0)) }
-}
-
 /// Fresh topics (jobs with 2 partitions, dead letters with 1) and a fresh consumer group name.
 struct TestTopics: Sendable {
     let jobs: String
@@ -230,38 +225,6 @@ func readTopic(_ topic: String, brokers: String, expecting count: Int, timeout: 
     while clock.now < settle { records += try await consumer.poll(maxRecords: 1000, timeout: .milliseconds(100)) }
     try await consumer.close()
     return records
-}
-
-/// Sums the samples of `name` whose labels include `labels` in Prometheus text.
-func metricValue(_ text: String, _ name: String, labels: [String: String] = [:]) -> Double? {
-    var total: Double?
-    for line in text.split(separator: "\n") where !line.hasPrefix("#") {
-        guard line.hasPrefix(name) else { continue }
-        let rest = line.dropFirst(name.count)
-        guard rest.first == " " || rest.first == "{" else { continue }
-        if !labels.allSatisfy({ rest.contains("\($0.key)=\"\($0.value)\"") }) { continue }
-        guard let value = line.split(separator: " ").last.flatMap({ Double($0) }) else { continue }
-        total = (total ?? 0) + value
-    }
-    return total
-}
-
-/// Polls `condition` every 50 ms until it holds; records an issue and throws after `timeout`.
-func eventually(_ what: String, timeout: Duration = .seconds(20),
-                _ condition: @Sendable () async throws -> Bool) async throws {
-    let clock = ContinuousClock()
-    let end = clock.now + timeout
-    while clock.now < end {
-        if try await condition() { return }
-        try await Task.sleep(for: .milliseconds(50))
-    }
-    Issue.record("timed out waiting until \(what)")
-    throw TimedOut(what: what)
-}
-
-struct TimedOut: Error, CustomStringConvertible {
-    var what: String
-    var description: String { "timed out waiting until \(what)" }
 }
 
 /// A fresh hex device token, optionally starting with `prefix` (for simulator rules).

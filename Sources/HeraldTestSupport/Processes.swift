@@ -1,0 +1,233 @@
+import Foundation
+import HeraldCrypto
+import HeraldRuntime
+
+/// A built executable of this package, next to the test bundle (`swift build --build-tests` builds them all).
+public func builtExecutable(_ name: String) throws -> String {
+    let directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+    var candidates = [directory.appendingPathComponent(name).path]
+    if directory.pathExtension == "xctest" {
+        candidates.append(directory.deletingLastPathComponent().appendingPathComponent(name).path)
+    }
+    candidates.append(TestEnvironment.repositoryRoot.appendingPathComponent(".build/debug/\(name)").path)
+    if let found = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0) }) { return found }
+    throw TestEnvironment.Missing(description: "\(name) is not built (looked at \(candidates)); run swift build --build-tests")
+}
+
+/// A free TCP port on 127.0.0.1 (bound, read back, released).
+public func freePort() throws -> UInt16 {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer -> Int32 in
+            guard bind(fd, pointer, length) == 0 else { return -1 }
+            return getsockname(fd, pointer, &length)
+        }
+    }
+    guard bound == 0 else { throw POSIXError(.EADDRINUSE) }
+    return UInt16(bigEndian: address.sin_port)
+}
+
+/// Thrown by `eventually` when its condition did not hold in time.
+public struct TimedOut: Error, CustomStringConvertible {
+    public var what: String
+    public var description: String { "timed out waiting until \(what)" }
+}
+
+/// Polls `condition` every 50 ms until it holds; throws `TimedOut` (which fails the test) after `timeout`.
+public func eventually(_ what: String, timeout: Duration = .seconds(20),
+                       _ condition: @Sendable () async throws -> Bool) async throws {
+    let clock = ContinuousClock()
+    let end = clock.now + timeout
+    while clock.now < end {
+        if try await condition() { return }
+        try await Task.sleep(for: .milliseconds(50))
+    }
+    throw TimedOut(what: what)
+}
+
+/// Every line of a JSON-lines file that parses (a line being written may be cut short).
+public func readJSONLines(_ path: String) -> [JSONValue] {
+    guard let data = FileManager.default.contents(atPath: path) else { return [] }
+    return data.split(separator: UInt8(ascii: "\n")).compactMap { try? JSONDecoder().decode(JSONValue.self, from: Data($0)) }
+}
+
+/// Sums the samples of `name` whose labels include `labels` in Prometheus text.
+public func metricValue(_ text: String, _ name: String, labels: [String: String] = [:]) -> Double? {
+    var total: Double?
+    for line in text.split(separator: "\n") where !line.hasPrefix("#") {
+        guard line.hasPrefix(name) else { continue }
+        let rest = line.dropFirst(name.count)
+        guard rest.first == " " || rest.first == "{" else { continue }
+        if !labels.allSatisfy({ rest.contains("\($0.key)=\"\($0.value)\"") }) { continue }
+        guard let value = line.split(separator: " ").last.flatMap({ Double($0) }) else { continue }
+        total = (total ?? 0) + value
+    }
+    return total
+}
+
+/// A scratch folder for one process-level test (logs, records, TLS files); a test removes it when it passes, so a
+/// failed test leaves its processes' logs behind (the path is printed).
+public func scratchDirectory(_ prefix: String = "herald-proc-") throws -> String {
+    let path = NSTemporaryDirectory() + prefix + SecureRandom.hex(6)
+    try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    print("process logs in \(path)")
+    return path
+}
+
+/// A child process with its stderr in a file; killed at `stop()` if still running.
+public final class ChildProcess: @unchecked Sendable { // `process` is only touched by the test that owns it
+    public let name: String
+    public let process = Process()
+    public let logPath: String
+
+    public init(_ name: String, executable path: String, arguments: [String] = [], environment: [String: String],
+                logPath: String) throws {
+        self.name = name
+        self.logPath = logPath
+        process.executableURL = URL(fileURLWithPath: path)
+        process.arguments = arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
+        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        process.standardError = log
+        process.standardOutput = log
+        try process.run()
+    }
+
+    deinit {
+        // A test that failed half-way must not leave servers behind.
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+    }
+
+    public var pid: Int32 { process.processIdentifier }
+    public var isRunning: Bool { process.isRunning }
+
+    public func signal(_ number: Int32) { kill(process.processIdentifier, number) }
+
+    /// Waits up to `timeout` for the process to exit; its status, or nil if it is still running.
+    public func waitForExit(timeout: Duration) async -> Int32? {
+        let clock = ContinuousClock()
+        let end = clock.now + timeout
+        while process.isRunning, clock.now < end { try? await Task.sleep(for: .milliseconds(50)) }
+        return process.isRunning ? nil : process.terminationStatus
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited 30 s later.
+    public func stop() async {
+        guard process.isRunning else { return }
+        signal(SIGTERM)
+        if await waitForExit(timeout: .seconds(30)) == nil {
+            signal(SIGKILL)
+            _ = await waitForExit(timeout: .seconds(5))
+        }
+    }
+
+    /// Everything the process wrote so far.
+    public var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+}
+
+/// herald-apns-sim as a process, trusting every app's provider key, recording accepted pushes, failing as its rules
+/// file says (see `setRules`).
+public final class SimulatorProcess: Sendable {
+    public let child: ChildProcess
+    public let port: UInt16
+    public let caFile: String
+    public let recordPath: String
+    public let rulesPath: String
+
+    /// Starts the simulator with `rules` in force from its first request.
+    public init(apps: TestApps, directory: String, rules: [JSONValue] = []) throws {
+        port = try freePort()
+        caFile = directory + "/tls/ca.pem"
+        recordPath = directory + "/accepted.jsonl"
+        rulesPath = directory + "/rules.json"
+        try Self.write(rules: rules, to: rulesPath)
+        var arguments = ["--listen", "127.0.0.1:\(port)", "--tls-dir", directory + "/tls", "--record", recordPath,
+                         "--rules", rulesPath, "--log-level", "warning"]
+        for app in apps.apps {
+            arguments += ["--key", "\(app.teamID):\(app.keyID):\(apps.folder.appendingPathComponent("\(app.id).p8").path)"]
+        }
+        child = try ChildProcess("herald-apns-sim", executable: try builtExecutable("herald-apns-sim"),
+                                 arguments: arguments, environment: [:], logPath: directory + "/sim.log")
+    }
+
+    /// The URL to give the dispatcher as its APNs host.
+    public var url: String { "https://127.0.0.1:\(port)" }
+
+    public func waitUntilListening() async throws {
+        let port = self.port
+        try await eventually("the simulator listens") {
+            (try? await onThread { _ = try RawHTTPClient(port: port, timeout: 1) }) != nil
+        }
+    }
+
+    /// Replaces the simulator's rules file atomically (`{"rules": [...]}`); the simulator re-reads it on change.
+    /// It checks the file at most every 100 ms, on the next request.
+    public func setRules(_ rules: [JSONValue]) throws { try Self.write(rules: rules, to: rulesPath) }
+
+    private static func write(rules: [JSONValue], to path: String) throws {
+        let data = try JSONEncoder().encode(JSONValue.object(["rules": .array(rules)]))
+        try data.write(to: URL(fileURLWithPath: path), options: .atomic) // a temporary file renamed over the old
+    }
+
+    /// Every push accepted so far (one record line each).
+    public func accepted() -> [JSONValue] { readJSONLines(recordPath) }
+
+    /// How many pushes were accepted, counted without parsing (cheap while a fan-out runs).
+    public func acceptedCount() -> Int {
+        guard let data = FileManager.default.contents(atPath: recordPath) else { return 0 }
+        return data.reduce(0) { $0 + ($1 == UInt8(ascii: "\n") ? 1 : 0) }
+    }
+}
+
+/// herald-dispatcher as a process against the simulator, with Tansu-friendly group settings and short retries.
+public final class DispatcherProcess: Sendable {
+    public let child: ChildProcess
+    /// The health and metrics port.
+    public let port: UInt16
+
+    public init(apps: TestApps, simulator: SimulatorProcess, brokers: String, jobsTopic: String, deadLetterTopic: String,
+                group: String, directory: String, name: String = "dispatcher", extra: [String: String] = [:]) throws {
+        port = try freePort()
+        let environment = [
+            "HERALD_DISPATCHER_ADDR": "127.0.0.1:\(port)",
+            "HERALD_APPS_FILE": apps.path,
+            "HERALD_REDIS_URL": try TestEnvironment.redisURL(),
+            "HERALD_KAFKA_BROKERS": brokers,
+            "HERALD_TOPIC_JOBS": jobsTopic,
+            "HERALD_TOPIC_DLQ": deadLetterTopic,
+            "HERALD_CONSUMER_GROUP": group,
+            "HERALD_APNS_PRODUCTION_URL": simulator.url,
+            "HERALD_APNS_SANDBOX_URL": simulator.url,
+            "HERALD_APNS_CA_FILE": simulator.caFile,
+            "HERALD_KAFKA_SESSION_TIMEOUT_SECONDS": "6",
+            "HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS": "10",
+            "HERALD_RETRY_INITIAL_DELAY_SECONDS": "0.05",
+            "HERALD_LOG_LEVEL": "info",
+        ].merging(extra) { _, new in new }
+        child = try ChildProcess("herald-dispatcher", executable: try builtExecutable("herald-dispatcher"),
+                                 environment: environment, logPath: directory + "/\(name).log")
+    }
+
+    public func get(_ path: String) async throws -> RawHTTPClient.Response {
+        let port = self.port
+        return try await onThread { try RawHTTPClient(port: port).request("GET", path) }
+    }
+
+    /// A metric's value from `/metrics` (summed over children matching `labels`), nil when unreachable or absent.
+    public func metric(_ name: String, labels: [String: String] = [:]) async -> Double? {
+        guard let response = try? await get("/metrics"), response.status == 200 else { return nil }
+        return metricValue(response.text, name, labels: labels)
+    }
+
+    public func waitForAssignment(timeout: Duration = .seconds(90)) async throws {
+        try await eventually("\(child.name) was assigned partitions", timeout: timeout) {
+            await metric("herald_dispatcher_partitions_assigned") ?? 0 > 0
+        }
+    }
+}

@@ -1,0 +1,148 @@
+import Foundation
+import HeraldCore
+import HeraldCrypto
+import HeraldKafka
+import HeraldRedis
+import HeraldRuntime
+import HeraldStore
+import HeraldTestSupport
+import Testing
+
+/// The replay loop as an operator runs it: herald-dispatcher and herald-apns-sim as processes dead-letter a channel
+/// job's pushes, heraldctl (a process too) lists and replays them, and the dispatcher delivers each one once.
+@Suite("heraldctl replay end to end", .serialized)
+struct ReplayEndToEndTests {
+    @Test("rejected pushes are dead-lettered, listed with APNs' reason, replayed once per token after the fix")
+    func rejectedThenReplayed() async throws {
+        let directory = try scratchDirectory("herald-replay-e2e-")
+        let apps = try TestApps()
+        defer { apps.remove() }
+        let harness = try await CtlHarness.make(partitions: 1)
+        let app = apps.apps[0]
+        let channel = "order:\(SecureRandom.hex(4)):status"
+        // Two rejections that leave subscriptions in place (unlike 410 / BadDeviceToken), so replay sends to them.
+        let badTopic = (0..<3).map { _ in token(prefix: "badd") }
+        let disallowed = (0..<3).map { _ in token(prefix: "d00d") }
+        let tokens = badTopic + disallowed
+        let store = SubscriptionStore(redis: harness.redis)
+        for token in tokens {
+            _ = try await store.upsert(app: app.id, SubscriptionInput(.object([
+                "channel": .string(channel), "deviceToken": .string(token), "tokenType": .string("alert"),
+            ])))
+        }
+
+        let simulator = try SimulatorProcess(apps: apps, directory: directory, rules: [
+            .object(["tokenPrefix": .string("badd"), "status": .number(400), "reason": .string("BadTopic")]),
+            .object(["tokenPrefix": .string("d00d"), "status": .number(400), "reason": .string("TopicDisallowed")]),
+        ])
+        try await simulator.waitUntilListening()
+        let dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, brokers: harness.brokers,
+                                               jobsTopic: harness.jobsTopic, deadLetterTopic: harness.dlqTopic,
+                                               group: "herald-dispatcher-" + SecureRandom.hex(5), directory: directory)
+        try await dispatcher.waitForAssignment()
+
+        var job = PushJob(id: "e2e-" + SecureRandom.hex(4), appId: app.id, target: .channel(channel))
+        job.alert = .object(["aps": .object(["alert": .object(["title": .string("Shipped")])]), "order": .number(7)])
+        _ = try await harness.producer.send(topic: harness.jobsTopic, key: job.recordKey, value: job.encoded())
+
+        // Six dead letters in the shared format, one per device, with APNs' reason.
+        let records = try await readRecords(harness.dlqTopic, brokers: harness.brokers, count: tokens.count)
+        #expect(records.count == tokens.count, "one dead letter per rejected push, no more")
+        try validateAgainstSchema(records.map(\.value), schema: "dead-letter.schema.json")
+        let letters = try records.map { try JSONDecoder().decode(JSONValue.self, from: Data($0.value)) }
+        for token in tokens {
+            let letter = try #require(letters.first { $0["deviceToken"]?.stringValue == token })
+            #expect(letter["reason"]?.stringValue == (badTopic.contains(token) ? "BadTopic" : "TopicDisallowed"))
+            #expect(letter["status"]?.numberValue == 400)
+            #expect(letter["disposition"]?.stringValue == "rejected")
+        }
+        #expect(simulator.acceptedCount() == 0)
+
+        let listed = try await harness.heraldctl(["dlq", "list", "--json"])
+        #expect(listed.status == 0, "\(listed.stderr)")
+        let list = try listed.json()
+        #expect(list["matched"]?.numberValue == 6)
+        #expect(list["byReason"] == .object(["BadTopic": .number(3), "TopicDisallowed": .number(3)]))
+        let rows = list["deadLetters"]?.arrayValue ?? []
+        #expect(rows.count == 6)
+        for row in rows {
+            let masked = row["token"]?.stringValue ?? ""
+            #expect(!tokens.contains(masked), "tokens are masked")
+            let expected = masked.hasPrefix("badd") ? "BadTopic" : "TopicDisallowed"
+            #expect(row["reason"]?.stringValue == expected && row["appId"]?.stringValue == app.id)
+            #expect(row["target"]?["channel"]?.stringValue == channel)
+        }
+
+        // The fix: APNs accepts these tokens again (the simulator re-reads its rules at most every 100 ms).
+        try simulator.setRules([])
+        try await Task.sleep(for: .milliseconds(300))
+
+        let dry = try await harness.heraldctl(["replay", "--dry-run", "--json"])
+        #expect(dry.status == 0, "\(dry.stdout)\n\(dry.stderr)")
+        #expect(try dry.json()["wouldRepublish"]?.numberValue == 6)
+        let name = "e2e-" + SecureRandom.hex(4)
+        let filtered = try await harness.heraldctl(["replay", "--name", name, "--reason", "BadTopic", "--json"])
+        #expect(filtered.status == 0, "\(filtered.stdout)\n\(filtered.stderr)")
+        #expect(try filtered.json()["matched"]?.numberValue == 3)
+        #expect(try filtered.json()["republished"]?.numberValue == 3)
+        try await eventually("the BadTopic half was delivered", timeout: .seconds(30)) { simulator.acceptedCount() >= 3 }
+        try await Task.sleep(for: .seconds(1))
+        #expect(deliveries(simulator) == Dictionary(uniqueKeysWithValues: badTopic.map { ($0, 1) }),
+                "the dry run sent nothing; the filter chose exactly the BadTopic half")
+
+        let all = try await harness.heraldctl(["replay", "--name", name, "--json"])
+        #expect(all.status == 0, "\(all.stdout)\n\(all.stderr)")
+        let summary = try all.json()
+        #expect(summary["republished"]?.numberValue == 3 && summary["alreadyRepublished"]?.numberValue == 3,
+                "the same replay without the filter sends only the rest")
+        try await eventually("every token was delivered", timeout: .seconds(30)) { simulator.acceptedCount() >= 6 }
+        try await Task.sleep(for: .seconds(1))
+        #expect(deliveries(simulator) == Dictionary(uniqueKeysWithValues: tokens.map { ($0, 1) }), "each token once")
+        let pushes = simulator.accepted()
+        #expect(pushes.allSatisfy { $0["topic"]?.stringValue == app.bundleID && $0["payload"]?["order"]?.numberValue == 7 },
+                "the replayed push is the original one")
+
+        let again = try await harness.heraldctl(["replay", "--name", name, "--json"])
+        #expect(again.status == 0, "\(again.stdout)\n\(again.stderr)")
+        #expect(try again.json()["republished"]?.numberValue == 0)
+        #expect(try again.json()["alreadyRepublished"]?.numberValue == 6)
+        try await Task.sleep(for: .seconds(2))
+        #expect(simulator.acceptedCount() == 6, "a second run delivers nothing more")
+        let stats = try await harness.heraldctl(["dlq", "stats", "--json"]).json()
+        #expect(stats["matched"]?.numberValue == 6, "the replayed pushes did not fail again")
+
+        await dispatcher.child.stop()
+        await simulator.child.stop()
+        await harness.close()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    /// Deliveries per token in the simulator's record file.
+    private func deliveries(_ simulator: SimulatorProcess) -> [String: Int] {
+        simulator.accepted().compactMap { $0["token"]?.stringValue }.reduce(into: [:]) { $0[$1, default: 0] += 1 }
+    }
+
+    /// A fresh 64-hex-digit token starting with `prefix` (the simulator's rules match on it).
+    private func token(prefix: String) -> String { prefix + SecureRandom.hex(32).dropFirst(prefix.count) }
+
+    /// Reads `topic` from the beginning outside any group until `count` records arrived, then a second longer so
+    /// that any extra record shows up too.
+    private func readRecords(_ topic: String, brokers: String, count: Int) async throws -> [KafkaRecord] {
+        let consumer = try KafkaConsumer(configuration: KafkaConsumerConfiguration(
+            kafka: KafkaConfiguration(brokerList: brokers), groupID: nil), logger: CtlHarness.logger)
+        let partitions = try await consumer.partitionCount(topic: topic)
+        try await consumer.assign((0..<partitions).map {
+            KafkaTopicPartitionOffset(topic: topic, partition: Int32($0), offset: KafkaTopicPartitionOffset.beginning)
+        })
+        var records: [KafkaRecord] = []
+        let clock = ContinuousClock()
+        let end = clock.now + .seconds(30)
+        while records.count < count, clock.now < end {
+            records += try await consumer.poll(maxRecords: 1000, timeout: .milliseconds(200))
+        }
+        let settle = clock.now + .seconds(1)
+        while clock.now < settle { records += try await consumer.poll(maxRecords: 1000, timeout: .milliseconds(200)) }
+        try await consumer.close()
+        return records
+    }
+}
