@@ -18,7 +18,7 @@ final class LineRecorder: Sendable {
     deinit { close(descriptor) }
 
     func append(_ value: JSONValue) {
-        var line = JSONText.serialize(value)
+        var line = value.encoded()
         line.append(UInt8(ascii: "\n"))
         line.withUnsafeBytes { buffer in
             var offset = 0

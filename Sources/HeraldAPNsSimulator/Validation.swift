@@ -158,7 +158,7 @@ enum RequestValidator {
 
         if request.bodyLength == 0 { return .failure(APNsRejection(400, "PayloadEmpty")) }
         if request.bodyLength > pushType.maximumPayloadBytes { return .failure(APNsRejection(413, "PayloadTooLarge")) }
-        guard let payload = JSONText.parse(request.body), case .object = payload else {
+        guard let payload = JSONValue(parsing: request.body), case .object = payload else {
             return .failure(APNsRejection(400, "BadPayload"))
         }
         if let rejection = payloadRules(payload, pushType: pushType) { return .failure(rejection) }

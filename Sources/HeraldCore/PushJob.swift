@@ -135,7 +135,7 @@ public struct PushJob: Sendable, Codable, Equatable {
     public var isFinal: Bool { final == true || liveActivity?.event == .end }
 
     /// The record value: compact JSON with sorted keys, absent fields left out (as the Codable form).
-    public func encoded() -> [UInt8] { JSONText.serialize(jsonValue) }
+    public func encoded() -> [UInt8] { jsonValue.encoded() }
 
     /// The job as a JSON value, field for field as its Codable form (built by hand: `JSONEncoder` was the larger
     /// part of herald-ingest's CPU time per event).
@@ -171,7 +171,7 @@ public struct PushJob: Sendable, Codable, Equatable {
             throw ValidationError(code: "invalid_job", message: "not a push job: \(Self.describe(error))")
         }
         // What the job encodes back to holds every field it understood; anything else in the record is unknown.
-        if let raw = JSONText.parse(bytes), let problem = Self.unknownFieldProblem(raw, known: job.jsonValue) {
+        if let raw = JSONValue(parsing: bytes), let problem = Self.unknownFieldProblem(raw, known: job.jsonValue) {
             throw ValidationError(code: "invalid_job", message: "not a push job: \(problem)")
         }
         return job

@@ -69,7 +69,7 @@ public struct SubscriptionInput: Sendable, Equatable {
                                   field: "activityID")
         }
         metadata = try fields.object("metadata")
-        if let metadata, metadata.serialized().count > Self.maxMetadataBytes {
+        if let metadata, metadata.encoded().count > Self.maxMetadataBytes {
             throw .invalid("metadata", "metadata must be at most \(Self.maxMetadataBytes) bytes of JSON")
         }
         previousToken = try fields.string("previousToken").map { (raw) throws(ValidationError) in

@@ -125,7 +125,7 @@ struct EventsAPI: Sendable {
     /// The request body as JSON (a strict parser much cheaper than `JSONDecoder` on this hot path).
     private static func body(_ request: HTTPRequest) throws(HTTPError) -> JSONValue {
         guard !request.body.isEmpty else { throw HTTPError.invalidJSON("the request body is empty") }
-        guard let body = JSONText.parse(request.body) else { throw HTTPError.invalidJSON("the request body is not valid JSON") }
+        guard let body = JSONValue(parsing: request.body) else { throw HTTPError.invalidJSON("the request body is not valid JSON") }
         return body
     }
 
@@ -136,7 +136,7 @@ struct EventsAPI: Sendable {
     }
 
     private static func accepted(_ job: PushJob) -> HTTPResponse {
-        .json(bytes: JSONText.serialize(.object(["jobId": .string(job.id)])), status: 202)
+        .json(bytes: JSONValue.object(["jobId": .string(job.id)]).encoded(), status: 202)
     }
 }
 

@@ -20,8 +20,9 @@ extension JSONValue {
         self = parsed
     }
 
-    /// Compact JSON text with object keys sorted, like `encoded()` but without `JSONEncoder`.
-    public func serialized() -> [UInt8] {
+    /// Compact JSON text with object keys sorted (deterministic, so sizes and hashes are stable); integral
+    /// numbers below 9e15 are written as integers.
+    public func encoded() -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(256)
         serialize(into: &out)

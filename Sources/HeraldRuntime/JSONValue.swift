@@ -46,6 +46,4 @@ public enum JSONValue: Sendable, Hashable, Codable {
     public var objectValue: [String: JSONValue]? { if case .object(let v) = self { v } else { nil } }
     public var arrayValue: [JSONValue]? { if case .array(let v) = self { v } else { nil } }
 
-    /// Compact JSON bytes with sorted keys (deterministic, so sizes and hashes are stable).
-    public func encoded() -> [UInt8] { JSONText.serialize(self) }
 }

@@ -14,13 +14,13 @@ struct PayloadJSONTests {
         ]
         for document in documents {
             let expected = try JSONDecoder().decode(JSONValue.self, from: Data(document.utf8))
-            let parsed = try #require(JSONText.parse(Array(document.utf8)), "\(document)")
+            let parsed = try #require(JSONValue(parsing: Array(document.utf8)), "\(document)")
             #expect(parsed == expected)
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-            #expect(JSONText.serialize(parsed) == Array(try encoder.encode(expected)))
+            #expect(parsed.encoded() == Array(try encoder.encode(expected)))
         }
-        #expect(JSONText.parse(Array(#"{"a":true,"b":1}"#.utf8)) == .object(["a": .bool(true), "b": .number(1)]))
+        #expect(JSONValue(parsing: Array(#"{"a":true,"b":1}"#.utf8)) == .object(["a": .bool(true), "b": .number(1)]))
     }
 
     @Test("refuses what is not exactly one JSON value")
@@ -31,8 +31,8 @@ struct PayloadJSONTests {
             String(repeating: "[", count: 100) + String(repeating: "]", count: 100),
         ]
         for text in invalid {
-            #expect(JSONText.parse(Array(text.utf8)) == nil, "\(text)")
+            #expect(JSONValue(parsing: Array(text.utf8)) == nil, "\(text)")
         }
-        #expect(JSONText.parse([0x22, 0xFF, 0x22]) == nil)
+        #expect(JSONValue(parsing: [0x22, 0xFF, 0x22]) == nil)
     }
 }

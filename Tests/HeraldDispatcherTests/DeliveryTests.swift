@@ -255,7 +255,7 @@ struct DeliveryTests {
         let harness = try await DispatcherHarness.start()
         let app = harness.apps.apps[1]
         let token = deviceToken()
-        let job = #"{"version": 1, "id": "py-1", "appId": "\#(app.id)", "createdAt": "2025-01-01T00:00:00.000Z", "target": {"kind": "device", "deviceToken": "\#(token.uppercased())", "tokenType": "alert"}, "payload": {"aps": {"alert": {"title": "from python"}}, "k": [1, 2]}, "priority": 5}"#
+        let job = #"{"version": 1, "id": "py-1", "appId": "\#(app.id)", "createdAt": "2025-01-01T00:00:00.000Z", "target": {"kind": "device", "deviceToken": "\#(token)", "tokenType": "alert"}, "payload": {"aps": {"alert": {"title": "from python"}}, "k": [1, 2]}, "priority": 5}"#
         let script = """
             import sys
             from confluent_kafka import Producer

@@ -36,9 +36,9 @@ import Testing
     @Test func serialisesCompactlyWithSortedKeysAndRoundTrips() {
         let value = JSONValue.object(["b": .array([.number(1), .number(2.5), .null, .bool(true)]),
                                       "a": .string("line\nquote\" \u{1} é"), "c": .object([:])])
-        let text = String(decoding: value.serialized(), as: UTF8.self)
+        let text = String(decoding: value.encoded(), as: UTF8.self)
         #expect(text == #"{"a":"line\nquote\" \u0001 é","b":[1,2.5,null,true],"c":{}}"#)
-        #expect(JSONValue(parsing: value.serialized()) == value)
-        #expect(value.serialized().count == value.encoded().count, "same size as JSONEncoder's output")
+        #expect(JSONValue(parsing: value.encoded()) == value)
+        #expect(value.encoded().count == value.encoded().count, "same size as JSONEncoder's output")
     }
 }
