@@ -434,8 +434,10 @@ private func registration(_ token: String, _ post: String, environment: String? 
 }
 
 /// Every Redis key of `app` (registrations and indexes; rate-limit windows live elsewhere).
+/// The app's stored records (rate-limit counters, which share the app's hash slot, left out).
 private func storedKeys(_ ingest: IngestHarness, app: String) async throws -> [String] {
-    try await ingest.redis.command(["KEYS", RedisKeys(app: app).prefix + "*"]).strings ?? []
+    let prefix = RedisKeys(app: app).prefix
+    return (try await ingest.redis.command(["KEYS", prefix + "*"]).strings ?? []).filter { !$0.hasPrefix(prefix + "rl:") }
 }
 
 /// `herald_ingest_activity_registrations_total` by outcome, from `/metrics`.
