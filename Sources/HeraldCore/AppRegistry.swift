@@ -1,3 +1,4 @@
+import HeraldRuntime
 import Synchronization
 
 /// The current apps file, swappable at run time (`SIGHUP`): readers always see one whole, checked version.
@@ -5,6 +6,13 @@ public final class AppRegistry: Sendable {
     private let current: Mutex<AppDirectory>
 
     public init(_ directory: AppDirectory) { current = Mutex(directory) }
+
+    /// Loads the apps file a service is configured with; a bad file is a `HERALD_APPS_FILE` configuration error.
+    public convenience init(loading path: String) throws {
+        do { self.init(try AppDirectory.load(path: path)) } catch {
+            throw ConfigurationError("HERALD_APPS_FILE", "\(error)")
+        }
+    }
 
     public var directory: AppDirectory { current.withLock { $0 } }
 

@@ -48,6 +48,16 @@ public struct EnvironmentReader: Sendable {
         return .milliseconds(Int64(value * 1000))
     }
 
+    /// A log level (`HERALD_LOG_LEVEL`, or `override` when a flag gave one): debug, info, warning or error.
+    public func logLevel(_ name: String = "HERALD_LOG_LEVEL", default fallback: Logger.Level = .info,
+                         override: String? = nil) throws -> Logger.Level {
+        guard let raw = override ?? optionalString(name) else { return fallback }
+        guard let level = Logger.Level(name: raw) else {
+            throw ConfigurationError(name, "expected debug, info, warning or error, got \"\(raw)\"")
+        }
+        return level
+    }
+
     /// `host:port`, e.g. `HERALD_INGEST_ADDR=0.0.0.0:8080`.
     public func address(_ name: String, default fallback: String) throws -> HostPort {
         let raw = string(name, default: fallback)

@@ -94,11 +94,7 @@ do {
             .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
     }
 
-    let levelName = option("log-level") ?? environment.string("HERALD_LOG_LEVEL", default: "info")
-    guard let level = Logger.Level(name: levelName) else {
-        throw ConfigurationError("HERALD_LOG_LEVEL", "expected debug, info, warning or error, got \"\(levelName)\"")
-    }
-    logger = Logger(label: tool, minimumLevel: level)
+    logger = Logger(label: tool, minimumLevel: try environment.logLevel(override: option("log-level")))
 
     let listenText = option("listen") ?? environment.string("HERALD_SIM_ADDR", default: "127.0.0.1:2197")
     guard let listen = HostPort(listenText) else {

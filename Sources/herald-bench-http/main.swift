@@ -25,10 +25,7 @@ let environment = EnvironmentReader()
 let logger: Logger
 let configuration: HTTPServerConfiguration
 do {
-    let level = environment.string("HERALD_LOG_LEVEL", default: "warning")
-    guard let minimumLevel = Logger.Level(name: level) else {
-        throw ConfigurationError("HERALD_LOG_LEVEL", "expected debug, info, warning or error, got \"\(level)\"")
-    }
+    let minimumLevel = try environment.logLevel(default: .warning)
     logger = Logger(label: "herald-bench-http", minimumLevel: minimumLevel)
     configuration = HTTPServerConfiguration(
         address: try environment.address("HERALD_BENCH_HTTP_ADDR", default: "127.0.0.1:8099"),

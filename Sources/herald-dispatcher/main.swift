@@ -77,11 +77,7 @@ struct DispatcherSettings {
         do { redis = try RedisConfiguration(url: redisURL) } catch {
             throw ConfigurationError("HERALD_REDIS_URL", "\(error)")
         }
-        let level = env.string("HERALD_LOG_LEVEL", default: "info")
-        guard let parsed = Logger.Level(name: level) else {
-            throw ConfigurationError("HERALD_LOG_LEVEL", "expected debug, info, warning or error, got \"\(level)\"")
-        }
-        logLevel = parsed
+        logLevel = try env.logLevel()
     }
 }
 
@@ -91,9 +87,7 @@ func main() async {
     let apps: AppRegistry
     do {
         settings = try DispatcherSettings(EnvironmentReader())
-        do { apps = AppRegistry(try AppDirectory.load(path: settings.appsFile)) } catch {
-            throw ConfigurationError("HERALD_APPS_FILE", "\(error)")
-        }
+        apps = try AppRegistry(loading: settings.appsFile)
     } catch { CommandLineTool.exitWithConfigurationError("herald-dispatcher", error) }
 
     let logger = Logger(label: "herald.dispatcher", minimumLevel: settings.logLevel)

@@ -50,11 +50,7 @@ struct IngestSettings {
         let brokers = env.string("HERALD_KAFKA_BROKERS", default: "127.0.0.1:9092")
         kafka = KafkaProducerConfiguration(kafka: KafkaConfiguration(brokerList: brokers),
                                            messageTimeout: configuration.publishTimeout)
-        let level = env.string("HERALD_LOG_LEVEL", default: "info")
-        guard let parsed = Logger.Level(name: level) else {
-            throw ConfigurationError("HERALD_LOG_LEVEL", "expected debug, info, warning or error, got \"\(level)\"")
-        }
-        logLevel = parsed
+        logLevel = try env.logLevel()
     }
 }
 
@@ -64,9 +60,7 @@ func main() async {
     let apps: AppRegistry
     do {
         settings = try IngestSettings(EnvironmentReader())
-        do { apps = AppRegistry(try AppDirectory.load(path: settings.appsFile)) } catch {
-            throw ConfigurationError("HERALD_APPS_FILE", "\(error)")
-        }
+        apps = try AppRegistry(loading: settings.appsFile)
     } catch { CommandLineTool.exitWithConfigurationError("herald-ingest", error) }
 
     let logger = Logger(label: "herald.ingest", minimumLevel: settings.logLevel)
