@@ -20,11 +20,11 @@ struct ScaleTests {
             try IngestProcess(apps: apps, topics: topics, directory: directory, name: "ingest-a", extra: ingestSettings),
             try IngestProcess(apps: apps, topics: topics, directory: directory, name: "ingest-b", extra: ingestSettings),
         ]
+        try await simulator.waitUntilListening() // its CA file exists from then on, and the dispatchers read it at start
         let first = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory,
                                           name: "dispatcher-a")
         var second = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory,
                                            name: "dispatcher-b")
-        try await simulator.waitUntilListening()
         for ingest in ingests { try await ingest.waitUntilReady() }
         let initial = second
         try await eventually("both dispatchers own partitions", timeout: .seconds(60)) {
