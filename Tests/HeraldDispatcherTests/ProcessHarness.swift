@@ -18,7 +18,8 @@ final class IngestProcess: Sendable {
     let child: ChildProcess
     let port: UInt16
 
-    init(apps: TestApps, topics: TestTopics, directory: String) throws {
+    init(apps: TestApps, topics: TestTopics, directory: String, name: String = "ingest",
+         extra: [String: String] = [:]) throws {
         port = try freePort()
         child = try ChildProcess("herald-ingest", executable: try builtExecutable("herald-ingest"), environment: [
             "HERALD_INGEST_ADDR": "127.0.0.1:\(port)",
@@ -27,7 +28,7 @@ final class IngestProcess: Sendable {
             "HERALD_KAFKA_BROKERS": topics.brokers,
             "HERALD_TOPIC_JOBS": topics.jobs,
             "HERALD_LOG_LEVEL": "warning",
-        ], logPath: directory + "/ingest.log")
+        ].merging(extra) { _, new in new }, logPath: directory + "/\(name).log")
     }
 
     func request(_ method: String, _ path: String, key: String, json body: String) async throws -> RawHTTPClient.Response {
