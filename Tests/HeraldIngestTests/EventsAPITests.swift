@@ -484,10 +484,13 @@ final class OwnBroker {
         while process.isRunning { try await Task.sleep(for: .milliseconds(10)) }
     }
 
+    /// SIGKILL too: a child can inherit an ignored SIGTERM from the test process (services under test set
+    /// SIGTERM to SIG_IGN while they watch it), and a memory-storage broker has nothing to flush.
     func stop() {
         guard let process else { return }
         self.process = nil
-        process.terminate()
+        Foundation.kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
     }
 
     /// A port nothing listens on right now (the kernel's pick for an ephemeral bind).
