@@ -444,7 +444,7 @@ final class OwnBroker {
     private init(port: UInt16) { self.port = port }
 
     static func start() async throws -> OwnBroker {
-        let broker = OwnBroker(port: try sparePort())
+        let broker = OwnBroker(port: try freePort())
         try await broker.restart()
         return broker
     }
@@ -491,22 +491,5 @@ final class OwnBroker {
         self.process = nil
         Foundation.kill(process.processIdentifier, SIGKILL)
         process.waitUntilExit()
-    }
-
-    /// A port nothing listens on right now (the kernel's pick for an ephemeral bind).
-    private static func sparePort() throws -> UInt16 {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let ok = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
-            }
-        }
-        guard ok else { throw BrokerFailure(description: "no spare port: \(errno)") }
-        return UInt16(bigEndian: address.sin_port)
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import HeraldKafka
+import HeraldTestSupport
 import Testing
 
 @Suite("Kafka client against Tansu")
@@ -149,21 +150,7 @@ struct KafkaIntegrationTests {
 @Suite("Kafka producer without a broker")
 struct KafkaProducerFailureTests {
     /// A loopback port nothing listens on: bound, then closed again.
-    private func closedPort() throws -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
-            }
-        }
-        try #require(bound)
-        return Int(UInt16(bigEndian: address.sin_port))
-    }
+    private func closedPort() throws -> Int { Int(try freePort()) }
 
     private func deadProducer(maxBufferedMessages: Int = 100_000) throws -> KafkaProducer {
         let kafka = KafkaConfiguration(brokers: ["127.0.0.1:\(try closedPort())"])
