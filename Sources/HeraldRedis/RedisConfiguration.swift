@@ -1,3 +1,4 @@
+import HeraldRuntime
 /// Where Redis is and how the client talks to it.
 ///
 /// Build it from a URL, `redis://[:password@|user:password@]host[:port][/db]`, then adjust the timeouts and pool
@@ -125,8 +126,8 @@ enum RedisURLParser {
             rest = rest[rest.index(after: at)...]
             guard let colon = userInfo.firstIndex(of: ":") else { throw RedisURLError(.invalidCredentials) }
             let user = userInfo[..<colon]
-            guard let decodedUser = percentDecoded(user),
-                  let decodedPassword = percentDecoded(userInfo[userInfo.index(after: colon)...]) else {
+            guard let decodedUser = PercentDecoding.decode(user),
+                  let decodedPassword = PercentDecoding.decode(userInfo[userInfo.index(after: colon)...]) else {
                 throw RedisURLError(.invalidCredentials)
             }
             username = decodedUser.isEmpty ? nil : decodedUser
@@ -165,28 +166,5 @@ enum RedisURLParser {
             parsed.database = database
         }
         return parsed
-    }
-
-    /// `%XX` escapes decoded as UTF-8; `nil` when an escape is broken.
-    static func percentDecoded(_ text: Substring) -> String? {
-        var bytes: [UInt8] = []
-        var iterator = Array(text.utf8).makeIterator()
-        while let byte = iterator.next() {
-            guard byte == UInt8(ascii: "%") else { bytes.append(byte); continue }
-            guard let high = iterator.next().flatMap(hexValue), let low = iterator.next().flatMap(hexValue) else {
-                return nil
-            }
-            bytes.append(high << 4 | low)
-        }
-        return String(validating: bytes, as: UTF8.self)
-    }
-
-    private static func hexValue(_ byte: UInt8) -> UInt8? {
-        switch byte {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
-        default: nil
-        }
     }
 }
