@@ -37,13 +37,11 @@ struct DeadLetterEntry: Sendable {
     var reason: Reason
     var message: String
     var source: Source
-    /// The job's record as JSON (the whole job, exactly as read), or nil when the record is not JSON.
-    var job: JSONValue?
+    /// The job, when it was valid; an invalid job's record is kept as `rawJob` only.
+    var job: PushJob?
     var rawJob: [UInt8]
     var jobId: String?
     var appId: String?
-    var target: PushJob.Target?
-    var validation: ValidationError?
     var push: Push?
     var priority: Int?
     var expiration: Int64?
@@ -60,8 +58,7 @@ struct DeadLetterEntry: Sendable {
 
     /// The record written to the dead-letter topic, in the shared format heraldctl reads.
     var record: HeraldCore.DeadLetter {
-        let valid = reason != .invalidJob
-        var letter = HeraldCore.DeadLetter(appId: appId ?? "", job: valid ? try? PushJob.decode(rawJob) : nil,
+        var letter = HeraldCore.DeadLetter(appId: appId ?? "", job: job,
                                            reason: failure?.apnsReason ?? failure?.error ?? reason.rawValue,
                                            attempts: failure?.attempts ?? 0, deadLetteredAt: failedAt)
         letter.jobId = jobId

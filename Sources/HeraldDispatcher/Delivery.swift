@@ -164,8 +164,8 @@ struct Deliverer: Sendable {
             ?? failure.status.map { "APNs answered \($0)" } ?? "no answer from APNs (\(failure.error ?? "unknown"))"
         return DeadLetterEntry(reason: reason,
                           message: reason == .retriesExhausted ? "\(what) on all \(failure.attempts) attempts" : what,
-                          source: context.source, job: JobRunner.json(context.record), rawJob: context.record, jobId: job.id,
-                          appId: job.appId, target: job.target, validation: nil, push: push, priority: job.priority,
+                          source: context.source, job: job, rawJob: context.record, jobId: job.id,
+                          appId: job.appId, push: push, priority: job.priority,
                           expiration: job.expiration, collapseId: job.collapseId, failure: failure)
     }
 }

@@ -40,9 +40,8 @@ struct JobRunner: Sendable {
         } catch {
             metrics.jobsInvalid.increment()
             return await deadLetters.write(DeadLetterEntry(
-                reason: .invalidJob, message: error.description, source: source, job: Self.json(record.value),
-                rawJob: record.value, jobId: parsed?.id, appId: parsed?.appId, target: parsed?.target,
-                validation: error))
+                reason: .invalidJob, message: error.description, source: source, job: nil,
+                rawJob: record.value, jobId: parsed?.id, appId: parsed?.appId))
         }
         let context = JobContext(plan: plan, source: source, record: record.value)
         let settled: Bool
@@ -178,9 +177,5 @@ struct JobRunner: Sendable {
                 try await Task.sleep(for: retryDelay)
             }
         }
-    }
-
-    static func json(_ bytes: [UInt8]) -> JSONValue? {
-        try? JSONDecoder().decode(JSONValue.self, from: Data(bytes))
     }
 }

@@ -69,19 +69,7 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
     /// Posts `work` to the loop thread. Returns false (and drops it) once the loop has stopped.
     @discardableResult
     func execute(_ work: @escaping @Sendable () -> Void) -> Bool {
-        let wake: Bool? = inbox.withLock { box in
-            if box.stopped { return nil }
-            box.work.append(work)
-            if box.wakeupPending { return false }
-            box.wakeupPending = true
-            return true
-        }
-        guard let wake else { return false }
-        if wake {
-            var one: UInt64 = 1
-            _ = write(wakeFD, &one, 8)
-        }
-        return true
+        enqueue { $0.work.append(work) }
     }
 
     /// Posts a request to `onRequest`. Returns false (and drops it) once the loop has stopped.
@@ -96,9 +84,15 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
     }
 
     private func post(_ add: (inout [PendingRequest]) -> Void) -> Bool {
+        enqueue { add(&$0.requests) }
+    }
+
+    /// Adds to the inbox under its lock and wakes the loop unless a wake-up is already pending. False once the
+    /// loop has stopped (nothing is added then).
+    private func enqueue(_ add: (inout Inbox) -> Void) -> Bool {
         let wake: Bool? = inbox.withLock { box in
             if box.stopped { return nil }
-            add(&box.requests)
+            add(&box)
             if box.wakeupPending { return false }
             box.wakeupPending = true
             return true
