@@ -110,6 +110,10 @@ let package = Package(
                                                          "HeraldStore", "HeraldKafka", "HeraldRedis", "HeraldAPNs",
                                                          "HeraldCore", "HeraldCrypto", "HeraldRuntime"],
                     swiftSettings: rdkafkaSwift),
+        .testTarget(name: "HeraldReliabilityTests", dependencies: ["HeraldTestSupport", "HeraldCore", "HeraldCrypto",
+                                                          "HeraldRedis", "HeraldKafka", "HeraldStore",
+                                                          "HeraldRuntime", "HeraldAPNsSimulator", "HeraldHTTP"],
+                    swiftSettings: rdkafkaSwift),
     ],
     swiftLanguageModes: [.v6]
 )
