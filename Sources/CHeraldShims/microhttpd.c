@@ -34,6 +34,7 @@ struct MHD_Daemon *herald_mhd_start(const struct herald_mhd_options *options) {
         MHD_OPTION_CONNECTION_LIMIT, options->connection_limit,
         MHD_OPTION_NOTIFY_COMPLETED, options->request_completed, options->request_completed_cls,
         MHD_OPTION_UNESCAPE_CALLBACK, herald_mhd_unescape_none, NULL,
+        MHD_OPTION_NOTIFY_CONNECTION, options->notify_connection, options->notify_connection_cls,
         MHD_OPTION_END);
 }
 
@@ -54,6 +55,11 @@ int herald_epoll_add_readable(int epoll_fd, int fd) {
 int herald_epoll_wait_any(int epoll_fd, int timeout_ms) {
     struct epoll_event events[4];
     return epoll_wait(epoll_fd, events, 4, timeout_ms);
+}
+
+int herald_mhd_connection_fd(struct MHD_Connection *connection) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return info == NULL ? -1 : info->connect_fd;
 }
 
 int herald_mhd_client_address(struct MHD_Connection *connection, char *buffer, size_t size) {

@@ -10,10 +10,19 @@ public struct HTTPServerConfiguration: Sendable {
     public var threads: Int
     /// Largest request body accepted; larger ones get 413 `body_too_large`. Default 64 KiB.
     public var maxBodyBytes: Int
-    /// An idle or stalled connection is closed after this long (rounded up to whole seconds). Default 30 s.
+    /// A connection on which nothing moves either way for this long is closed (rounded up to whole seconds,
+    /// libmicrohttpd's idle timeout). Default 30 s.
     public var connectionTimeout: Duration
-    /// Connections beyond this many are refused at accept. Default 1024.
+    /// A whole request (headers and body) must be in within this long of its connection opening or of the
+    /// previous response, however slowly it trickles; otherwise the connection is closed (slow-loris defence:
+    /// the idle timeout alone is reset by every byte). Also bounds how long a keep-alive connection idles.
+    /// Default 30 s.
+    public var requestReadTimeout: Duration
+    /// Connections beyond this many wait in the kernel's accept queue until one closes. Default 1024.
     public var maxConnections: Int
+    /// Connections from one client address beyond this many are closed as soon as they are accepted, across
+    /// all worker threads; 0 = no such limit (the default: behind a proxy every client shares its address).
+    public var maxConnectionsPerAddress: Int
     /// A handler still running after this long is answered 503 `unavailable` and its task cancelled.
     /// Default 10 s.
     public var requestDeadline: Duration
@@ -21,13 +30,16 @@ public struct HTTPServerConfiguration: Sendable {
     public var shutdownGracePeriod: Duration
 
     public init(address: HostPort, threads: Int = 2, maxBodyBytes: Int = 65_536,
-                connectionTimeout: Duration = .seconds(30), maxConnections: Int = 1024,
+                connectionTimeout: Duration = .seconds(30), requestReadTimeout: Duration = .seconds(30),
+                maxConnections: Int = 1024, maxConnectionsPerAddress: Int = 0,
                 requestDeadline: Duration = .seconds(10), shutdownGracePeriod: Duration = .seconds(10)) {
         self.address = address
         self.threads = threads
         self.maxBodyBytes = maxBodyBytes
         self.connectionTimeout = connectionTimeout
+        self.requestReadTimeout = requestReadTimeout
         self.maxConnections = maxConnections
+        self.maxConnectionsPerAddress = maxConnectionsPerAddress
         self.requestDeadline = requestDeadline
         self.shutdownGracePeriod = shutdownGracePeriod
     }
@@ -84,8 +96,10 @@ public final class HTTPServer: Service {
 
     public init(configuration: HTTPServerConfiguration, router: Router, logger: Logger,
                 metrics: MetricsRegistry = .shared) throws(HTTPServerError) {
-        guard configuration.threads >= 1, configuration.maxBodyBytes >= 0, configuration.maxConnections >= 1 else {
-            throw HTTPServerError(.invalidConfiguration, "threads and maxConnections must be at least 1")
+        guard configuration.threads >= 1, configuration.maxBodyBytes >= 0, configuration.maxConnections >= 1,
+              configuration.maxConnectionsPerAddress >= 0, configuration.requestReadTimeout > .zero else {
+            throw HTTPServerError(.invalidConfiguration,
+                                  "threads and maxConnections must be at least 1, the read timeout positive")
         }
         self.configuration = configuration
         socket = try ListeningSocket(binding: configuration.address)

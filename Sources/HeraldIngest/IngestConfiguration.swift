@@ -17,6 +17,15 @@ public struct IngestConfiguration: Sendable {
     public var publishTimeout: Duration = .seconds(5)
     /// HTTP worker threads.
     public var threads = 2
+    /// `HERALD_HTTP_IDLE_TIMEOUT_SECONDS`: a connection with no traffic either way for this long is closed.
+    public var idleTimeout: Duration = .seconds(30)
+    /// `HERALD_HTTP_READ_TIMEOUT_SECONDS`: a whole request must arrive within this long of its connection opening
+    /// or of the previous response, however slowly it trickles.
+    public var readTimeout: Duration = .seconds(30)
+    /// `HERALD_HTTP_MAX_CONNECTIONS`: open connections; more wait in the accept queue.
+    public var maxConnections = 1024
+    /// `HERALD_HTTP_MAX_CONNECTIONS_PER_IP`: open connections per client address; 0 = unlimited.
+    public var maxConnectionsPerAddress = 0
     /// Clock skew allowed when checking OAuth tokens' `exp` and `nbf`.
     public var clockSkew: Duration = .seconds(60)
 
@@ -24,6 +33,8 @@ public struct IngestConfiguration: Sendable {
 
     var http: HTTPServerConfiguration {
         HTTPServerConfiguration(address: address, threads: threads, maxBodyBytes: maxBodyBytes,
+                                connectionTimeout: idleTimeout, requestReadTimeout: readTimeout,
+                                maxConnections: maxConnections, maxConnectionsPerAddress: maxConnectionsPerAddress,
                                 requestDeadline: publishTimeout + .seconds(2))
     }
 }

@@ -21,6 +21,10 @@ let usage = """
       HERALD_ACTIVITY_TTL_SECONDS   Live Activity registration lifetime [3600]
       HERALD_MAX_BODY_BYTES         largest request body [65536]
       HERALD_PUBLISH_TIMEOUT_SECONDS  wait for the broker's ack before answering 503 [5]
+      HERALD_HTTP_IDLE_TIMEOUT_SECONDS  close a connection with no traffic for this long [30]
+      HERALD_HTTP_READ_TIMEOUT_SECONDS  a whole request must arrive within this long [30]
+      HERALD_HTTP_MAX_CONNECTIONS   open connections; more wait in the accept queue [1024]
+      HERALD_HTTP_MAX_CONNECTIONS_PER_IP  open connections per client address, 0 = unlimited [0]
       HERALD_LOG_LEVEL              debug | info | warning | error [info]
     """
 
@@ -38,6 +42,11 @@ struct IngestSettings {
         configuration.maxBodyBytes = try env.int("HERALD_MAX_BODY_BYTES", default: 65_536, range: 1024...16 << 20)
         configuration.jobsTopic = env.string("HERALD_TOPIC_JOBS", default: "herald.jobs")
         configuration.publishTimeout = try env.seconds("HERALD_PUBLISH_TIMEOUT_SECONDS", default: .seconds(5))
+        configuration.idleTimeout = try env.seconds("HERALD_HTTP_IDLE_TIMEOUT_SECONDS", default: .seconds(30))
+        configuration.readTimeout = try env.seconds("HERALD_HTTP_READ_TIMEOUT_SECONDS", default: .seconds(30))
+        configuration.maxConnections = try env.int("HERALD_HTTP_MAX_CONNECTIONS", default: 1024, range: 1...1_000_000)
+        configuration.maxConnectionsPerAddress = try env.int("HERALD_HTTP_MAX_CONNECTIONS_PER_IP", default: 0,
+                                                             range: 0...1_000_000)
         appsFile = env.string("HERALD_APPS_FILE", default: "config/apps.json")
         let redisURL = env.string("HERALD_REDIS_URL", default: "redis://127.0.0.1:6379/0")
         // One connection by default: concurrent calls then share one write and one read loop (automatic

@@ -27,6 +27,9 @@ struct herald_mhd_options {
     void *request_completed_cls;
     herald_mhd_log_fn log;
     void *log_cls;
+    /// Told of every connection opened and closed (MHD_OPTION_NOTIFY_CONNECTION).
+    MHD_NotifyConnectionCallback notify_connection;
+    void *notify_connection_cls;
 };
 
 /// MHD_start_daemon with the options above, for a daemon driven by the caller's own loop (no internal thread). The request path and query arguments are left percent-encoded
@@ -48,6 +51,9 @@ int herald_epoll_add_readable(int epoll_fd, int fd);
 /// epoll_wait for at most `timeout_ms`, discarding which descriptors are ready (the loop checks all of them).
 /// Returns the number of ready descriptors, 0 on timeout, -1 with errno.
 int herald_epoll_wait_any(int epoll_fd, int timeout_ms);
+
+/// The connection's socket (MHD_CONNECTION_INFO_CONNECTION_FD); -1 if unknown.
+int herald_mhd_connection_fd(struct MHD_Connection *connection);
 
 /// The client's address (IPv4 or IPv6, without port) written into `buffer`. Returns 0, or -1 when unknown.
 int herald_mhd_client_address(struct MHD_Connection *connection, char *buffer, size_t size);

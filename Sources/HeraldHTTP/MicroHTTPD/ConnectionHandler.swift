@@ -269,7 +269,7 @@ final class ConnectionHandler: Sendable {
         return headers
     }
 
-    private static func clientAddress(_ connection: OpaquePointer) -> String? {
+    static func clientAddress(_ connection: OpaquePointer) -> String? {
         withUnsafeTemporaryAllocation(of: CChar.self, capacity: 64) { buffer in
             guard herald_mhd_client_address(connection, buffer.baseAddress, buffer.count) == 0 else { return nil }
             return String(cString: buffer.baseAddress!)

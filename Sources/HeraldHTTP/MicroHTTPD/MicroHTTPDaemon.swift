@@ -15,6 +15,7 @@ final class MicroHTTPDaemon: Sendable {
         handler = ConnectionHandler(engine: engine)
         let count = configuration.threads
         let perLoopLimit = (configuration.maxConnections + count - 1) / count
+        let addresses = AddressCounter(limit: configuration.maxConnectionsPerAddress)
         var descriptors = [descriptor]
         for _ in 1..<count {
             let copy = dup(descriptor)
@@ -29,7 +30,7 @@ final class MicroHTTPDaemon: Sendable {
         for (index, fd) in descriptors.enumerated() {
             do {
                 loops.append(try WorkerLoop(listening: fd, configuration: configuration, connectionLimit: perLoopLimit,
-                                            handler: handler, name: "herald-http-\(index)"))
+                                            addresses: addresses, handler: handler, name: "herald-http-\(index)"))
             } catch {
                 descriptors[(index + 1)...].forEach { close($0) }
                 for loop in loops {

@@ -14,7 +14,8 @@ import Synchronization
 /// Handlers must not block: a blocked handler stalls every connection of its loop.
 // @unchecked: `daemon` (set once, at the end of init), `options` and the descriptors are released in deinit; the queue is a
 // Mutex; the daemon is driven only from the loop thread, except MHD_resume_connection (thread-safe) and the final
-// MHD_stop_daemon after the thread has exited.
+// MHD_stop_daemon after the thread has exited; `connections` is only touched by libmicrohttpd's callbacks and the
+// sweep, all on the loop thread.
 final class WorkerLoop: TaskExecutor, @unchecked Sendable {
     let handler: ConnectionHandler
     private var daemon: OpaquePointer!
@@ -24,6 +25,21 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
     private let state = Mutex(LoopState())
     private let exited = DispatchSemaphore(value: 0)
     private let name: String
+    private let addresses: AddressCounter
+    private static let sweepInterval: Duration = .milliseconds(100)
+    private let readTimeout: Duration
+    /// Every open connection of this daemon.
+    private var connections: [OpaquePointer: OpenConnection] = [:]
+    private var nextSweep = ContinuousClock.now
+
+    /// What the read deadline and the per-address limit need to know of a connection.
+    private struct OpenConnection {
+        let socket: Int32
+        /// The client address when it counts against the per-address limit (released on close).
+        let countedAddress: String?
+        /// While a request is being awaited or read: when it must be in. Nil while it is being answered.
+        var readDeadline: ContinuousClock.Instant?
+    }
 
     private struct LoopState {
         var jobs: [UnownedJob] = []
@@ -37,9 +53,11 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
 
     /// Starts a daemon on `descriptor` (which it then owns) and the thread that drives it.
     init(listening descriptor: Int32, configuration: HTTPServerConfiguration, connectionLimit: Int,
-         handler: ConnectionHandler, name: String) throws(HTTPServerError) {
+         addresses: AddressCounter, handler: ConnectionHandler, name: String) throws(HTTPServerError) {
         self.handler = handler
         self.name = name
+        self.addresses = addresses
+        readTimeout = configuration.requestReadTimeout
         let timeout = configuration.connectionTimeout.components
         let timeoutSeconds = timeout.seconds + (timeout.attoseconds > 0 ? 1 : 0)
         let epollFD = herald_epoll_create()
@@ -64,13 +82,19 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
             access_handler: { cls, connection, url, method, _, uploadData, uploadSize, slot in
                 guard let cls, let connection, let url, let method, let uploadSize, let slot else { return .NO }
                 let loop = Unmanaged<WorkerLoop>.fromOpaque(cls).takeUnretainedValue()
+                // A later call without data means the body is complete (or the handler has answered).
+                let bodyComplete = slot.pointee != nil && uploadSize.pointee == 0
+                if bodyComplete { loop.connections[connection]?.readDeadline = nil }
                 return loop.handler.access(connection, url: url, method: method, uploadData: uploadData,
                                            uploadSize: uploadSize, slot: slot, executor: loop)
             },
             access_handler_cls: context,
-            request_completed: { cls, _, slot, code in
+            request_completed: { cls, connection, slot, code in
                 guard let cls, let slot else { return }
-                Unmanaged<WorkerLoop>.fromOpaque(cls).takeUnretainedValue().handler.completed(slot, code: code)
+                let loop = Unmanaged<WorkerLoop>.fromOpaque(cls).takeUnretainedValue()
+                loop.handler.completed(slot, code: code)
+                // Keep-alive: the next request has until the read timeout from now.
+                if let connection { loop.connections[connection]?.readDeadline = .now + loop.readTimeout }
             },
             request_completed_cls: context,
             log: { cls, message in
@@ -78,7 +102,18 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
                 Unmanaged<WorkerLoop>.fromOpaque(cls).takeUnretainedValue().handler.engine.logger
                     .debug("libmicrohttpd: \(String(cString: message))")
             },
-            log_cls: context))
+            log_cls: context,
+            notify_connection: { cls, connection, _, code in
+                guard let cls, let connection else { return }
+                let loop = Unmanaged<WorkerLoop>.fromOpaque(cls).takeUnretainedValue()
+                if code == .CONNECTION_NOTIFY_STARTED {
+                    loop.opened(connection)
+                } else if let closed = loop.connections.removeValue(forKey: connection),
+                          let address = closed.countedAddress {
+                    loop.addresses.release(address)
+                }
+            },
+            notify_connection_cls: context))
 
         // From here on `self` is whole: a failure leaves the descriptors and options to deinit.
         guard let started = herald_mhd_start(options) else {
@@ -174,8 +209,16 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
             if !jobs.isEmpty || !operations.isEmpty { continue }
             if stopping { break }
 
+            // Read deadlines are checked every 100 ms while connections are open.
+            let now = ContinuousClock.now
+            if !connections.isEmpty, now >= nextSweep {
+                closeLateReaders(now: now)
+                nextSweep = now + Self.sweepInterval
+            }
             var timeout: UInt64 = 0
-            let waitMilliseconds = MHD_get_timeout(daemon, &timeout) == .YES ? Int32(min(timeout, 1000)) : 1000
+            let longest: UInt64 = connections.isEmpty ? 1000 : 100
+            let waitMilliseconds = MHD_get_timeout(daemon, &timeout) == .YES ? Int32(min(timeout, longest))
+                                                                             : Int32(longest)
             let sleep = state.withLock { state -> Bool in
                 guard state.jobs.isEmpty, state.operations.isEmpty, !state.stopping else { return false }
                 state.sleeping = true
@@ -195,6 +238,42 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
         }
         for job in leftovers { globalConcurrentExecutor.enqueue(job) }
         exited.signal()
+    }
+
+    // MARK: Connection limits libmicrohttpd lacks
+
+    /// A new connection: counted against its address's limit (closed at once when over it) and given its first
+    /// read deadline.
+    private func opened(_ connection: OpaquePointer) {
+        let socket = herald_mhd_connection_fd(connection)
+        var counted: String?
+        if addresses.limit > 0, let address = ConnectionHandler.clientAddress(connection) {
+            guard addresses.admit(address) else {
+                // libmicrohttpd sees end-of-stream on its next read and closes the connection.
+                if socket >= 0 { shutdown(socket, Int32(SHUT_RDWR)) }
+                connections[connection] = OpenConnection(socket: socket, countedAddress: nil, readDeadline: nil)
+                handler.engine.logger.debug("connection over the per-address limit closed", ["http.client": address])
+                return
+            }
+            counted = address
+        }
+        connections[connection] = OpenConnection(socket: socket, countedAddress: counted,
+                                                 readDeadline: .now + readTimeout)
+    }
+
+    /// Closes the connections whose request is not in by its deadline. Shutting the socket down makes
+    /// libmicrohttpd see end-of-stream and close the connection through its usual path (callbacks included).
+    private func closeLateReaders(now: ContinuousClock.Instant) {
+        var closed = 0
+        for (connection, open) in connections {
+            guard let deadline = open.readDeadline, deadline <= now else { continue }
+            connections[connection]?.readDeadline = nil
+            if open.socket >= 0 { shutdown(open.socket, Int32(SHUT_RDWR)) }
+            closed += 1
+        }
+        if closed > 0 {
+            handler.engine.logger.debug("connections past the request read timeout closed", ["http.count": "\(closed)"])
+        }
     }
 
     private func wake() {
