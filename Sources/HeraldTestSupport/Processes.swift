@@ -79,11 +79,28 @@ public func scratchDirectory(_ prefix: String = "herald-proc-") throws -> String
     return path
 }
 
-/// A child process with its stderr in a file; killed at `stop()` if still running.
+/// A child process with its stdout and stderr in a file; killed at `stop()` if still running.
+///
+/// With `HERALD_TEST_LOG_DIR` set, the log is written in that folder (under a unique name, kept after the test) and
+/// `logPath` is a symbolic link to it, so that `scripts/scan-logs` can check every child's log of a whole run.
 public final class ChildProcess: @unchecked Sendable { // `process` is only touched by the test that owns it
     public let name: String
     public let process = Process()
     public let logPath: String
+
+    /// Where the log is written: in `HERALD_TEST_LOG_DIR` when set (with `logPath` linked to it), else `logPath`.
+    private static func logFile(for logPath: String, name: String) throws -> String {
+        guard let folder = ProcessInfo.processInfo.environment["HERALD_TEST_LOG_DIR"], !folder.isEmpty else {
+            return logPath
+        }
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        let base = URL(fileURLWithPath: logPath).deletingPathExtension().lastPathComponent
+        let file = folder + "/\(name)-\(base)-\(SecureRandom.hex(4)).log"
+        _ = FileManager.default.createFile(atPath: file, contents: nil)
+        try? FileManager.default.removeItem(atPath: logPath) // a restarted process reuses its path
+        try FileManager.default.createSymbolicLink(atPath: logPath, withDestinationPath: file)
+        return file
+    }
 
     public init(_ name: String, executable path: String, arguments: [String] = [], environment: [String: String],
                 logPath: String) throws {
@@ -92,8 +109,9 @@ public final class ChildProcess: @unchecked Sendable { // `process` is only touc
         process.executableURL = URL(fileURLWithPath: path)
         process.arguments = arguments
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
-        _ = FileManager.default.createFile(atPath: logPath, contents: nil)
-        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        let file = try Self.logFile(for: logPath, name: name)
+        if file == logPath { _ = FileManager.default.createFile(atPath: logPath, contents: nil) }
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: file))
         process.standardError = log
         process.standardOutput = log
         try process.run()

@@ -116,7 +116,15 @@ final class ConnectionHandler: Sendable {
         engine.requestStarted()
         slot.pointee = Unmanaged.passRetained(context).toOpaque()
 
-        if let declared = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length"),
+        let declaredLength = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length")
+        if declaredLength != nil, MHD_lookup_connection_value(connection, .HEADER_KIND, "Transfer-Encoding") != nil {
+            // Both framings: the mark of request smuggling. libmicrohttpd would follow the chunked one and keep the
+            // connection; RFC 9112 §6.1 says close it. Answering on this first call closes it.
+            return queue(HTTPError.badRequest("ambiguous_length",
+                                              "Content-Length and Transfer-Encoding must not both be sent").response,
+                         for: context)
+        }
+        if let declared = declaredLength,
            let length = Int(String(cString: declared)) {
             if length > engine.maxBodyBytes {
                 // Answering now makes libmicrohttpd close the connection instead of reading the body.
