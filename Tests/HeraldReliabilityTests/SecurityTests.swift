@@ -308,6 +308,28 @@ import Testing
     }
 }
 
+/// Found by scripts/scan-logs: a failed delivery's error carried the whole record (librdkafka's consumer-only
+/// `rd_kafka_message_errstr` returns the payload on a producer's report), so a dead letter that could not be written
+/// logged its push token. The error must say what failed, never what was sent.
+@Suite struct SecurityKafkaErrorTests {
+    @Test func aFailedDeliveryDoesNotCarryTheRecord() async throws {
+        let token = SecureRandom.hex(32)
+        let unreachable = "127.0.0.1:\(try freePort())"
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
+            kafka: KafkaConfiguration(brokerList: unreachable), messageTimeout: .seconds(1)),
+            logger: Logger(label: "test", minimumLevel: .error))
+        do {
+            _ = try await producer.send(topic: "herald.dlq", key: "app/device/\(token)",
+                                        value: Array(#"{"deviceToken": "\#(token)"}"#.utf8))
+            Issue.record("delivered to a broker that does not exist")
+        } catch {
+            #expect(error.code == .messageTimedOut, "\(error)")
+            #expect(!"\(error)".contains(token), "\(error)")
+        }
+        await producer.close(timeout: .seconds(1))
+    }
+}
+
 /// scripts/scan-logs, run as CI runs it.
 enum ScanLogs {
     static func run(_ paths: [String]) throws -> (status: Int32, output: String) {
@@ -340,6 +362,7 @@ enum ScanLogs {
         #"{"ts":"2026-11-30T02:56:01.142Z","level":"warning","logger":"herald.ingest","msg":"kafka did not acknowledge in time","job.id":"4f1c9a0b2e7d4c3a9b8e7f6a5d4c3b2a","timeout":"5 seconds"}"#,
         #"{"ts":"2026-11-30T02:56:01.142Z","level":"info","logger":"herald.dispatcher","msg":"dead letter written","dlq.reason":"BadDeviceToken","token":"0a1b2c3d4e5f","app":"shop"}"#,
         #"  {"kind": "secret", "sha256": "fad81e64da6268491fa835caafafee65150f65ef7adfd2c22cccb9e13413f957"}"#,
+        #"{"ts":"2026-11-30T03:00:42.429Z","level":"info","logger":"herald.ingest","msg":"subscription created","app":"app0-61e3d9e4","request.id":"78baa442817a9ecd3440d916f17835c4","token":"sha256:503c1cb71f8d","token.type":"alert"}"#,
         "process logs in /tmp/herald-proc-3fa9c2d1e0b7",
         "✔ Test everyEndpointRefusesEveryoneButItsOwnApp() passed after 4.108 seconds.",
         #"{"ts":"2026-11-30T02:56:01.142Z","level":"info","logger":"herald.dispatcher","msg":"assigned","kafka.member":"rdkafka-5c0e1f4e-7d0b-4f44-9a55-1b6f2c9d8e7a"}"#,

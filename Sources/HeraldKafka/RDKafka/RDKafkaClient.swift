@@ -168,7 +168,10 @@ private func rdkafkaDeliveryReport(_ handle: OpaquePointer?, _ message: UnsafePo
         handler.complete(.success(KafkaDeliveryReport(topic: handler.topic, partition: message.pointee.partition,
                                                       offset: message.pointee.offset)))
     } else {
-        var failure = KafkaError(error, message: String(cString: rd_kafka_message_errstr(message)))
+        // The producer's own errstr: rd_kafka_message_errstr is consumer-only and, on a delivery report, returns the
+        // record's payload (a dead letter holds a push token, which then reached the logs).
+        let reason = rd_kafka_message_produce_errstr(message).map { String(cString: $0) }
+        var failure = KafkaError(error, message: reason ?? String(cString: rd_kafka_err2str(error)))
         if error == RD_KAFKA_RESP_ERR__FATAL, let handle {
             var text = [CChar](repeating: 0, count: 512)
             let underlying = rd_kafka_fatal_error(handle, &text, text.count)
