@@ -186,18 +186,19 @@ import Testing
         let port = ingest.port
         var binary = [UInt8](repeating: 0, count: 4096)
         for index in binary.indices { binary[index] = UInt8.random(in: 0...255) }
-        // (name, bytes, statuses expected (none: closed without an answer, there is no request to answer),
-        // must the connection be closed)
-        let cases: [(String, [UInt8], [Int], Bool)] = [
-            ("invalid request line", Array("GARBAGE\r\n\r\n".utf8), [], true),
-            ("binary junk", binary, [], true),
-            ("HTTP/2 preface", Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8), [505], true),
+        // (name, bytes, the answers allowed (none: closed without one, there is no request to answer), must the
+        // connection be closed). Random junk gets a 400 when its bytes happen to end a line, else just a close.
+        let cases: [(String, [UInt8], [[Int]], Bool)] = [
+            ("invalid request line", Array("GARBAGE\r\n\r\n".utf8), [[]], true),
+            ("binary junk", binary, [[], [400]], true),
+            ("HTTP/2 preface", Array("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".utf8), [[505]], true),
             ("valid request then garbage", Array("GET /healthz HTTP/1.1\r\nHost: a\r\n\r\nNOT HTTP AT ALL\r\n\r\n".utf8),
-             [200, 400], true),
-            ("valid request then junk", Array("GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n".utf8) + binary, [200], true),
-            ("header without a colon", Array("GET /healthz HTTP/1.1\r\nHost: a\r\nNoColonHere\r\n\r\n".utf8), [400], true),
+             [[200, 400]], true),
+            ("valid request then junk", Array("GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n".utf8) + binary,
+             [[200], [200, 400]], true),
+            ("header without a colon", Array("GET /healthz HTTP/1.1\r\nHost: a\r\nNoColonHere\r\n\r\n".utf8), [[400]], true),
             // libmicrohttpd reads the target up to the last space: a 404 on a connection still in step.
-            ("spaces in the target", Array("GET /a b c HTTP/1.1\r\nHost: a\r\n\r\n".utf8), [404], false),
+            ("spaces in the target", Array("GET /a b c HTTP/1.1\r\nHost: a\r\n\r\n".utf8), [[404]], false),
         ]
         let results = try await duringAttack("pipelined garbage", on: ingest) {
             try cases.map { name, bytes, expected, mustClose -> (String, [Int], Duration, Bool) in
@@ -210,7 +211,7 @@ import Testing
                     _ = try socket.send(bytes)
                     let end = ContinuousClock.now + .seconds(5)
                     closed = false
-                    while ContinuousClock.now < end, !closed, mustClose || socket.statuses.count < expected.count {
+                    while ContinuousClock.now < end, !closed, mustClose || socket.statuses.count < expected[0].count {
                         closed = socket.poll(until: end) == .closed
                     }
                     statuses = socket.statuses
@@ -222,7 +223,7 @@ import Testing
         for ((name, statuses, time, closed), (_, _, expected, mustClose)) in zip(results, cases) {
             print("[hostile] \(name): statuses \(statuses), closed=\(closed), in \(time.ms) ms")
             if mustClose { #expect(closed, "\(name): still open") }
-            #expect(statuses == expected, "\(name): \(statuses)")
+            #expect(expected.contains(statuses), "\(name): \(statuses)")
             #expect(time < .seconds(1), "\(name)")
         }
         await ingest.stop()
