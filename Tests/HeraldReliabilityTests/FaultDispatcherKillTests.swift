@@ -53,7 +53,7 @@ struct FaultDispatcherKillTests {
 
         let tally = try await Tally.settle(stream: stream, simulator: simulator, topics: topics, timeout: .seconds(60))
         #expect(tally.attempted > 0 && tally.accepted == tally.attempted, "ingest was never faulted: \(tally)")
-        #expect(tally.missing.isEmpty, "missing pushes: \(tally.missing.prefix(5))")
+        #expect(tally.missing.count == 0, "missing pushes: \(tally.missing.count), first \(tally.missing.prefix(3))")
         #expect(tally.delivered == tally.owed && tally.deadLettered == 0, "\(tally)")
         #expect(tally.strangers == 0)
         // README (delivery guarantees): after a crash, duplicates are the interrupted fan-outs (each ≤ its 3
@@ -65,6 +65,6 @@ struct FaultDispatcherKillTests {
         await dispatcher.child.stop()
         await ingest.child.stop()
         await simulator.child.stop()
-        try? FileManager.default.removeItem(atPath: directory)
+        cleanUp(directory, keep: tally.missing.count > 0 || tally.strangers > 0)
     }
 }

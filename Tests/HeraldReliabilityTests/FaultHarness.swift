@@ -117,6 +117,9 @@ struct FaultTopics: Sendable {
     }
 }
 
+/// A service that crashes writes the stacks of its threads into its log (Swift's backtracer).
+let crashTraces = ["SWIFT_BACKTRACE": "enable=yes,interactive=no,color=no"]
+
 /// herald-ingest as a process.
 final class IngestServer: Sendable {
     let child: ChildProcess
@@ -133,7 +136,7 @@ final class IngestServer: Sendable {
             "HERALD_TOPIC_JOBS": topics.jobs,
             "HERALD_RATE_LIMIT_PER_MINUTE": "1000000",
             "HERALD_LOG_LEVEL": "info",
-        ].merging(extra) { _, new in new }, logPath: directory + "/\(name).log")
+        ].merging(crashTraces) { _, new in new }.merging(extra) { _, new in new }, logPath: directory + "/\(name).log")
     }
 
     func request(_ method: String, _ path: String, key: String? = nil, json body: String? = nil,
@@ -160,7 +163,8 @@ extension DispatcherProcess {
                      directory: String, name: String, extra: [String: String] = [:]) throws {
         try self.init(apps: apps, simulator: simulator, brokers: topics.brokers, jobsTopic: topics.jobs,
                       deadLetterTopic: topics.deadLetters, group: topics.group, directory: directory, name: name,
-                      extra: ["HERALD_REDIS_URL": redisURL].merging(extra) { _, new in new })
+                      extra: ["HERALD_REDIS_URL": redisURL].merging(crashTraces) { _, new in new }
+                          .merging(extra) { _, new in new })
     }
 
     func readyStatus() async -> Int { (try? await get("/readyz"))?.status ?? 0 }
@@ -255,13 +259,14 @@ final class EventStream: Sendable {
         await task.withLock { $0 }?.value
     }
 
-    /// Pauses (true) or resumes (false) the stream after the request in progress; `hold` returns once it is
-    /// answered.
+    /// Pauses (true) or resumes (false) the stream; pausing returns once the request in progress is answered.
     func hold(_ paused: Bool) async throws {
-        let previous = state.withLock { s -> Int in s.hold = paused; return s.sent }
+        state.withLock { $0.hold = paused }
         guard paused else { return }
+        // The loop takes its next number under the same lock that reads `hold`: once every number taken has an
+        // answer, nothing is in flight and nothing new starts.
         try await eventually("the stream paused", timeout: .seconds(30)) {
-            state.withLock { s in s.outcomes.count >= s.sent && s.sent >= previous }
+            state.withLock { s in s.outcomes.count >= s.sent }
         }
     }
 
@@ -275,14 +280,19 @@ final class EventStream: Sendable {
         let clock = ContinuousClock()
         var due = clock.now
         while true {
-            let (stop, hold) = state.withLock { ($0.stop, $0.hold) }
-            if stop { return }
-            if hold {
+            enum Next { case stop, hold, send(Int) }
+            let next = state.withLock { s -> Next in
+                if s.stop { return .stop }
+                if s.hold { return .hold }
+                defer { s.sent += 1 }
+                return .send(s.sent)
+            }
+            guard case .send(let n) = next else {
+                if case .stop = next { return }
                 try? await Task.sleep(for: .milliseconds(10))
                 due = clock.now
                 continue
             }
-            let n = state.withLock { s -> Int in defer { s.sent += 1 }; return s.sent }
             let sentAt = clock.now
             let status = await post(n)
             state.withLock { $0.outcomes[n] = Outcome(status: status, sentAt: sentAt, answeredAt: clock.now) }
@@ -429,4 +439,17 @@ func report(_ scenario: String, _ tally: Tally, faults: String, started: Continu
     let elapsed = ContinuousClock.now - started
     let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
     print("FAULT \(scenario): \(tally); faults: \(faults); \(String(format: "%.1f", seconds)) s")
+}
+
+/// Removes a test's scratch folder, unless `keep` (a check failed): then its processes' logs stay for the
+/// post-mortem.
+func cleanUp(_ directory: String, keep: Bool) {
+    if keep { print("kept the logs in \(directory)") } else { try? FileManager.default.removeItem(atPath: directory) }
+}
+
+/// How a child ended, for failure messages: "running", "exit 1" or "signal 11".
+func exitStatus(_ child: ChildProcess) -> String {
+    if child.isRunning { return "\(child.name) running" }
+    let how = child.process.terminationReason == .uncaughtSignal ? "signal" : "exit"
+    return "\(child.name) \(how) \(child.process.terminationStatus)"
 }
