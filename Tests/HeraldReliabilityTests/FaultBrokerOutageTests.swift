@@ -1,0 +1,116 @@
+import Foundation
+import HeraldTestSupport
+import Testing
+
+@Suite("Fault injection: broker outage", .serialized)
+struct FaultBrokerOutageTests {
+    /// The test's own Tansu under one ingest and one dispatcher (shared Redis), killed with SIGKILL during intake,
+    /// down three seconds, then started again on the same port, where the topics are created again (Tansu keeps
+    /// nothing: a restart is a new, empty cluster). Neither service is restarted.
+    ///
+    /// What "no 202 without a record" can mean against a broker that forgets: a 202 promises a record the
+    /// dispatcher will read. The broker's amnesia takes every record with it, so right before the crash the stream
+    /// pauses (a fraction of a second) until everything accepted so far is delivered; the crash then loses no
+    /// acknowledged record, and from there every 202 must come back as a push: none may be answered while the
+    /// broker is away (no broker, no acknowledgement), and every one after the restart was acknowledged by the
+    /// new broker and must be delivered from it.
+    @Test("the broker crashed during intake: no 202 while it is away, every 202 delivered, both services carry on after its restart")
+    func brokerOutage() async throws {
+        let started = ContinuousClock.now
+        let directory = try scratchDirectory("herald-fault-broker-")
+        let apps = try TestApps(count: 1)
+        defer { apps.remove() }
+        let redisURL = try TestEnvironment.redisURL()
+        let broker = try TansuBroker(directory: directory)
+        try await broker.start()
+        let topics = FaultTopics(brokers: broker.address)
+        try await topics.create(partitions: 2)
+        let simulator = try SimulatorProcess(apps: apps, directory: directory)
+        let ingest = try IngestServer(apps: apps, redisURL: redisURL, topics: topics, directory: directory, name: "ingest",
+                                      extra: ["HERALD_PUBLISH_TIMEOUT_SECONDS": "2"])
+        try await simulator.waitUntilListening()
+        var dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, redisURL: redisURL,
+                                               directory: directory, name: "dispatcher")
+        try await ingest.waitUntilReady()
+        let app = apps.apps[0]
+        let perChannel = 3
+        let audience = try await Audience.subscribe(app: app, through: ingest, channelCount: 16, perChannel: perChannel)
+        try await dispatcher.waitForAssignment()
+
+        let stream = EventStream(app: app, audience: audience, targets: [ingest], perSecond: 40)
+        stream.start()
+        try await Task.sleep(for: .seconds(2))
+        try await stream.hold(true)
+        let owedBefore = stream.accepted.count * perChannel
+        try await eventually("everything accepted so far was delivered") { simulator.acceptedCount() >= owedBefore }
+        let clock = ContinuousClock()
+        await broker.crash()
+        let crashedAt = clock.now // after the exit: from here on nothing can acknowledge
+        try await stream.hold(false)
+        try await eventually("ingest reports the broker unreachable", timeout: .seconds(10)) {
+            await ingest.readyStatus() == 503
+        }
+        try await Task.sleep(until: crashedAt + .seconds(3), clock: .continuous)
+        let backAt = clock.now // from here the new broker may acknowledge (it creates a topic on first use, too)
+        try await broker.start()
+        try await topics.create(partitions: 2)
+        let restartedAt = clock.now
+        try await eventually("ingest accepts events again", timeout: .seconds(40)) {
+            stream.outcomes.contains { $0.value.sentAt > restartedAt && $0.value.status == 202 }
+        }
+        let ingestRecovered = clock.now - restartedAt
+        try await Task.sleep(for: .seconds(2))
+        await stream.stop()
+
+        // librdkafka 2.4–2.9 (2.8 here) can crash (SIGSEGV in its metadata cache) when a topic comes back under the
+        // same name with a new topic id, as after this restart: confluentinc/librdkafka#4964, fixed upstream. The
+        // consumer handle keeps that cache; ingest's producer is replaced after the restart and escapes it. What
+        // Kubernetes would do, the test does: start the dispatcher again, then still require every 202 delivered.
+        let owedAfter = stream.accepted.count * perChannel
+        let crashed = dispatcher
+        try await eventually("the dispatcher delivered everything or died", timeout: .seconds(40)) {
+            simulator.acceptedCount() >= owedAfter || !crashed.child.isRunning
+        }
+        var dispatcherCrashes = 0
+        if !dispatcher.child.isRunning {
+            dispatcherCrashes += 1
+            withKnownIssue("librdkafka#4964: metadata cache crash on a recreated topic", isIntermittent: true) {
+                Issue.record("the dispatcher died after the broker restart: \(exitStatus(crashed.child))")
+            }
+            dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, redisURL: redisURL,
+                                               directory: directory, name: "dispatcher-restarted")
+        }
+        let tally = try await Tally.settle(stream: stream, simulator: simulator, topics: topics, timeout: .seconds(60))
+        let outcomes = stream.outcomes
+        let duringOutage = outcomes.filter { $0.value.sentAt > crashedAt && $0.value.answeredAt < backAt }
+        #expect(!duringOutage.isEmpty, "no request met the outage; the test proves nothing")
+        #expect(duringOutage.allSatisfy { $0.value.status == 503 },
+                "answered while the broker was away: \(Set(duringOutage.map(\.value.status)))")
+        #expect(outcomes.allSatisfy { $0.value.status == 202 || $0.value.status == 503 })
+        #expect(outcomes.allSatisfy { $0.value.answeredAt - $0.value.sentAt < .seconds(4) }, "an answer took too long")
+        // Once accepting again, ingest keeps accepting.
+        let firstBack = try #require(outcomes.filter { $0.value.sentAt > restartedAt && $0.value.status == 202 }
+            .map(\.key).min())
+        #expect(outcomes.filter { $0.key > firstBack }.allSatisfy { $0.value.status == 202 })
+        #expect(tally.missing.count == 0, "202s without a delivered push: \(tally.missing.count), first \(tally.missing.prefix(3))")
+        #expect(tally.delivered == tally.owed && tally.deadLettered == 0, "\(tally)")
+        #expect(tally.strangers == 0)
+        #expect(tally.duplicates == 0, "\(tally.duplicates) duplicates")
+        let keep = tally.missing.count > 0 || tally.strangers > 0 || !ingest.child.isRunning
+        #expect(ingest.child.isRunning, "ingest died: \(exitStatus(ingest.child))")
+        if !dispatcher.child.isRunning { // the same crash, after everything was delivered
+            dispatcherCrashes += 1
+            withKnownIssue("librdkafka#4964: metadata cache crash on a recreated topic", isIntermittent: true) {
+                Issue.record("the dispatcher died after the broker restart: \(exitStatus(dispatcher.child))")
+            }
+        }
+        report("broker outage", tally, faults: "Tansu SIGKILL, 3 s down, restarted empty; ingest accepting again "
+               + "\(ingestRecovered) after restart; dispatcher crashes (librdkafka#4964): \(dispatcherCrashes)", started: started)
+
+        await dispatcher.child.stop()
+        await ingest.child.stop()
+        await simulator.child.stop()
+        await broker.crash()
+        cleanUp(directory, keep: keep)
+    }
+}
