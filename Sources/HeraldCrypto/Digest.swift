@@ -21,15 +21,21 @@ public enum SHA256 {
 /// Lowercase hexadecimal.
 public enum Hex {
     public static func encode(_ bytes: some Collection<UInt8>) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        var out = [UInt8]()
-        out.reserveCapacity(bytes.count * 2)
-        for byte in bytes {
-            out.append(digits[Int(byte >> 4)])
-            out.append(digits[Int(byte & 0xf)])
+        // Written straight into the string's storage: no digit table or byte array to allocate per call (this runs
+        // for every API key lookup and record id on the ingest hot path).
+        String(unsafeUninitializedCapacity: bytes.count * 2) { out in
+            var index = 0
+            for byte in bytes {
+                out[index] = digit(byte >> 4)
+                out[index + 1] = digit(byte & 0xf)
+                index += 2
+            }
+            return index
         }
-        return String(decoding: out, as: UTF8.self)
     }
+
+    @inline(__always)
+    private static func digit(_ nibble: UInt8) -> UInt8 { nibble < 10 ? 0x30 + nibble : 0x57 + nibble }
 
     /// Bytes of an even-length hex string (either case), or nil.
     public static func decode(_ text: String) -> [UInt8]? {

@@ -14,13 +14,24 @@ struct ActivitiesAPI: Sendable {
                                                        help: "Live Activity registrations by outcome.", labels: ["outcome"])
 
     func register(on router: inout Router) {
-        router.post("/api/v1/activities/register", gate.endpoint(.device, appFromPath: false, oauth: true, handle))
-        router.post("/v1/apps/{appID}/activities/register", gate.endpoint(.device, oauth: true, handle))
+        // The rate-limit count rides in the registration script: one Redis round trip per registration.
+        router.post("/api/v1/activities/register",
+                    gate.selfCountingEndpoint(.device, appFromPath: false, oauth: true, handle))
+        router.post("/v1/apps/{appID}/activities/register", gate.selfCountingEndpoint(.device, oauth: true, handle))
     }
 
-    private func handle(_ request: HTTPRequest, _ admission: Gatekeeper.Admission) async throws -> HTTPResponse {
-        let input = try ActivityRegistrationInput(request.decodeJSON(ActivityRegistrationBody.self), app: admission.app)
-        let (registration, renewed) = try await store.register(app: admission.app.id, user: admission.principal.user, input)
+    private func handle(_ request: HTTPRequest, _ admission: Gatekeeper.Admission,
+                        _ meter: Gatekeeper.Meter) async throws -> HTTPResponse {
+        let input = try ActivityRegistrationInput(try SubscriptionsAPI.body(of: request), app: admission.app)
+        let registration: ActivityRegistration, renewed: Bool
+        switch try await store.register(app: admission.app.id, user: admission.principal.user, input,
+                                        counting: meter.window) {
+        case .rateLimited(let decision):
+            throw gate.refuse(meter, decision)
+        case .stored(let stored, let wasRenewed, let decision):
+            meter.record(decision)
+            (registration, renewed) = (stored, wasRenewed)
+        }
         registrations.labels(renewed ? "renewed" : "new").increment()
         if logger.minimumLevel <= .info {
             logger.info(renewed ? "activity registration renewed" : "activity registered",

@@ -13,6 +13,8 @@ struct EventsAPI: Sendable {
     let topic: String
     /// How long a request waits for the broker's acknowledgement before answering 503.
     let publishTimeout: Duration
+    /// Answers the requests still waiting at `publishTimeout`.
+    let deadlines: DeliveryDeadlines
     let gate: Gatekeeper
     let logger: Logger
     let published = MetricsRegistry.shared.counter("herald_ingest_jobs_published_total",
@@ -97,11 +99,7 @@ struct EventsAPI: Sendable {
                 waiter.resolve(.failed(error))
                 return
             }
-            let timeout = publishTimeout
-            waiter.setTimer(Task {
-                try? await Task.sleep(for: timeout)
-                waiter.resolve(.timedOut)
-            })
+            deadlines.add(waiter, at: .now + publishTimeout)
         }
     }
 
@@ -147,37 +145,69 @@ enum Delivery: Sendable {
     case timedOut
 }
 
-/// Resumes a publishing request exactly once: with the broker's answer or the timer's, whichever comes first.
+/// Resumes a publishing request exactly once: with the broker's answer or the deadline's, whichever comes first.
 final class DeliveryWaiter: Sendable {
-    private struct State {
-        var continuation: CheckedContinuation<Delivery, Never>?
-        var timer: Task<Void, Never>?
-    }
-
-    private let state: Mutex<State>
+    private let continuation: Mutex<CheckedContinuation<Delivery, Never>?>
 
     init(_ continuation: CheckedContinuation<Delivery, Never>) {
-        state = Mutex(State(continuation: continuation))
+        self.continuation = Mutex(continuation)
     }
 
     /// Resumes the request unless something else already did; true when this call resumed it.
     @discardableResult
     func resolve(_ delivery: Delivery) -> Bool {
-        let (continuation, timer) = state.withLock { state in
-            defer { (state.continuation, state.timer) = (nil, nil) }
-            return (state.continuation, state.timer)
-        }
-        timer?.cancel()
-        continuation?.resume(returning: delivery)
-        return continuation != nil
+        guard let continuation = continuation.withLock({ $0.take() }) else { return false }
+        continuation.resume(returning: delivery)
+        return true
+    }
+}
+
+/// The publish deadlines of every waiting request, answered `.timedOut` by one sweep every few milliseconds.
+///
+/// Why not a timer task per request: creating, sleeping and cancelling one woke Swift's global pool twice per
+/// event. Every request waits the same `publishTimeout`, so adding in arrival order keeps the queue sorted by
+/// deadline and a sweep only looks at its front. Answered requests stay queued (a few words each) until their
+/// deadline passes: at most the publish rate times the timeout.
+final class DeliveryDeadlines: Sendable {
+    /// How late a timed-out request may be answered past its deadline.
+    static let sweepInterval: Duration = .milliseconds(20)
+
+    private struct Queue {
+        var entries: [(deadline: ContinuousClock.Instant, waiter: DeliveryWaiter)] = []
+        /// Entries before `head` are swept; compacted once they are the larger part.
+        var head = 0
     }
 
-    /// Keeps the timer to cancel it on an early answer (or cancels it at once when the answer came first).
-    func setTimer(_ timer: Task<Void, Never>) {
-        let resolved = state.withLock { state in
-            if state.continuation != nil { state.timer = timer }
-            return state.continuation == nil
+    private let queue = Mutex(Queue())
+
+    init() {}
+
+    /// Answers `waiter` with `.timedOut` at `deadline` if nothing answered it before. Deadlines must not decrease
+    /// from one call to the next (one timeout for every request); one that does is answered at most a sweep late.
+    func add(_ waiter: DeliveryWaiter, at deadline: ContinuousClock.Instant) {
+        queue.withLock { $0.entries.append((deadline, waiter)) }
+    }
+
+    /// Answers every request past its deadline.
+    func expire(now: ContinuousClock.Instant = .now) {
+        let due = queue.withLock { queue in
+            let start = queue.head
+            while queue.head < queue.entries.count, queue.entries[queue.head].deadline <= now { queue.head += 1 }
+            let due = Array(queue.entries[start..<queue.head])
+            if queue.head > 1024, queue.head * 2 > queue.entries.count {
+                queue.entries.removeFirst(queue.head)
+                queue.head = 0
+            }
+            return due
         }
-        if resolved { timer.cancel() }
+        for entry in due { entry.waiter.resolve(.timedOut) }
+    }
+
+    /// Sweeps until the calling task is cancelled.
+    func run() async {
+        while !Task.isCancelled {
+            try? await Task.sleep(for: Self.sweepInterval)
+            expire()
+        }
     }
 }

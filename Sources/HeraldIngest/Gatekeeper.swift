@@ -69,12 +69,13 @@ struct Gatekeeper: Sendable {
     /// `meter.record(_:)` or throws `refuse(_:_:)` for a refused one. A request whose handler fails before counting
     /// (bad input) is counted here instead, so every admitted request counts once and over the limit 429 wins over
     /// any other answer, as with `endpoint`. `admission.headers` is empty: the wrapper adds them to the answer.
-    func selfCountingEndpoint(_ audience: Audience,
+    func selfCountingEndpoint(_ audience: Audience, appFromPath: Bool = true, oauth: Bool = false,
                               _ body: @escaping @Sendable (HTTPRequest, Admission, Meter) async throws -> HTTPResponse)
         -> HTTPHandler {
         { request in
-            let (app, principal) = try identify(request, audience: audience, appID: try request.pathParameter("appID"),
-                                                oauth: false)
+            let (app, principal) = try identify(request, audience: audience,
+                                                appID: appFromPath ? try request.pathParameter("appID") : nil,
+                                                oauth: oauth)
             let meter = Meter(window: limiter.window(for: principal.rateLimitKey, app: app.id))
             let admission = Admission(app: app, principal: principal, headers: [:])
             do {

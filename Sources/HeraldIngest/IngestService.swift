@@ -8,6 +8,7 @@ import HeraldStore
 /// herald-ingest: the HTTP API in front of Redis (subscriptions, registrations, rate limits) and Kafka (jobs).
 public final class IngestService: Service {
     let server: HTTPServer
+    private let deadlines = DeliveryDeadlines()
 
     /// Binds the listening socket (so a taken port fails here, and port 0 is resolved before `run()`).
     public init(configuration: IngestConfiguration, apps: AppRegistry, redis: RedisClient, producer: KafkaProducer,
@@ -19,7 +20,8 @@ public final class IngestService: Service {
         ActivitiesAPI(store: ActivityStore(redis: redis, ttl: configuration.activityTTL), gate: gate, logger: logger)
             .register(on: &router)
         EventsAPI(producer: producer, idempotency: IdempotencyStore(redis: redis), topic: configuration.jobsTopic,
-                  publishTimeout: configuration.publishTimeout, gate: gate, logger: logger).register(on: &router)
+                  publishTimeout: configuration.publishTimeout, deadlines: deadlines, gate: gate, logger: logger)
+            .register(on: &router)
         Operations(redis: redis, producer: producer, topic: configuration.jobsTopic).register(on: &router)
         server = try HTTPServer(configuration: configuration.http, router: router, logger: logger)
     }
@@ -27,7 +29,13 @@ public final class IngestService: Service {
     /// Where the API listens.
     public var address: HostPort { server.localAddress }
 
-    public func run() async throws { try await server.run() }
+    public func run() async throws {
+        // Unstructured, so it outlives the server's cancellation: requests still publishing during the drain keep
+        // their deadlines. Stopped once the server has stopped.
+        let sweeper = Task { [deadlines] in await deadlines.run() }
+        defer { sweeper.cancel() }
+        try await server.run()
+    }
 }
 
 /// `/healthz` (alive), `/readyz` (Redis and Kafka reachable), `/metrics`.

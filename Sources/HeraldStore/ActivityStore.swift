@@ -31,21 +31,53 @@ public struct ActivityStore: Sendable {
     /// which case `id` and `createdAt` are kept and `lastSeenAt` moves.
     public func register(app: String, user: String, _ input: ActivityRegistrationInput, now: Date = Date()) async throws
         -> (registration: ActivityRegistration, renewed: Bool) {
+        guard let stored = try await run(app: app, user: user, input, counting: nil, now: now).stored else {
+            throw StoreError.unexpectedReply("register")
+        }
+        return stored
+    }
+
+    /// What a counted registration did.
+    public enum CountedRegistration: Sendable, Equatable {
+        /// Within the limit: stored (`renewed` true when it already existed).
+        case stored(ActivityRegistration, renewed: Bool, RateLimiter.Decision)
+        /// Over the limit: nothing was stored.
+        case rateLimited(RateLimiter.Decision)
+    }
+
+    /// `register(app:user:_:now:)` that first counts the request in `window` and stores only within the limit, in
+    /// the same script: the request's one Redis round trip.
+    public func register(app: String, user: String, _ input: ActivityRegistrationInput,
+                         counting window: RateLimiter.Window, now: Date = Date()) async throws -> CountedRegistration {
+        let outcome = try await run(app: app, user: user, input, counting: window, now: now)
+        let decision = window.decision(count: outcome.count)
+        guard let stored = outcome.stored else { return .rateLimited(decision) }
+        return .stored(stored.registration, renewed: stored.renewed, decision)
+    }
+
+    /// Runs the registration script; `stored` is nil when the count went over the window's limit.
+    private func run(app: String, user: String, _ input: ActivityRegistrationInput, counting window: RateLimiter.Window?,
+                     now: Date) async throws
+        -> (stored: (registration: ActivityRegistration, renewed: Bool)?, count: Int64) {
         let keys = RedisKeys(app: app)
         let id = RedisKeys.identifier(app, user, input.postIDHash, input.pushToken)
         let stamp = Timestamp.rfc3339(now)
         let nowMs = Int64(now.timeIntervalSince1970 * 1000)
         let ttlMs = ttl.components.seconds * 1000 + ttl.components.attoseconds / 1_000_000_000_000_000
-        let reply = try await redis.run(Scripts.register,
-            keys: [keys.registration(id), keys.post(input.postIDHash), keys.activityToken(input.pushToken)],
+        var touched = [keys.registration(id), keys.post(input.postIDHash), keys.activityToken(input.pushToken)]
+        if let window { touched.append(window.redisKey) }
+        let reply = try await redis.run(Scripts.register, keys: touched,
             args: [id, user, input.postIDHash, input.pushToken, input.environment.rawValue, input.bundleID, stamp,
-                   String(nowMs), String(ttlMs)])
-        guard let parts = reply.array, parts.count == 2, let existed = parts[0].int, let createdAt = parts[1].string else {
+                   String(nowMs), String(ttlMs), window?.redisKey ?? "", String(window?.limit ?? 0),
+                   String(window?.ttlSeconds ?? 0)])
+        guard let parts = reply.array, parts.count == 3, let existed = parts[0].int, let createdAt = parts[1].string,
+              let count = parts[2].int else {
             throw StoreError.unexpectedReply("register")
         }
-        return (ActivityRegistration(id: id, user: user, postIDHash: input.postIDHash, pushToken: input.pushToken,
-                                     environment: input.environment, bundleID: input.bundleID,
-                                     createdAt: createdAt, lastSeenAt: stamp), existed == 1)
+        guard existed >= 0 else { return (nil, count) }
+        return ((ActivityRegistration(id: id, user: user, postIDHash: input.postIDHash, pushToken: input.pushToken,
+                                      environment: input.environment, bundleID: input.bundleID,
+                                      createdAt: createdAt, lastSeenAt: stamp), existed == 1), count)
     }
 
     /// One batch of a post's live registrations: ZSCAN from `cursor` ("0" to start; the next cursor is "0" when
@@ -94,8 +126,9 @@ public struct ActivityStore: Sendable {
 }
 
 extension Scripts {
-    /// KEYS: registration, post index, token index. ARGV: id, user, post, token, environment, bundle, now
-    /// (RFC 3339), now (ms), ttl (ms). Returns {existed (0/1), createdAt}.
+    /// KEYS: registration, post index, token index, [rate-limit counter]. ARGV: id, user, post, token,
+    /// environment, bundle, now (RFC 3339), now (ms), ttl (ms), counter ("" to count nothing), limit, counter TTL (s).
+    /// Returns {existed (0/1), createdAt, count}, or {-1, '', count} over the limit (nothing stored).
     ///
     /// Each index first drops its expired members (so a busy post's index holds live registrations only), then
     /// keeps a TTL no shorter than its newest member's: it vanishes with its last registration, and a lowered
@@ -103,6 +136,13 @@ extension Scripts {
     static let register = RedisScript(source: """
         local reg, post, tok = KEYS[1], KEYS[2], KEYS[3]
         local now, nowMs, ttl = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
+        local counter, count = ARGV[10], 0
+        if counter ~= '' then
+          count = redis.call('INCR', counter)
+          -- Atomic here, so the window's first request alone needs to set the lifetime.
+          if count == 1 then redis.call('EXPIRE', counter, ARGV[12]) end
+          if count > tonumber(ARGV[11]) then return {-1, '', count} end
+        end
         local existed = redis.call('EXISTS', reg)
         if existed == 0 then
           redis.call('HSET', reg, 'id', ARGV[1], 'user', ARGV[2], 'postIdHash', ARGV[3], 'pushToken', ARGV[4],
@@ -115,7 +155,7 @@ extension Scripts {
           redis.call('ZADD', index, nowMs + ttl, ARGV[1])
           if redis.call('PTTL', index) < ttl then redis.call('PEXPIRE', index, ttl) end
         end
-        return {existed, redis.call('HGET', reg, 'createdAt')}
+        return {existed, redis.call('HGET', reg, 'createdAt'), count}
         """)
 
     /// KEYS: post index. ARGV: prefix, post. Deletes the post's registrations and their token-index entries.
