@@ -163,34 +163,6 @@ public struct PushJob: Sendable, Codable, Equatable {
         return .object(fields)
     }
 
-    /// Decodes a record of `herald.jobs`. Like the schema, it refuses fields the format does not define, so a
-    /// misspelt field (`collapseID`) is dead-lettered rather than silently dropped. Call `validate()` next.
-    public static func decode(_ bytes: [UInt8]) throws(ValidationError) -> PushJob {
-        let job: PushJob
-        do { job = try JSONDecoder().decode(PushJob.self, from: Data(bytes)) } catch {
-            throw ValidationError(code: "invalid_job", message: "not a push job: \(Self.describe(error))")
-        }
-        // What the job encodes back to holds every field it understood; anything else in the record is unknown.
-        if let raw = JSONValue(parsing: bytes), let problem = Self.unknownFieldProblem(raw, known: job.jsonValue) {
-            throw ValidationError(code: "invalid_job", message: "not a push job: \(problem)")
-        }
-        return job
-    }
-
-    /// What is wrong with the first member of `raw` missing from `known`, looking into objects present in both.
-    private static func unknownFieldProblem(_ raw: JSONValue, known: JSONValue?, path: String = "") -> String? {
-        guard case .object(let fields) = raw, case .object(let knownFields)? = known else { return nil }
-        for name in fields.keys.sorted() {
-            let fieldPath = path.isEmpty ? name : "\(path).\(name)"
-            guard let knownValue = knownFields[name] else {
-                return fields[name] == .null ? "\(fieldPath) is null (leave it out instead)"
-                    : "\(fieldPath) is not a field of the format"
-            }
-            if let problem = unknownFieldProblem(fields[name]!, known: knownValue, path: fieldPath) { return problem }
-        }
-        return nil
-    }
-
     /// Checks every rule of the job format, including the size of each payload Herald will build.
     public func validate() throws(ValidationError) {
         guard version == Self.currentVersion else { throw .invalid("version", "version must be \(Self.currentVersion)") }
@@ -321,18 +293,6 @@ public struct PushJob: Sendable, Codable, Equatable {
             throw ValidationError(code: "payload_too_large",
                                   message: "the \(field) payload is \(bytes.count) bytes; APNs accepts at most \(limit)",
                                   field: field)
-        }
-    }
-
-    private static func describe(_ error: any Error) -> String {
-        switch error {
-        case DecodingError.keyNotFound(let key, let context):
-            "missing \((context.codingPath + [key]).map(\.stringValue).joined(separator: "."))"
-        case DecodingError.typeMismatch(_, let context), DecodingError.valueNotFound(_, let context):
-            "\(context.codingPath.map(\.stringValue).joined(separator: ".")) has the wrong type"
-        case DecodingError.dataCorrupted(let context):
-            context.codingPath.isEmpty ? "invalid JSON" : "\(context.codingPath.map(\.stringValue).joined(separator: ".")): \(context.debugDescription)"
-        default: "\(error)"
         }
     }
 }

@@ -6,12 +6,15 @@ import Synchronization
 /// A Kafka consumer: a consumer-group member with manual commits, or a group-less reader of assigned partitions.
 ///
 /// Every method that talks to the broker runs on a thread the consumer owns, one at a time, so they never block
-/// Swift's cooperative pool; rebalance handlers run on that thread too, during `poll`. A group member must keep
+/// Swift's cooperative pool; rebalance handlers run on that thread too, during `poll`. Commits have a thread of
+/// their own, so waiting for a commit's answer never delays the next `poll`. A group member must keep
 /// calling `poll` (within `maxPollInterval`) and `close()` when done, which leaves the group at once (a member
 /// that just disappears blocks its group's rebalances until its session times out).
 public final class KafkaConsumer: Sendable {
     private let client: RDKafkaClient
     private let thread: OwnedThread
+    /// Where `commit` waits for the broker's answer (librdkafka's commit calls are thread-safe).
+    private let commitThread: OwnedThread
     private let timeout: Duration
     private let closed = Atomic(false)
     private let isGroupMember: Bool
@@ -27,9 +30,11 @@ public final class KafkaConsumer: Sendable {
         timeout = configuration.kafka.requestTimeout
         isGroupMember = configuration.groupID != nil
         thread = OwnedThread(name: "kafka-consumer")
+        commitThread = OwnedThread(name: "kafka-commit")
     }
 
     deinit {
+        commitThread.stop()
         thread.stop()
         // The client's deinit (rd_kafka_destroy) still leaves the group if close() was not called.
     }
@@ -96,7 +101,8 @@ public final class KafkaConsumer: Sendable {
             throw KafkaError(code: .invalidArgument, message: "a consumer without a group id cannot commit")
         }
         let client = self.client, timeout = self.timeout
-        try await run { () throws(KafkaError) in
+        guard !closed.load(ordering: .acquiring) else { throw .closed("consumer") }
+        try await commitThread.run { () throws(KafkaError) in
             let list = RDKafkaTopicPartitionList(offsets)
             guard let queue = rd_kafka_queue_new(client.handle) else {
                 throw KafkaError(code: .destroyed, message: "no queue for the commit result")
@@ -167,6 +173,8 @@ public final class KafkaConsumer: Sendable {
     public func close() async throws(KafkaError) {
         guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         let client = self.client
+        // A commit under way finishes first (stop runs the queued jobs).
+        commitThread.stop()
         defer {
             thread.stop()
             client.destroy()

@@ -73,6 +73,49 @@ import Testing
         #expect { try PushJob.decode(Array(#"{"version": 1}"#.utf8)) } throws: { ($0 as? ValidationError)?.code == "invalid_job" }
     }
 
+    /// The decoder keeps the Codable form's rules: every field round-trips; a missing required field, a wrong
+    /// type, a `null` optional field or a field the format does not define (at any depth) is an invalid job.
+    @Test func decodingIsStrict() throws {
+        var job = PushJob(id: "j-1", appId: "shop", target: .channel("c"))
+        job.alert = json(#"{"aps": {"alert": "hi"}, "n": [1, 2.5, null, true]}"#)
+        job.liveActivity = PushJob.LiveActivity(event: .end, contentState: json(#"{"s": 1}"#), alert: json(#"{"title": "t"}"#),
+                                                staleDate: 10, dismissalDate: 20, relevanceScore: 0.5, activityID: "a")
+        job.start = PushJob.Start(attributesType: "T", attributes: json("{}"), contentState: json("{}"), alert: json("{}"))
+        job.priority = 5
+        job.expiration = 1_900_000_000
+        job.collapseId = "k"
+        job.final = true
+        job.replayOf = PushJob.ReplayOf(jobId: "orig", dlqPartition: 3, dlqOffset: 12_345)
+        #expect(try PushJob.decode(job.encoded()) == job)
+        var device = PushJob(id: "j-2", appId: "shop", target: .device(token, tokenType: .liveActivityUpdate,
+                                                                        environment: .sandbox, topic: "com.shop.push-type.liveactivity"))
+        device.payload = json(#"{"aps": {}}"#)
+        device.pushType = "liveactivity"
+        #expect(try PushJob.decode(device.encoded()) == device)
+
+        let base = #""version": 1, "id": "j", "appId": "shop", "createdAt": "2024-05-01T08:00:00.000Z""#
+        for bad in [
+            #"{\#(base)}"#, // no target
+            #"{\#(base), "target": {"kind": "channel", "channel": "c"}, "alert": null}"#,
+            #"{\#(base), "target": {"kind": "channel", "channel": "c"}, "collapseID": "k"}"#,
+            #"{\#(base), "target": {"kind": "channel", "channel": "c", "extra": 1}}"#,
+            #"{\#(base), "target": {"kind": "group", "channel": "c"}}"#,
+            #"{\#(base), "target": {"kind": "channel", "channel": 7}}"#,
+            #"{\#(base), "target": {"kind": "channel", "channel": "c"}, "priority": 5.5}"#,
+            #"{\#(base), "target": {"kind": "channel", "channel": "c"}, "final": "yes"}"#,
+            #"{\#(base), "target": {"kind": "channel", "channel": "c"}, "liveActivity": {"event": "update"}}"#,
+            #"{\#(base), "target": {"kind": "channel", "channel": "c"}, "liveActivity": {"event": "update", "contentState": {}, "x": 1}}"#,
+            #"{\#(base), "target": {"kind": "channel", "channel": "c"}, "replayOf": {"jobId": "o", "dlqPartition": 1}}"#,
+            #"{\#(base), "target": "c"}"#,
+            #"[1]"#,
+        ] {
+            #expect("\(bad)") { try PushJob.decode(Array(bad.utf8)) } throws: { ($0 as? ValidationError)?.code == "invalid_job" }
+        }
+        // A JSON value that is itself required may be null: validate() judges it.
+        let nullState = #"{\#(base), "target": {"kind": "channel", "channel": "c"}, "liveActivity": {"event": "update", "contentState": null}}"#
+        #expect(try PushJob.decode(Array(nullState.utf8)).liveActivity?.contentState == JSONValue.null)
+    }
+
     /// Jobs Herald writes validate against the published JSON Schema (checked with Python's jsonschema).
     @Test func encodedJobsMatchThePublishedSchema() throws {
         let jobs = [

@@ -1,0 +1,112 @@
+import HeraldRuntime
+
+/// `PushJob.decode` reads the record with HeraldRuntime's strict parser and takes the fields from the tree by
+/// hand: `JSONDecoder` (with `JSONValue`'s `Decodable` conformance trying each case in turn) was the largest part
+/// of the dispatcher's CPU time per job. The rules are the Codable form's: required members present with the
+/// right type, optional ones absent (a `null` is refused, as is any member the format does not define), JSON
+/// values kept whole for `validate()` to judge.
+extension PushJob {
+    private static let fields: Set<String> = ["version", "id", "appId", "createdAt", "target", "alert", "liveActivity",
+                                              "start", "payload", "pushType", "priority", "expiration", "collapseId",
+                                              "final", "replayOf"]
+    private static let targetFields: Set<String> = ["kind", "channel", "postIdHash", "deviceToken", "tokenType",
+                                                    "environment", "topic"]
+    private static let liveActivityFields: Set<String> = ["event", "contentState", "alert", "staleDate", "dismissalDate",
+                                                          "relevanceScore", "activityID"]
+    private static let startFields: Set<String> = ["attributesType", "attributes", "contentState", "alert"]
+    private static let replayOfFields: Set<String> = ["jobId", "dlqPartition", "dlqOffset"]
+    /// Integers a JSON number (a `Double`) holds exactly.
+    private static let exact: ClosedRange<Int64> = -(1 << 53) + 1...(1 << 53) - 1
+    private static let int32: ClosedRange<Int64> = Int64(Int32.min)...Int64(Int32.max)
+
+    /// Decodes a record of `herald.jobs`. Like the schema, it refuses fields the format does not define, so a
+    /// misspelt field (`collapseID`) is dead-lettered rather than silently dropped. Call `validate()` next.
+    public static func decode(_ bytes: [UInt8]) throws(ValidationError) -> PushJob {
+        guard let root = JSONValue(parsing: bytes) else { throw ValidationError(code: "invalid_job", message: "not a push job: invalid JSON") }
+        do {
+            let job = try JobFields(root, allowed: fields)
+            let target = try JobFields(job.required("target"), allowed: targetFields, prefix: "target.")
+            var decoded = PushJob(
+                version: Int(try job.required(job.reader.integer("version", in: int32), "version")),
+                id: try job.required(job.reader.string("id"), "id"),
+                appId: try job.required(job.reader.string("appId"), "appId"),
+                createdAt: try job.required(job.reader.string("createdAt"), "createdAt"),
+                target: Target(kind: try target.required(target.reader.enumeration("kind", Target.Kind.self), "kind"),
+                               channel: try target.reader.string("channel"),
+                               postIdHash: try target.reader.string("postIdHash"),
+                               deviceToken: try target.reader.string("deviceToken"),
+                               tokenType: try target.reader.enumeration("tokenType", TokenType.self),
+                               environment: try target.reader.enumeration("environment", APNsEnvironment.self),
+                               topic: try target.reader.string("topic")))
+            decoded.alert = job.reader.value("alert")
+            if let live = job.reader.value("liveActivity") {
+                let fields = try JobFields(live, allowed: liveActivityFields, prefix: "liveActivity.", nullable: ["contentState"])
+                decoded.liveActivity = LiveActivity(
+                    event: try fields.required(fields.reader.enumeration("event", LiveActivity.Event.self), "event"),
+                    contentState: try fields.required("contentState"), alert: fields.reader.value("alert"),
+                    staleDate: try fields.reader.integer("staleDate", in: exact),
+                    dismissalDate: try fields.reader.integer("dismissalDate", in: exact),
+                    relevanceScore: try fields.reader.number("relevanceScore"),
+                    activityID: try fields.reader.string("activityID"))
+            }
+            if let start = job.reader.value("start") {
+                let fields = try JobFields(start, allowed: startFields, prefix: "start.", nullable: ["attributes", "contentState", "alert"])
+                decoded.start = Start(attributesType: try fields.required(fields.reader.string("attributesType"), "attributesType"),
+                                      attributes: try fields.required("attributes"),
+                                      contentState: try fields.required("contentState"), alert: try fields.required("alert"))
+            }
+            decoded.payload = job.reader.value("payload")
+            decoded.pushType = try job.reader.string("pushType")
+            decoded.priority = try job.reader.integer("priority", in: int32).map { Int($0) }
+            decoded.expiration = try job.reader.integer("expiration", in: exact)
+            decoded.collapseId = try job.reader.string("collapseId")
+            decoded.final = try job.reader.bool("final")
+            if let replayOf = job.reader.value("replayOf") {
+                let fields = try JobFields(replayOf, allowed: replayOfFields, prefix: "replayOf.")
+                decoded.replayOf = ReplayOf(
+                    jobId: try fields.required(fields.reader.string("jobId"), "jobId"),
+                    dlqPartition: Int32(try fields.required(fields.reader.integer("dlqPartition", in: int32), "dlqPartition")),
+                    dlqOffset: try fields.required(fields.reader.integer("dlqOffset", in: exact), "dlqOffset"))
+            }
+            return decoded
+        } catch {
+            throw ValidationError(code: "invalid_job", message: "not a push job: \(error.message)", field: error.field)
+        }
+    }
+
+    private init(version: Int, id: String, appId: String, createdAt: String, target: Target) {
+        (self.version, self.id, self.appId, self.createdAt, self.target) = (version, id, appId, createdAt, target)
+    }
+}
+
+/// One object of a job record: only the format's members, none of them `null` (the Codable form leaves absent
+/// fields out; a JSON value that is itself required, such as `contentState`, may be anything for `validate()`).
+private struct JobFields {
+    let reader: FieldReader
+
+    /// `nullable`: members whose value is any JSON value, `null` included.
+    init(_ value: JSONValue, allowed: Set<String>, prefix: String = "", nullable: Set<String> = []) throws(ValidationError) {
+        do { reader = try FieldReader(value, allowed: allowed, prefix: prefix) } catch {
+            // FieldReader names the body; here it is the job or one of its objects.
+            if error.code == "invalid_body" {
+                let name = prefix.isEmpty ? "the job" : String(prefix.dropLast())
+                throw ValidationError(code: "invalid_field", message: "\(name) must be a JSON object", field: error.field)
+            }
+            throw error
+        }
+        if let name = reader.object.keys.sorted().first(where: { reader.object[$0] == .null && !nullable.contains($0) }) {
+            throw .invalid(reader.name(name), "\(reader.name(name)) is null (leave it out instead)")
+        }
+    }
+
+    func required<T>(_ value: T?, _ field: String) throws(ValidationError) -> T {
+        guard let value else { throw .missing(reader.name(field)) }
+        return value
+    }
+
+    /// A required member holding any JSON value (`null` included).
+    func required(_ field: String) throws(ValidationError) -> JSONValue {
+        guard let value = reader.object[field] else { throw .missing(reader.name(field)) }
+        return value
+    }
+}
