@@ -1,11 +1,11 @@
 import HeraldRuntime
 
-/// The body of `POST …/activities/register` as sent, before any rule is checked.
+/// The body of `POST …/activities/register` as sent, reduced to its four string slots before any rule is checked.
 ///
-/// Decodes straight from JSON into four string slots instead of a `JSONValue` tree: registration is the hottest
-/// device endpoint, and `JSONValue` decoding tries (and throws for) several types per value. Decoding never
-/// fails on content; `ActivityRegistrationInput` reports every mistake with its field name.
-public struct ActivityRegistrationBody: Decodable, Sendable {
+/// Read from the body parsed by `JSONValue(parsing:)`, as every endpoint reads its body (so a member named twice
+/// is refused alike everywhere). Building it never fails on content: `ActivityRegistrationInput` reports every
+/// mistake with its field name.
+public struct ActivityRegistrationBody: Sendable {
     /// A field as sent: absent or `null`, a string, or a value of another type.
     enum Field: Sendable, Equatable {
         case absent
@@ -20,22 +20,7 @@ public struct ActivityRegistrationBody: Decodable, Sendable {
     var unknownField: String?
     var fields: [Field] = Array(repeating: .absent, count: names.count)
 
-    public init(from decoder: any Decoder) throws {
-        guard let container = try? decoder.container(keyedBy: AnyKey.self) else {
-            isObject = false
-            return
-        }
-        for key in container.allKeys {
-            guard let index = Self.names.firstIndex(of: key.stringValue) else {
-                if unknownField.map({ key.stringValue < $0 }) ?? true { unknownField = key.stringValue }
-                continue
-            }
-            if try container.decodeNil(forKey: key) { continue }
-            fields[index] = (try? container.decode(String.self, forKey: key)).map(Field.string) ?? .other
-        }
-    }
-
-    /// The same from an already parsed JSON value.
+    /// The slots of a parsed body.
     public init(_ json: JSONValue) {
         guard case .object(let object) = json else {
             isObject = false
@@ -62,13 +47,6 @@ public struct ActivityRegistrationBody: Decodable, Sendable {
     func requiredString(_ name: String) throws(ValidationError) -> String {
         guard let text = try string(name), !text.isEmpty else { throw .missing(name) }
         return text
-    }
-
-    private struct AnyKey: CodingKey {
-        var stringValue: String
-        var intValue: Int? { nil }
-        init(stringValue: String) { self.stringValue = stringValue }
-        init?(intValue: Int) { nil }
     }
 }
 

@@ -19,7 +19,7 @@ struct ActivitiesAPI: Sendable {
     }
 
     private func handle(_ request: HTTPRequest, _ admission: Gatekeeper.Admission) async throws -> HTTPResponse {
-        let input = try ActivityRegistrationInput(request.decodeJSON(ActivityRegistrationBody.self), app: admission.app)
+        let input = try ActivityRegistrationInput(try request.jsonBody(), app: admission.app)
         let (registration, renewed) = try await store.register(app: admission.app.id, user: admission.principal.user, input)
         registrations.labels(renewed ? "renewed" : "new").increment()
         if logger.minimumLevel <= .info {

@@ -73,13 +73,16 @@ uQIDAQAB
         }
     }
 
-    /// `com.example.app` with the ES256 APNs key and an RS256 OAuth issuer, as an apps file would give it.
-    public static let app: App = {
+    /// One app, `app1`: `com.example.app` with the ES256 APNs key and an RS256 OAuth issuer
+    /// (`https://auth.example.com`, audience `herald`), as an apps file gives it.
+    public static let directory: AppDirectory = {
         let text = #"{"apps": [{"id": "app1", "keys": [], "apns": {"teamId": "TEAM123456", "keyId": "KEY1234567", "#
             + #""privateKeyPath": "es256.p8", "bundleId": "com.example.app"}, "oauth": {"issuer": "https://auth.example.com", "#
             + #""audience": "herald", "publicKeyPath": "rsa.pem"}}]}"#
-        return try! AppDirectory.parse(Data(text.utf8), readFile: Self.file).apps["app1"]!
+        return try! AppDirectory.parse(Data(text.utf8), readFile: Self.file)
     }()
+
+    public static var app: App { directory.apps["app1"]! }
 }
 
 /// The fuzzer's input split at the first `count` newlines: path parameters or headers, then the body.
