@@ -170,8 +170,14 @@ public struct PushJob: Sendable, Codable, Equatable {
         do { job = try JSONDecoder().decode(PushJob.self, from: Data(bytes)) } catch {
             throw ValidationError(code: "invalid_job", message: "not a push job: \(Self.describe(error))")
         }
+        // The strict parser too: `JSONDecoder` keeps the first of a member named twice, other readers the last, so
+        // such a record is refused rather than read one way here and another way by whoever inspects it.
+        guard let raw = JSONValue(parsing: bytes) else {
+            throw ValidationError(code: "invalid_job",
+                                  message: "not a push job: not strict JSON (a member named twice, or nested too deep)")
+        }
         // What the job encodes back to holds every field it understood; anything else in the record is unknown.
-        if let raw = JSONValue(parsing: bytes), let problem = Self.unknownFieldProblem(raw, known: job.jsonValue) {
+        if let problem = Self.unknownFieldProblem(raw, known: job.jsonValue) {
             throw ValidationError(code: "invalid_job", message: "not a push job: \(problem)")
         }
         return job
