@@ -20,6 +20,9 @@ let package = Package(
         .executable(name: "herald-dispatcher", targets: ["herald-dispatcher"]),
         .executable(name: "heraldctl", targets: ["heraldctl"]),
         .executable(name: "herald-apns-sim", targets: ["herald-apns-sim"]),
+        // For Fuzz/Package.swift (the libFuzzer targets), which depends on this package by path.
+        .library(name: "HeraldFuzzable", targets: ["HeraldRuntime", "HeraldCrypto", "HeraldCore", "HeraldHTTP",
+                                                   "HeraldAPNsSimulator"]),
     ],
     targets: [
         // C libraries, one system-library target each, and one C target of wrappers for macros and variadics.

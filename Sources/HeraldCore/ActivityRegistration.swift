@@ -1,10 +1,10 @@
 import HeraldRuntime
 
-/// The body of `POST …/activities/register` as sent, before any rule is checked.
+/// The body of `POST …/activities/register` as sent, reduced to its four string slots before any rule is checked.
 ///
-/// Four string slots taken from the parsed body (`JSONValue(parsing:)`, the strict parser: Foundation's
-/// `JSONDecoder` was 12 % of a registration's CPU). Never fails on content; `ActivityRegistrationInput` reports
-/// every mistake with its field name.
+/// Read from the body parsed by `JSONValue(parsing:)`, as every endpoint reads its body (so a member named twice
+/// is refused alike everywhere). Building it never fails on content: `ActivityRegistrationInput` reports every
+/// mistake with its field name.
 public struct ActivityRegistrationBody: Sendable {
     /// A field as sent: absent or `null`, a string, or a value of another type.
     enum Field: Sendable, Equatable {
@@ -20,7 +20,7 @@ public struct ActivityRegistrationBody: Sendable {
     var unknownField: String?
     var fields: [Field] = Array(repeating: .absent, count: names.count)
 
-    /// The four slots of an already parsed JSON value.
+    /// The slots of a parsed body.
     public init(_ json: JSONValue) {
         guard case .object(let object) = json else {
             isObject = false

@@ -46,10 +46,10 @@ public struct JSONWebToken: Sendable {
         guard parts.count == 3 else { throw .malformed("expected three dot-separated parts") }
         guard let headerBytes = Base64URL.decode(parts[0]), let claimBytes = Base64URL.decode(parts[1]),
               let signature = Base64URL.decode(parts[2]) else { throw .malformed("invalid base64url") }
-        let decoder = JSONDecoder()
-        guard let header = try? decoder.decode([String: JSONValue].self, from: Data(headerBytes)),
-              let claims = try? decoder.decode([String: JSONValue].self, from: Data(claimBytes)) else {
-            throw .malformed("header and claims must be JSON objects")
+        // The strict parser: a claim named twice (`sub`, `iss`) makes the token malformed, not ambiguous.
+        guard case .object(let header)? = JSONValue(parsing: headerBytes),
+              case .object(let claims)? = JSONValue(parsing: claimBytes) else {
+            throw .malformed("header and claims must be JSON objects, each member named once")
         }
         self.header = header
         self.claims = claims

@@ -22,7 +22,7 @@ struct ActivitiesAPI: Sendable {
 
     private func handle(_ request: HTTPRequest, _ admission: Gatekeeper.Admission,
                         _ meter: Gatekeeper.Meter) async throws -> HTTPResponse {
-        let input = try ActivityRegistrationInput(try SubscriptionsAPI.body(of: request), app: admission.app)
+        let input = try ActivityRegistrationInput(try request.jsonBody(), app: admission.app)
         let registration: ActivityRegistration, renewed: Bool
         switch try await store.register(app: admission.app.id, user: admission.principal.user, input,
                                         counting: meter.window) {

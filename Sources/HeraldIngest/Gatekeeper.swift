@@ -22,8 +22,6 @@ struct Gatekeeper: Sendable {
         var headers: [String: String]
     }
 
-    static let activitiesScope = "activities:write"
-
     let apps: AppRegistry
     let limiter: RateLimiter
     let clockSkew: Duration
@@ -161,44 +159,31 @@ struct Gatekeeper: Sendable {
         return (app, principal)
     }
 
-    /// An OAuth 2 access token: a JWT signed by the app's issuer, for `audience`, unexpired, with the scope.
+    /// An OAuth 2 access token (`AccessToken` checks it), its refusals as the API renders them.
     private func authenticateOAuth(_ token: String, directory: AppDirectory,
                                    appID: String?) throws(HTTPError) -> (App, Principal) {
-        func unauthorized(_ why: String) -> HTTPError {
-            HTTPError(status: 401, code: "invalid_token", message: "the access token is not valid: \(why)",
-                      headers: ["WWW-Authenticate": "Bearer error=\"invalid_token\""])
+        let access: AccessToken
+        do {
+            access = try AccessToken(verifying: token, directory: directory, appID: appID,
+                                     now: Date().timeIntervalSince1970, skew: Double(clockSkew.components.seconds))
+        } catch {
+            switch error {
+            case .invalid(let why):
+                throw HTTPError(status: 401, code: "invalid_token", message: "the access token is not valid: \(why)",
+                                headers: ["WWW-Authenticate": "Bearer error=\"invalid_token\""])
+            case .unknownApp(let id):
+                throw HTTPError.notFound("no app \(id)")
+            case .otherApp(let id):
+                throw HTTPError(status: 403, code: "forbidden", message: "the token does not belong to app \(id)")
+            case .insufficientScope:
+                let scope = AccessToken.activitiesScope
+                throw HTTPError(status: 403, code: "insufficient_scope", message: "the token lacks the \(scope) scope",
+                                headers: ["WWW-Authenticate": "Bearer error=\"insufficient_scope\", scope=\"\(scope)\""])
+            }
         }
-        let jwt: JSONWebToken
-        do { jwt = try JSONWebToken(parsing: token) } catch { throw unauthorized("\(error)") }
-        guard let issuer = jwt.stringClaim("iss"), let app = directory.app(forIssuer: issuer), let oauth = app.oauth else {
-            throw unauthorized("unknown issuer")
-        }
-        do { try jwt.verify(with: oauth.publicKey) } catch { throw unauthorized("\(error)") }
-        let audiences: [String] = switch jwt.claims["aud"] {
-        case .string(let one): [one]
-        case .array(let many): many.compactMap(\.stringValue)
-        default: []
-        }
-        guard audiences.contains(oauth.audience) else { throw unauthorized("wrong audience") }
-        let now = Date().timeIntervalSince1970
-        let skew = Double(clockSkew.components.seconds)
-        guard let expiry = jwt.numericClaim("exp") else { throw unauthorized("no expiry") }
-        guard expiry + skew > now else { throw unauthorized("expired") }
-        if let notBefore = jwt.numericClaim("nbf"), notBefore - skew > now { throw unauthorized("not valid yet") }
-        guard let subject = jwt.stringClaim("sub"), !subject.isEmpty else { throw unauthorized("no subject") }
-        if let appID, appID != app.id {
-            if directory.apps[appID] == nil { throw HTTPError.notFound("no app \(appID)") }
-            throw HTTPError(status: 403, code: "forbidden", message: "the token does not belong to app \(appID)")
-        }
-        let scopes = (jwt.stringClaim("scope")?.split(separator: " ").map(String.init) ?? [])
-            + (jwt.claims["scp"]?.arrayValue?.compactMap(\.stringValue) ?? [])
-        guard scopes.contains(Self.activitiesScope) else {
-            throw HTTPError(status: 403, code: "insufficient_scope", message: "the token lacks the \(Self.activitiesScope) scope",
-                            headers: ["WWW-Authenticate": "Bearer error=\"insufficient_scope\", scope=\"\(Self.activitiesScope)\""])
-        }
-        let principal = Principal(appID: app.id, kind: .public, user: subject,
-                                  rateLimitKey: "oauth:" + Hex.encode(SHA256.hash(app.id + "\n" + subject)))
-        return (app, principal)
+        let principal = Principal(appID: access.app.id, kind: .public, user: access.subject,
+                                  rateLimitKey: "oauth:" + Hex.encode(SHA256.hash(access.app.id + "\n" + access.subject)))
+        return (access.app, principal)
     }
 
     private static func credential(_ request: HTTPRequest) -> (value: String, bearer: Bool)? {

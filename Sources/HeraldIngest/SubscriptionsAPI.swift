@@ -17,7 +17,7 @@ struct SubscriptionsAPI: Sendable {
         let path = "/v1/apps/{appID}/subscriptions"
         // The rate-limit count rides in the upsert script: one Redis round trip per subscription.
         router.post(path, gate.selfCountingEndpoint(.device) { request, admission, meter in
-            let input = try SubscriptionInput(try Self.body(of: request))
+            let input = try SubscriptionInput(try request.jsonBody())
             let subscription: Subscription, created: Bool
             switch try await store.upsert(app: admission.app.id, input, counting: meter.window) {
             case .rateLimited(let decision):
@@ -40,19 +40,10 @@ struct SubscriptionsAPI: Sendable {
             return .json(bytes: Self.json(list: subscriptions))
         })
         router.delete(path, body: .json, gate.endpoint(.device) { request, admission in
-            let removal = try SubscriptionRemoval(try Self.body(of: request))
+            let removal = try SubscriptionRemoval(try request.jsonBody())
             let removed = try await store.remove(app: admission.app.id, removal)
             return .json(bytes: Array("{\"removed\":\(removed)}".utf8))
         })
-    }
-
-    /// The request body as JSON, or 400 `invalid_json`.
-    static func body(of request: HTTPRequest) throws(HTTPError) -> JSONValue {
-        guard !request.body.isEmpty else { throw HTTPError.invalidJSON("the request body is empty") }
-        guard let value = JSONValue(parsing: request.body) else {
-            throw HTTPError.invalidJSON("the request body is not valid JSON")
-        }
-        return value
     }
 
     /// A subscription as the API shows it (schemas/openapi.yaml `Subscription`): `activityID` and `metadata` only

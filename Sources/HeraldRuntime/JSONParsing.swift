@@ -8,7 +8,9 @@ extension JSONValue {
     public static let maximumParsingDepth = 64
 
     /// Parses exactly one JSON value (surrounding whitespace allowed); nil when `bytes` are not valid JSON (UTF-8
-    /// included), nest deeper than `maximumParsingDepth`, or hold a number no `Double` can represent.
+    /// included), nest deeper than `maximumParsingDepth`, hold a number no `Double` can represent, or name a member
+    /// of an object twice (RFC 8259 leaves the meaning open, and readers differ: `JSONDecoder` keeps the first, a
+    /// dictionary the last, so a body could be checked as one thing and used as another).
     public init?(parsing bytes: [UInt8]) {
         let parsed: JSONValue? = bytes.withUnsafeBufferPointer { buffer in
             var parser = JSONParser(bytes: buffer)
@@ -138,7 +140,7 @@ private struct JSONParser {
             guard index < bytes.count, bytes[index] == UInt8(ascii: ":") else { return nil }
             index += 1
             guard let item = value(depth: depth + 1) else { return nil }
-            fields[key] = item
+            guard fields.updateValue(item, forKey: key) == nil else { return nil }
             skipWhitespace()
             guard index < bytes.count else { return nil }
             if bytes[index] == UInt8(ascii: ",") {

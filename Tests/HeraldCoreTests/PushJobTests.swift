@@ -68,9 +68,14 @@ import Testing
         #expect(aps?["relevance-score"] == .number(0.5) && aps?["dismissal-date"] == nil)
     }
 
-    @Test func decodingGarbageIsAnInvalidJob() {
+    @Test func decodingGarbageIsAnInvalidJob() throws {
         #expect { try PushJob.decode(Array("{".utf8)) } throws: { ($0 as? ValidationError)?.code == "invalid_job" }
         #expect { try PushJob.decode(Array(#"{"version": 1}"#.utf8)) } throws: { ($0 as? ValidationError)?.code == "invalid_job" }
+        // A member named twice: JSONDecoder alone would keep the first `collapseId` silently.
+        let twice = #"{"version": 1, "id": "j", "appId": "a", "createdAt": "2026-01-01T00:00:00.000Z", "#
+            + #""target": {"kind": "channel", "channel": "c"}, "alert": {"aps": {}}, "collapseId": "a", "collapseId": "b"}"#
+        #expect { try PushJob.decode(Array(twice.utf8)) } throws: { ($0 as? ValidationError)?.code == "invalid_job" }
+        #expect(try PushJob.decode(Array(twice.replacingOccurrences(of: #", "collapseId": "b""#, with: "").utf8)).collapseId == "a")
     }
 
     /// The decoder keeps the Codable form's rules: every field round-trips; a missing required field, a wrong

@@ -167,6 +167,11 @@ import Testing
                 ("", "invalid_json", nil),
                 ("{\"push_token\": ", "invalid_json", nil),
                 ("[\"\(token)\"]", "invalid_body", nil),
+                // Found by scripts/fuzz: a member named twice was read first-wins here and last-wins elsewhere.
+                (#"{"push_token": "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1", "push_token": "a1.gxa'ple.app.widget"}"#,
+                 "invalid_json", nil),
+                (#"{"push_token": "\#(token)", "post_id_hash": "\#(post)", "bundle_id": "\#(bundle)", "push_token": "zz"}"#,
+                 "invalid_json", nil),
                 (#"{"post_id_hash": "\#(post)", "bundle_id": "\#(bundle)"}"#, "missing_field", "push_token"),
                 (#"{"push_token": "", "post_id_hash": "\#(post)", "bundle_id": "\#(bundle)"}"#, "missing_field", "push_token"),
                 (#"{"push_token": null, "post_id_hash": "\#(post)", "bundle_id": "\#(bundle)"}"#, "missing_field", "push_token"),

@@ -27,6 +27,16 @@ import Testing
         #expect(JSONValue(parsing: [0x22, 0xFF, 0xFE, 0x22]) == nil, "invalid UTF-8")
     }
 
+    /// Found by scripts/fuzz (activities): `JSONDecoder` kept the first `push_token`, this parser the last, so the
+    /// activities endpoint and the other readers judged one body differently. A member named twice is refused.
+    @Test func refusesAMemberNamedTwice() {
+        let found = #"{"push_token": "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1", "push_token": "a1.gxa'ple.app.widget"}"#
+        for text in [found, #"{"a": 1, "a": 1}"#, #"{"x": {"b": true, "b": false}}"#, #"[{"k": 1, "k": null}]"#] {
+            #expect(JSONValue(parsing: Array(text.utf8)) == nil, "\(text)")
+        }
+        #expect(JSONValue(parsing: Array(#"{"a": {"a": 1}, "b": [{"a": 2}]}"#.utf8)) != nil, "one name at two levels")
+    }
+
     @Test func refusesNestingDeeperThanTheLimit() {
         let depth = JSONValue.maximumParsingDepth
         #expect(JSONValue(parsing: Array((String(repeating: "[", count: depth) + String(repeating: "]", count: depth)).utf8)) != nil)

@@ -86,12 +86,7 @@ final class ConnectionHandler: Sendable {
             if route.body == .json, !RequestEngine.isJSON(contentType: headers["Content-Type"]) {
                 return queue(HTTPError.unsupportedMediaType.response, for: context)
             }
-            var query: [String: String] = [:]
-            for (name, value) in Self.values(connection, kind: .GET_ARGUMENT_KIND) {
-                if let name = PercentDecoding.decode(Substring(name)) {
-                    query[name] = PercentDecoding.decode(Substring(value)) ?? value
-                }
-            }
+            let query = HTTPRequest.query(arguments: Self.values(connection, kind: .GET_ARGUMENT_KIND))
             let request = HTTPRequest(
                 method: HTTPMethod(rawValue: context.method), path: context.path, route: route.pattern,
                 pathParameters: parameters, query: query, headers: headers, body: context.body,
