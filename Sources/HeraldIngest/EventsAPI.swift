@@ -3,7 +3,6 @@ import HeraldHTTP
 import HeraldKafka
 import HeraldRuntime
 import HeraldStore
-import Synchronization
 
 /// Producer endpoints (secret keys): events become push jobs on `herald.jobs`, answered 202 only once the
 /// broker has acknowledged the record.
@@ -154,10 +153,10 @@ final class DeliveryWaiter: Sendable {
         var timer: Task<Void, Never>?
     }
 
-    private let state: Mutex<State>
+    private let state: Lock<State>
 
     init(_ continuation: CheckedContinuation<Delivery, Never>) {
-        state = Mutex(State(continuation: continuation))
+        state = Lock(State(continuation: continuation))
     }
 
     /// Resumes the request unless something else already did; true when this call resumed it.

@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 
 /// A structured logger that writes one JSON object per line to stderr.
 ///
@@ -90,7 +89,7 @@ public struct Logger: Sendable {
 /// Serialises whole lines onto stderr so lines from many threads never interleave.
 final class LogSink: Sendable {
     static let shared = LogSink()
-    private let lock = Mutex(())
+    private let lock = Lock(())
 
     func write(_ line: String) {
         lock.withLock { _ in

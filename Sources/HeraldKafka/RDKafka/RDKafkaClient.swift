@@ -168,7 +168,9 @@ private func rdkafkaDeliveryReport(_ handle: OpaquePointer?, _ message: UnsafePo
         handler.complete(.success(KafkaDeliveryReport(topic: handler.topic, partition: message.pointee.partition,
                                                       offset: message.pointee.offset)))
     } else {
-        var failure = KafkaError(error, message: String(cString: rd_kafka_message_errstr(message)))
+        // Not rd_kafka_message_errstr: on a delivery report it returns the record's payload, which is not
+        // NUL-terminated (AddressSanitizer caught the overread) and would put the push body in the error.
+        var failure = KafkaError(error, message: String(cString: rd_kafka_err2str(error)))
         if error == RD_KAFKA_RESP_ERR__FATAL, let handle {
             var text = [CChar](repeating: 0, count: 512)
             let underlying = rd_kafka_fatal_error(handle, &text, text.count)
