@@ -5,3 +5,24 @@ HERALD_DEPS=${HERALD_DEPS:-$HOME/.cache/herald}
 RDKAFKA_PREFIX=$HERALD_DEPS/librdkafka
 export HERALD_DEPS PATH="$HERALD_DEPS/venv/bin:$PATH"
 export PKG_CONFIG_PATH="$RDKAFKA_PREFIX/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+
+# Unpacks Debian trixie's librdkafka source (2.8) into $1/build, configured to install into $2; further
+# arguments go to its configure script (used by scripts/setup and scripts/test-sanitizers).
+fetch_librdkafka_source() {
+  local work=$1
+  rm -rf "$work" && mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
+  local mirror
+  mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  [[ -n "$mirror" ]] || mirror=$(awk '/^deb / {print $2; exit}' /etc/apt/sources.list)
+  echo "deb-src [trusted=yes] $mirror trixie main" > "$work/sources.list"
+  local apt_opts=(-o "Dir::Etc::sourcelist=$work/sources.list" -o "Dir::Etc::sourceparts=-"
+                  -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Sandbox::User=root")
+  apt-get "${apt_opts[@]}" update -qq
+  (cd "$work" && apt-get "${apt_opts[@]}" source --download-only -qq librdkafka >/dev/null)
+  local tarball
+  tarball=$(ls "$work"/librdkafka_*.orig.tar.* | head -n1)
+  mkdir -p "$work/build" && tar -xf "$tarball" -C "$work/build" --strip-components=1
+  (cd "$work/build" \
+    && ./configure --prefix="$2" --no-download --disable-zstd --disable-gssapi --disable-curl \
+         --disable-lz4-ext "${@:3}" >/dev/null)
+}

@@ -1,7 +1,6 @@
 import Foundation
 import HeraldCrypto
 import HeraldRuntime
-import Synchronization
 
 /// APNs provider tokens (ES256 JWTs), one per (team id, key id), shared by every connection and request.
 ///
@@ -20,7 +19,7 @@ public final class APNsProviderTokenCache: Sendable {
         let keyID: String
     }
 
-    private let tokens = Mutex<[Key: Token]>([:])
+    private let tokens = Lock<[Key: Token]>([:])
     private let maximumAge: TimeInterval
     private let minimumInterval: TimeInterval
     private let now: @Sendable () -> Date

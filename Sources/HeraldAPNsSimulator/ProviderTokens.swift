@@ -1,7 +1,6 @@
 import Foundation
 import HeraldCrypto
 import HeraldRuntime
-import Synchronization
 
 /// A provider token signing key the simulator trusts: the team, the key id and the public half of the `.p8`.
 public struct ProviderKey: Sendable {
@@ -67,7 +66,7 @@ final class ProviderTokenVerifier: Sendable {
     private let keys: [String: ProviderKey]
     private let maximumAge: Double
     private let allowedSkew: Double
-    private let verified = Mutex<[String: VerifiedToken]>([:])
+    private let verified = Lock<[String: VerifiedToken]>([:])
     private static let cacheLimit = 4096
 
     init(keys: [ProviderKey], maximumAge: Duration, allowedSkew: Duration) {

@@ -1,6 +1,5 @@
 import Foundation
 import HeraldRuntime
-import Synchronization
 
 /// A programmed failure. Request rules (with or without `tokenPrefix`) apply to requests that passed every
 /// validation; the first rule that matches a request decides it. A connection rule (`goawayAfterStreams`)
@@ -172,7 +171,7 @@ final class RuleBook: Sendable {
 
     private let path: String?
     private let logger: Logger
-    private let state = Mutex(State())
+    private let state = Lock(State())
     private static let checkInterval = Duration.milliseconds(100)
 
     init(path: String?, rules: [SimulatorRule], logger: Logger) {

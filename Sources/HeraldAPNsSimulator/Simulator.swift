@@ -174,7 +174,7 @@ public final class APNsSimulator: Sendable {
         }
     }
 
-    private let lastLogged = Mutex<Statistics?>(nil)
+    private let lastLogged = Lock<Statistics?>(nil)
 
     private func logStatistics(force: Bool) {
         let current = statistics

@@ -1,11 +1,10 @@
 import HeraldRuntime
-import Synchronization
 
 /// The current apps file, swappable at run time (`SIGHUP`): readers always see one whole, checked version.
 public final class AppRegistry: Sendable {
-    private let current: Mutex<AppDirectory>
+    private let current: Lock<AppDirectory>
 
-    public init(_ directory: AppDirectory) { current = Mutex(directory) }
+    public init(_ directory: AppDirectory) { current = Lock(directory) }
 
     /// Loads the apps file a service is configured with; a bad file is a `HERALD_APPS_FILE` configuration error.
     public convenience init(loading path: String) throws {

@@ -1,4 +1,4 @@
-import Synchronization
+import HeraldRuntime
 
 /// An async counting semaphore: at most `limit` holders at once, waiters served in arrival order.
 ///
@@ -17,9 +17,9 @@ final class ConcurrencyLimit: Sendable {
         var nextID: UInt64 = 0
     }
 
-    private let state: Mutex<State>
+    private let state: Lock<State>
 
-    init(limit: Int) { state = Mutex(State(available: max(1, limit))) }
+    init(limit: Int) { state = Lock(State(available: max(1, limit))) }
 
     func acquire() async throws {
         if state.withLock({ s -> Bool in

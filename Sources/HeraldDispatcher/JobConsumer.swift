@@ -1,7 +1,6 @@
 import Foundation
 import HeraldKafka
 import HeraldRuntime
-import Synchronization
 
 /// The consumer-group member on the jobs topic: fetches records, runs each as a job, and commits offsets only
 /// up to the oldest unsettled job of each partition.
@@ -137,7 +136,7 @@ final class PartitionBook: Sendable {
         var revokedDuringPoll: Set<KafkaTopicPartition> = []
     }
 
-    private let state = Mutex(State())
+    private let state = Lock(State())
     private let metrics: DispatcherMetrics
 
     init(metrics: DispatcherMetrics) { self.metrics = metrics }
@@ -235,7 +234,7 @@ final class PartitionBook: Sendable {
 
 /// Wakes the fetch loop when a job settles.
 final class SlotSignal: Sendable {
-    private let state = Mutex<(next: UInt64, waiters: [UInt64: CheckedContinuation<Void, Never>])>((0, [:]))
+    private let state = Lock<(next: UInt64, waiters: [UInt64: CheckedContinuation<Void, Never>])>((0, [:]))
 
     func signal() {
         let all = state.withLock { s in

@@ -3,7 +3,6 @@ import HeraldHTTP
 import HeraldKafka
 import HeraldRuntime
 import HeraldStore
-import Synchronization
 
 /// Producer endpoints (secret keys): events become push jobs on `herald.jobs`, answered 202 only once the
 /// broker has acknowledged the record.
@@ -140,10 +139,10 @@ enum Delivery: Sendable {
 
 /// Resumes a publishing request exactly once: with the broker's answer or the deadline's, whichever comes first.
 final class DeliveryWaiter: Sendable {
-    private let continuation: Mutex<CheckedContinuation<Delivery, Never>?>
+    private let continuation: Lock<CheckedContinuation<Delivery, Never>?>
 
     init(_ continuation: CheckedContinuation<Delivery, Never>) {
-        self.continuation = Mutex(continuation)
+        self.continuation = Lock(continuation)
     }
 
     /// Resumes the request unless something else already did; true when this call resumed it.
@@ -171,7 +170,7 @@ final class DeliveryDeadlines: Sendable {
         var head = 0
     }
 
-    private let queue = Mutex(Queue())
+    private let queue = Lock(Queue())
 
     init() {}
 

@@ -4,7 +4,6 @@ import HeraldCrypto
 import HeraldHTTP
 import HeraldRuntime
 import HeraldStore
-import Synchronization
 
 /// Who may call what: API-key or OAuth authentication, app scoping, key kinds, and the per-key rate limit.
 struct Gatekeeper: Sendable {
@@ -52,7 +51,7 @@ struct Gatekeeper: Sendable {
     final class Meter: Sendable {
         /// The window to count the request in.
         let window: RateLimiter.Window
-        private let settled = Mutex<RateLimiter.Decision?>(nil)
+        private let settled = Lock<RateLimiter.Decision?>(nil)
 
         init(window: RateLimiter.Window) { self.window = window }
 

@@ -1,7 +1,6 @@
 internal import CRdKafka
 import Foundation
 import HeraldRuntime
-import Synchronization
 
 /// What to do with one record's delivery report; retained while librdkafka holds the record.
 final class DeliveryHandler: Sendable {
@@ -45,7 +44,7 @@ final class ProducerInstance: Sendable {
 /// handle is replaced by a fresh one with a new producer id. Records still queued in the old handle fail
 /// (`.purgedFromQueue` / `.purgedInFlight`); nothing is reported delivered that the broker did not acknowledge.
 public final class KafkaProducer: Sendable {
-    private let state: Mutex<State>
+    private let state: Lock<State>
     private let properties: [String: String]
     private let logger: Logger
     private let timeout: Duration
@@ -77,7 +76,7 @@ public final class KafkaProducer: Sendable {
         self.logger = logger
         timeout = configuration.kafka.requestTimeout
         probeTimeout = min(configuration.kafka.requestTimeout, max(configuration.messageTimeout, .seconds(1)))
-        state = Mutex(State(instance: try ProducerInstance(properties: properties, logger: logger, generation: 0)))
+        state = Lock(State(instance: try ProducerInstance(properties: properties, logger: logger, generation: 0)))
     }
 
     deinit {

@@ -1,5 +1,5 @@
 import Dispatch
-import Synchronization
+import HeraldRuntime
 
 /// One call waiting for its replies: encoded commands, how many replies they produce, and when the caller gives up.
 struct RedisRequest: Sendable {
@@ -47,13 +47,13 @@ final class RedisRequestQueue: Sendable {
         var stopWaiters: [CheckedContinuation<Void, Never>] = []
     }
 
-    private let state: Mutex<State>
+    private let state: Lock<State>
     /// One semaphore per worker: signalled once each time that worker is taken off `idleWorkers`.
     private let wakeups: [DispatchSemaphore]
     private let maxQueuedCommands: Int
 
     init(workerCount: Int, maxQueuedCommands: Int) {
-        state = Mutex(State(runningWorkers: workerCount))
+        state = Lock(State(runningWorkers: workerCount))
         wakeups = (0..<workerCount).map { _ in DispatchSemaphore(value: 0) }
         self.maxQueuedCommands = maxQueuedCommands
     }

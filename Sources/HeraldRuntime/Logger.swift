@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 
 /// A structured logger that writes one JSON object per line to stderr.
 ///
@@ -90,11 +89,14 @@ public struct Logger: Sendable {
 /// Serialises whole lines onto stderr so lines from many threads never interleave.
 final class LogSink: Sendable {
     static let shared = LogSink()
-    private let lock = Mutex(())
+    /// The line being written, reused across lines. The lock guards a real value rather than `()`: ThreadSanitizer
+    /// reported a race on the zero-sized value of `Lock(())` between a holder and a thread about to lock.
+    private let pending = Lock([UInt8]())
 
     func write(_ line: String) {
-        lock.withLock { _ in
-            var bytes = Array(line.utf8)
+        pending.withLock { bytes in
+            bytes.removeAll(keepingCapacity: true)
+            bytes.append(contentsOf: line.utf8)
             var offset = 0
             while offset < bytes.count {
                 let written = bytes.withUnsafeMutableBytes { buffer in
@@ -103,7 +105,6 @@ final class LogSink: Sendable {
                 if written <= 0 { if errno == EINTR { continue } else { return } }
                 offset += written
             }
-            bytes.removeAll()
         }
     }
 }

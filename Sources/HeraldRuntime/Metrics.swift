@@ -8,7 +8,7 @@ import Synchronization
 public final class MetricsRegistry: Sendable {
     public static let shared = MetricsRegistry()
 
-    private let families = Mutex<[String: any MetricFamily]>([:])
+    private let families = Lock<[String: any MetricFamily]>([:])
 
     public init() {}
 
@@ -52,7 +52,7 @@ public protocol MetricFamily: Sendable {
 
 /// Children of a labelled family, keyed by their label values.
 final class Children<Child: Sendable>: Sendable {
-    private let storage = Mutex<[[String]: Child]>([:])
+    private let storage = Lock<[[String]: Child]>([:])
 
     func child(_ values: [String], make: () -> Child) -> Child {
         storage.withLock { all in
@@ -145,11 +145,11 @@ public final class Histogram: Sendable {
     public static let latencyBuckets: [Double] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                                   1, 2.5, 5, 10]
     let buckets: [Double]
-    private let state: Mutex<(counts: [UInt64], sum: Double, count: UInt64)>
+    private let state: Lock<(counts: [UInt64], sum: Double, count: UInt64)>
 
     init(buckets: [Double]) {
         self.buckets = buckets
-        state = Mutex((counts: [UInt64](repeating: 0, count: buckets.count), sum: 0, count: 0))
+        state = Lock((counts: [UInt64](repeating: 0, count: buckets.count), sum: 0, count: 0))
     }
 
     public func observe(_ value: Double) {

@@ -1,6 +1,5 @@
 import Dispatch
 import Foundation
-import Synchronization
 
 /// A long-running part of a process (a server, a consumer loop). `run()` returns when the task running it is
 /// cancelled, after finishing or handing back in-flight work.
@@ -27,7 +26,7 @@ public struct ServiceGroup: Sendable {
         let count = services.count
         let result: (any Error)? = await withTaskGroup(of: (Int, (any Error)?).self) { group in
             // One child task per service, each in its own task so it can be cancelled on its own.
-            let handles = Mutex<[Int: Task<Void, any Error>]>([:])
+            let handles = Lock<[Int: Task<Void, any Error>]>([:])
             for (index, service) in services.enumerated() {
                 let task = Task { try await service.run() }
                 handles.withLock { $0[index] = task }
@@ -84,10 +83,10 @@ public struct ServiceGroup: Sendable {
 struct SignalReceived: Error { let signal: Int32 }
 
 /// Turns POSIX signals into an async wait. The default action of each signal is ignored while it is watched.
-// @unchecked: `sources` is set once in init and dispatch sources are thread-safe; the rest is in a Mutex.
+// @unchecked: `sources` is set once in init and dispatch sources are thread-safe; the rest is in a Lock.
 public final class SignalWaiter: @unchecked Sendable {
     private let sources: [any DispatchSourceSignal]
-    private let state = Mutex<(received: Int32?, waiters: [CheckedContinuation<Int32?, Never>], cancelled: Bool)>(
+    private let state = Lock<(received: Int32?, waiters: [CheckedContinuation<Int32?, Never>], cancelled: Bool)>(
         (nil, [], false))
 
     public init(signals: [Int32]) {

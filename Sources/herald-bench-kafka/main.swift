@@ -46,7 +46,7 @@ struct Options: Sendable {
 
 /// Counts acknowledgements from the producer's thread and wakes the main task when all are in.
 final class Tally: Sendable {
-    private let state = Mutex<(done: Int, failed: Int, waiter: CheckedContinuation<Void, Never>?)>((0, 0, nil))
+    private let state = Lock<(done: Int, failed: Int, waiter: CheckedContinuation<Void, Never>?)>((0, 0, nil))
     let expected: Int
 
     init(expected: Int) { self.expected = expected }

@@ -1,4 +1,5 @@
 import Foundation
+import HeraldRuntime
 import Synchronization
 
 /// Counters a replay updates as it goes; the progress display reads them from its own task.
@@ -13,7 +14,7 @@ final class ReplayCounters: Sendable {
 /// Shows a replay's progress on stderr: a bar redrawn in place on a terminal, a plain line every few seconds
 /// otherwise (logs, CI), so output stays readable in both.
 final class ProgressDisplay: Sendable {
-    private let task: Mutex<Task<Void, Never>?> = Mutex(nil)
+    private let task: Lock<Task<Void, Never>?> = Lock(nil)
     private let isTerminal: Bool
 
     init() {

@@ -1,7 +1,7 @@
 import Foundation
 import HeraldKafka
 import HeraldRedis
-import Synchronization
+import HeraldRuntime
 
 /// What a replay has re-published, kept in Redis so that running the same replay again (or resuming one that
 /// was stopped) sends nothing twice: a set `herald:replay:{<name>}:sent` of `<partition>:<offset>` members of
@@ -17,7 +17,7 @@ final class ReplayLedger: Sendable {
 
     let key: String
     private let redis: RedisClient
-    private let state = Mutex(State())
+    private let state = Lock(State())
 
     private struct State {
         var acknowledged: [String] = []

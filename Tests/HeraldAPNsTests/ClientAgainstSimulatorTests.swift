@@ -3,7 +3,6 @@ import HeraldAPNs
 import HeraldAPNsSimulator
 import HeraldCrypto
 import HeraldRuntime
-import Synchronization
 import Testing
 
 /// An in-process `APNsSimulator` on 127.0.0.1:`port` with its own CA and one generated provider key, recording
@@ -102,7 +101,7 @@ final class SimulatorFixture: @unchecked Sendable {  // @unchecked: `simulator` 
 
 /// Real time moved by an offset the test sets; `shiftNextReading` moves one reading only.
 final class ShiftedClock: Sendable {
-    private let state = Mutex<(offset: TimeInterval, once: TimeInterval?)>((0, nil))
+    private let state = Lock<(offset: TimeInterval, once: TimeInterval?)>((0, nil))
 
     init(offset: TimeInterval = 0) { state.withLock { $0.offset = offset } }
 

@@ -2,7 +2,6 @@ import Foundation
 import HeraldAPNs
 import HeraldCrypto
 import HeraldRuntime
-import Synchronization
 import Testing
 
 /// Runs a command (output discarded) and returns its exit status.
@@ -157,7 +156,7 @@ func waitUntilListening(port: UInt16, timeout: Duration = .seconds(5)) throws {
 
 /// A wall clock tests move by hand.
 final class TestClock: Sendable {
-    private let current = Mutex(Date(timeIntervalSince1970: 1_800_000_000))
+    private let current = Lock(Date(timeIntervalSince1970: 1_800_000_000))
     var now: Date { current.withLock { $0 } }
     func advance(by seconds: TimeInterval) { current.withLock { $0 += seconds } }
 }

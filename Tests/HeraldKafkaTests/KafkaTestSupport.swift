@@ -1,7 +1,6 @@
 import Foundation
 import HeraldKafka
 import HeraldRuntime
-import Synchronization
 import Testing
 
 /// The Tansu broker scripts/test started; a missing variable fails the test instead of skipping it.
@@ -61,7 +60,7 @@ func pollUntil(_ consumer: KafkaConsumer, deadline: Duration = .seconds(30),
 
 /// Collects values from callbacks running on other threads.
 final class Collector<Value: Sendable>: Sendable {
-    private let values = Mutex<[Value]>([])
+    private let values = Lock<[Value]>([])
     func append(_ value: Value) { values.withLock { $0.append(value) } }
     var all: [Value] { values.withLock { $0 } }
 }

@@ -3,7 +3,6 @@ import HeraldCrypto
 import HeraldKafka
 import HeraldRuntime
 import HeraldTestSupport
-import Synchronization
 import Testing
 
 // The whole stack as processes, an event stream through ingest's HTTP API, and the bookkeeping every fault test
@@ -31,7 +30,7 @@ func crash(_ child: ChildProcess) async {
 final class RedisServer: Sendable {
     let port: UInt16
     let directory: String
-    private let process = Mutex<ChildProcess?>(nil)
+    private let process = Lock<ChildProcess?>(nil)
 
     init(directory: String) throws {
         port = try freePort()
@@ -64,7 +63,7 @@ final class RedisServer: Sendable {
 final class TansuBroker: Sendable {
     let port: UInt16
     private let logPath: String
-    private let process = Mutex<ChildProcess?>(nil)
+    private let process = Lock<ChildProcess?>(nil)
 
     init(directory: String) throws {
         port = try freePort()
@@ -239,14 +238,14 @@ final class EventStream: Sendable {
     let audience: Audience
     let run = SecureRandom.hex(4)
     private let interval: Duration
-    private let state: Mutex<State>
-    private let task = Mutex<Task<Void, Never>?>(nil)
+    private let state: Lock<State>
+    private let task = Lock<Task<Void, Never>?>(nil)
 
     init(app: TestApps.Entry, audience: Audience, targets: [IngestServer], perSecond: Int) {
         self.app = app
         self.audience = audience
         interval = .seconds(1) / perSecond
-        state = Mutex(State(targets: targets))
+        state = Lock(State(targets: targets))
     }
 
     func start() {
@@ -324,7 +323,7 @@ final class EventStream: Sendable {
 /// Reads a topic from its beginning outside any group, accumulating what arrives.
 final class TopicReader: Sendable {
     private let consumer: KafkaConsumer
-    private let records = Mutex<[KafkaRecord]>([])
+    private let records = Lock<[KafkaRecord]>([])
 
     init(topic: String, brokers: String) async throws {
         consumer = try KafkaConsumer(configuration: KafkaConsumerConfiguration(

@@ -221,7 +221,7 @@ final class GoodClient: Sendable {
         var error: String?
     }
 
-    private let samples = Mutex<[Sample]>([])
+    private let samples = Lock<[Sample]>([])
     private let running = Atomic<Bool>(true)
     private let done = DispatchSemaphore(value: 0)
 

@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import HeraldRuntime
 internal import CHeraldShims
 
 /// Monotonic time in nanoseconds (CLOCK_MONOTONIC): cheap enough to read per request.
@@ -20,7 +20,7 @@ protocol EventLoopHandler: AnyObject {
 /// One thread running `epoll_wait`: socket readiness, closures posted from other threads, and a periodic tick.
 ///
 /// Everything registered here is touched only on the loop thread; other threads talk to it through `execute`.
-final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the hooks are loop-thread only; the inbox is a Mutex.
+final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the hooks are loop-thread only; the inbox is a Lock.
     private struct Inbox {
         var work: [@Sendable () -> Void] = []
         /// Requests get their own lane: no closure allocation per push.
@@ -31,12 +31,12 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
 
     private let epollFD: Int32
     private let wakeFD: Int32
-    private let inbox = Mutex(Inbox())
+    private let inbox = Lock(Inbox())
     private var handlers: [Int32: any EventLoopHandler] = [:]
     private let tickInterval: UInt64
     private var lastTick: UInt64 = 0
     private var running = true
-    private let finished = Mutex<(done: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+    private let finished = Lock<(done: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
 
     /// Runs after every batch of events and posted closures (flush writes once per batch, not per request).
     var afterBatch: () -> Void = {}

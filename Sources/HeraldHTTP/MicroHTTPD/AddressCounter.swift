@@ -1,4 +1,4 @@
-import Synchronization
+import HeraldRuntime
 
 /// Open connections per client address across every worker thread, for `maxConnectionsPerAddress`.
 /// libmicrohttpd's own per-IP limit counts per daemon, i.e. per worker thread, and the kernel hands each accept to
@@ -6,7 +6,7 @@ import Synchronization
 final class AddressCounter: Sendable {
     /// 0 = no limit (nothing is counted).
     let limit: Int
-    private let counts = Mutex<[String: Int]>([:])
+    private let counts = Lock<[String: Int]>([:])
 
     init(limit: Int) { self.limit = limit }
 

@@ -37,7 +37,7 @@ final class ConnectionHandler: Sendable {
     }
 
     final class ShardLock: Sendable {
-        let state = Mutex(Shard())
+        let state = Lock(Shard())
     }
 
     private func shard(_ context: RequestContext) -> ShardLock {

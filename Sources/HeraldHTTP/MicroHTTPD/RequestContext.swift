@@ -1,4 +1,5 @@
 internal import CMicroHTTPD
+import HeraldRuntime
 import Synchronization
 
 /// One request's state between libmicrohttpd's first access-handler call and its request-completed callback.
@@ -30,9 +31,9 @@ final class RequestContext: @unchecked Sendable {
     /// stores a response and resumes the connection.
     let claimed = Atomic<Bool>(false)
     /// Set by the claim winner before it resumes the connection.
-    let pendingResponse = Mutex<HTTPResponse?>(nil)
+    let pendingResponse = Lock<HTTPResponse?>(nil)
     /// The handler task of a parked request, cancelled when the deadline sweep or shutdown answers for it.
-    let handlerTask = Mutex<Task<Void, Never>?>(nil)
+    let handlerTask = Lock<Task<Void, Never>?>(nil)
 
     /// Claims the right to answer a parked request. True exactly once.
     func claim() -> Bool {

@@ -2,7 +2,6 @@ internal import CHeraldShims
 internal import CMicroHTTPD
 import Foundation
 import HeraldRuntime
-import Synchronization
 
 /// One thread driving one libmicrohttpd daemon (external epoll mode), which is also the preferred task executor
 /// of the handler tasks that daemon starts.
@@ -22,7 +21,7 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
     private let options: UnsafeMutablePointer<herald_mhd_options>
     private let epollFD: Int32
     private let wakeFD: Int32
-    private let state = Mutex(LoopState())
+    private let state = Lock(LoopState())
     private let exited = DispatchSemaphore(value: 0)
     private let name: String
     private let addresses: AddressCounter

@@ -169,7 +169,8 @@ private func rdkafkaDeliveryReport(_ handle: OpaquePointer?, _ message: UnsafePo
                                                       offset: message.pointee.offset)))
     } else {
         // The producer's own errstr: rd_kafka_message_errstr is consumer-only and, on a delivery report, returns the
-        // record's payload (a dead letter holds a push token, which then reached the logs).
+        // record's payload, not NUL-terminated (AddressSanitizer caught the overread; a dead letter's push token
+        // reached the logs).
         let reason = rd_kafka_message_produce_errstr(message).map { String(cString: $0) }
         var failure = KafkaError(error, message: reason ?? String(cString: rd_kafka_err2str(error)))
         if error == RD_KAFKA_RESP_ERR__FATAL, let handle {
