@@ -22,7 +22,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin herald
 # The executables find librdkafka through the rpath they were linked with.
-COPY --from=build /opt/herald/librdkafka/lib/librdkafka.so.1 /opt/herald/librdkafka/lib/
+COPY --from=build /opt/herald/librdkafka-forky/lib/librdkafka.so.1 /opt/herald/librdkafka-forky/lib/
 COPY --from=build /out/ /usr/local/bin/
 USER 10001:10001
 ENV HERALD_APPS_FILE=/etc/herald/apps.json

@@ -2,11 +2,11 @@
 import Foundation
 import PackageDescription
 
-// librdkafka ≥ 2.2 is built by scripts/setup into a prefix the project owns (Debian bookworm ships 2.0.2, which
-// cannot talk to the Tansu broker used in tests). Keep this default in step with scripts/lib.sh.
+// librdkafka ≥ 2.10 is built by scripts/setup into a prefix the project owns (Debian bookworm ships 2.0.2, which
+// cannot talk to the Tansu broker used in tests; 2.4–2.9 crash when a topic comes back with a new id). Keep this default in step with scripts/lib.sh.
 let environment = ProcessInfo.processInfo.environment
 let depsDirectory = environment["HERALD_DEPS"] ?? ((environment["HOME"] ?? "/root") + "/.cache/herald")
-let rdkafkaPrefix = depsDirectory + "/librdkafka"
+let rdkafkaPrefix = depsDirectory + "/librdkafka-forky"
 let rdkafkaSwift: [SwiftSetting] = [.unsafeFlags(["-Xcc", "-I\(rdkafkaPrefix)/include"])]
 let rdkafkaLinker: [LinkerSetting] = [
     .unsafeFlags(["-L\(rdkafkaPrefix)/lib", "-Xlinker", "-rpath", "-Xlinker", "\(rdkafkaPrefix)/lib"]),

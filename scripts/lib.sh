@@ -2,11 +2,12 @@
 HERALD_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Where built dependencies live; Package.swift uses the same default, so keep them in step.
 HERALD_DEPS=${HERALD_DEPS:-$HOME/.cache/herald}
-RDKAFKA_PREFIX=$HERALD_DEPS/librdkafka
+RDKAFKA_PREFIX=$HERALD_DEPS/librdkafka-forky
 export HERALD_DEPS PATH="$HERALD_DEPS/venv/bin:$PATH"
 export PKG_CONFIG_PATH="$RDKAFKA_PREFIX/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 
-# Unpacks Debian trixie's librdkafka source (2.8) into $1/build, configured to install into $2; further
+# Unpacks Debian forky's librdkafka source (2.14 when written; ≥ 2.10 needed: 2.4–2.9 crash in the metadata cache
+# when a topic is recreated with a new id, librdkafka#4964, as a restarted Tansu does) into $1/build, configured to install into $2; further
 # arguments go to its configure script (used by scripts/setup and scripts/test-sanitizers).
 fetch_librdkafka_source() {
   local work=$1
@@ -14,7 +15,7 @@ fetch_librdkafka_source() {
   local mirror
   mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
   [[ -n "$mirror" ]] || mirror=$(awk '/^deb / {print $2; exit}' /etc/apt/sources.list)
-  echo "deb-src [trusted=yes] $mirror trixie main" > "$work/sources.list"
+  echo "deb-src [trusted=yes] $mirror forky main" > "$work/sources.list"
   local apt_opts=(-o "Dir::Etc::sourcelist=$work/sources.list" -o "Dir::Etc::sourceparts=-"
                   -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Sandbox::User=root")
   apt-get "${apt_opts[@]}" update -qq

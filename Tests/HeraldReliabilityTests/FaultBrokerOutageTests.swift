@@ -29,7 +29,7 @@ struct FaultBrokerOutageTests {
         let ingest = try IngestServer(apps: apps, redisURL: redisURL, topics: topics, directory: directory, name: "ingest",
                                       extra: ["HERALD_PUBLISH_TIMEOUT_SECONDS": "2"])
         try await simulator.waitUntilListening()
-        var dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, redisURL: redisURL,
+        let dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, redisURL: redisURL,
                                                directory: directory, name: "dispatcher")
         try await ingest.waitUntilReady()
         let app = apps.apps[0]
@@ -62,24 +62,9 @@ struct FaultBrokerOutageTests {
         try await Task.sleep(for: .seconds(2))
         await stream.stop()
 
-        // librdkafka 2.4–2.9 (2.8 here) can crash (SIGSEGV in its metadata cache) when a topic comes back under the
-        // same name with a new topic id, as after this restart: confluentinc/librdkafka#4964, fixed upstream. The
-        // consumer handle keeps that cache; ingest's producer is replaced after the restart and escapes it. What
-        // Kubernetes would do, the test does: start the dispatcher again, then still require every 202 delivered.
-        let owedAfter = stream.accepted.count * perChannel
-        let crashed = dispatcher
-        try await eventually("the dispatcher delivered everything or died", timeout: .seconds(40)) {
-            simulator.acceptedCount() >= owedAfter || !crashed.child.isRunning
-        }
-        var dispatcherCrashes = 0
-        if !dispatcher.child.isRunning {
-            dispatcherCrashes += 1
-            withKnownIssue("librdkafka#4964: metadata cache crash on a recreated topic", isIntermittent: true) {
-                Issue.record("the dispatcher died after the broker restart: \(exitStatus(crashed.child))")
-            }
-            dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, redisURL: redisURL,
-                                               directory: directory, name: "dispatcher-restarted")
-        }
+        // The dispatcher's consumer sees the topic come back under the same name with a new id; librdkafka 2.4–2.9
+        // crashed there (librdkafka#4964, about 4 runs in 10 with 2.8), which is why scripts/setup builds ≥ 2.10.
+        #expect(dispatcher.child.isRunning, "the dispatcher died after the broker restart: \(exitStatus(dispatcher.child))")
         let tally = try await Tally.settle(stream: stream, simulator: simulator, topics: topics, timeout: .seconds(60))
         let outcomes = stream.outcomes
         let duringOutage = outcomes.filter { $0.value.sentAt > crashedAt && $0.value.answeredAt < backAt }
@@ -98,14 +83,9 @@ struct FaultBrokerOutageTests {
         #expect(tally.duplicates == 0, "\(tally.duplicates) duplicates")
         let keep = tally.missing.count > 0 || tally.strangers > 0 || !ingest.child.isRunning
         #expect(ingest.child.isRunning, "ingest died: \(exitStatus(ingest.child))")
-        if !dispatcher.child.isRunning { // the same crash, after everything was delivered
-            dispatcherCrashes += 1
-            withKnownIssue("librdkafka#4964: metadata cache crash on a recreated topic", isIntermittent: true) {
-                Issue.record("the dispatcher died after the broker restart: \(exitStatus(dispatcher.child))")
-            }
-        }
+        #expect(dispatcher.child.isRunning, "the dispatcher died: \(exitStatus(dispatcher.child))")
         report("broker outage", tally, faults: "Tansu SIGKILL, 3 s down, restarted empty; ingest accepting again "
-               + "\(ingestRecovered) after restart; dispatcher crashes (librdkafka#4964): \(dispatcherCrashes)", started: started)
+               + "\(ingestRecovered) after restart", started: started)
 
         await dispatcher.child.stop()
         await ingest.child.stop()
