@@ -10,19 +10,21 @@ final class LineTail {
 
     init(path: String) { self.path = path }
 
+    /// Calls `line` for each complete new line, reading 4 MiB at a time (a long run's record is hundreds of MiB).
     func read(_ line: (ArraySlice<UInt8>) -> Void) {
         guard let handle = FileHandle(forReadingAtPath: path) else { return }
         defer { try? handle.close() }
         try? handle.seek(toOffset: offset)
-        guard let data = try? handle.readToEnd(), !data.isEmpty else { return }
-        offset += UInt64(data.count)
-        partial.append(contentsOf: data)
-        var start = partial.startIndex
-        while let newline = partial[start...].firstIndex(of: UInt8(ascii: "\n")) {
-            line(partial[start..<newline])
-            start = newline + 1
+        while let data = try? handle.read(upToCount: 4 << 20), !data.isEmpty {
+            offset += UInt64(data.count)
+            partial.append(contentsOf: data)
+            var start = partial.startIndex
+            while let newline = partial[start...].firstIndex(of: UInt8(ascii: "\n")) {
+                line(partial[start..<newline])
+                start = newline + 1
+            }
+            partial.removeSubrange(..<start)
         }
-        partial.removeSubrange(..<start)
     }
 }
 

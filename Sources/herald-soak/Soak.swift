@@ -54,8 +54,10 @@ struct HeraldSoak {
             group.addTask {
                 try? await Task.sleep(until: start + .seconds(options.warmUp), clock: .continuous)
                 memory.sample(.warmUp)
-                while ContinuousClock.now < end - .seconds(1) {
-                    try? await Task.sleep(for: .seconds(5))
+                while true {
+                    let remaining = end - .seconds(1) - ContinuousClock.now
+                    guard remaining > .zero else { break }
+                    try? await Task.sleep(for: min(.seconds(5), remaining))
                     memory.sample(.peak)
                 }
             }
@@ -132,7 +134,7 @@ struct HeraldSoak {
         out += "| delivered at the simulator | \(tally.delivered) |\n"
         out += "| dead-lettered | \(tally.deadLettered) |\n"
         out += "| token removed after 410 | \(tally.unregistered) |\n"
-        out += "| 503 answers retried by the dispatcher | \(settlement.rejectedByStatus[503] ?? 0) |\n"
+        out += "| 503 answers from the simulator (each push retried up to 5 attempts) | \(settlement.rejectedByStatus[503] ?? 0) |\n"
         out += "| settled differently from their token's class | \(tally.otherOutcome) |\n"
         out += "| lost | \(tally.lost) |\n"
         out += "| duplicates (bound: 0 without a crash or restart) | \(tally.duplicates) |\n"
