@@ -88,6 +88,10 @@ let package = Package(
         // Load generator comparing HeraldRedis with redis-benchmark (scripts/bench-redis).
         .executableTarget(name: "herald-bench-redis", dependencies: ["HeraldRedis", "HeraldRuntime"]),
 
+        // Mixed load and push accounting for scripts/soak (the long-running reliability check of issue #10).
+        .executableTarget(name: "herald-soak", dependencies: ["HeraldTestSupport", "HeraldKafka", "HeraldRuntime"],
+                          swiftSettings: rdkafkaSwift),
+
         // Helpers shared by the test targets: a raw HTTP/1.1 client, apps files with fresh keys, schema checks.
         .target(name: "HeraldTestSupport", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldRuntime"]),
 
