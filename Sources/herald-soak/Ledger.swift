@@ -1,4 +1,5 @@
 import Foundation
+import HeraldRuntime
 import Synchronization
 
 /// The request kinds of the mixed load.
@@ -46,7 +47,7 @@ final class Ledger: Sendable {
         var stats = Array(repeating: KindStats(), count: Kind.allCases.count)
     }
 
-    private let state = Mutex(State())
+    private let state = Lock(State())
     private let nextEvent = Atomic<UInt32>(1)
 
     /// A fresh event id (carried in the payload as `"soak": "<id>"`).

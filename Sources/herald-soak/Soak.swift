@@ -1,7 +1,6 @@
 import Foundation
 import HeraldRuntime
 import HeraldTestSupport
-import Synchronization
 
 /// Mixed load against a running Herald stack for a bounded time at a bounded rate, then an accounting of every
 /// accepted push (delivered at the simulator, dead-lettered, or its token unregistered), with latencies and the
@@ -171,7 +170,7 @@ final class MemoryWatch: Sendable {
     enum Point: Hashable, Sendable { case warmUp, peak, end, drained }
 
     private let processes: [(name: String, pid: Int32)]
-    private let samples = Mutex<[String: [Point: Int]]>([:])
+    private let samples = Lock<[String: [Point: Int]]>([:])
 
     init(_ processes: [(name: String, pid: Int32)]) { self.processes = processes }
 

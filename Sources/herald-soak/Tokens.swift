@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import HeraldRuntime
 
 /// What the simulator does with a token, chosen by the token's first four hex digits (see `rules`).
 enum TokenClass: UInt8, CaseIterable, Sendable {
@@ -40,7 +40,7 @@ enum TokenClass: UInt8, CaseIterable, Sendable {
 /// Every token the soak made: a token is `<class prefix, 4 hex><index, 12 hex><random, 48 hex>`, so a record
 /// line's token gives back its index without a lookup table.
 final class TokenBook: Sendable {
-    private let classes = Mutex<[UInt8]>([])
+    private let classes = Lock<[UInt8]>([])
 
     /// A fresh token of `kind` and its index.
     func make(_ kind: TokenClass) -> (token: String, index: UInt32) {
