@@ -23,6 +23,10 @@ public struct DispatcherConfiguration: Sendable {
     /// default adds up to that much latency on brokers that do not answer a waiting fetch when records arrive
     /// (Tansu); 10 ms keeps end-to-end latency low at the cost of a few idle fetches per second.
     public var fetchMaxWait: Duration = .milliseconds(10)
+    /// `HERALD_KAFKA_FETCH_STALL_SECONDS`: a partition whose position has not moved for this long while the broker
+    /// reports more records counts as stalled; the consumer is then replaced by one with a 4× longer fetch wait
+    /// (Tansu answers fetches empty once looking up an offset takes longer than the fetch wait).
+    public var fetchStallTimeout: Duration = .seconds(30)
     /// A member that does not poll for this long leaves the group (`max.poll.interval.ms`).
     public var maxPollInterval: Duration = .seconds(300)
     /// `HERALD_RETRY_MAX_ATTEMPTS`: attempts per push, the first included, before a retryable failure is

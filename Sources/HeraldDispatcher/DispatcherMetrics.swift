@@ -20,6 +20,7 @@ struct DispatcherMetrics: Sendable {
     let endToEnd: Histogram
     let commits: CounterFamily
     let resumedFanOuts: Counter
+    let fetchStalls: Counter
 
     /// End-to-end buckets reach further than one request's: a job may wait behind others or for retries.
     static let endToEndBuckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -60,6 +61,9 @@ struct DispatcherMetrics: Sendable {
                                    labels: ["result"])
         resumedFanOuts = registry.counter("herald_dispatcher_fanouts_resumed_total",
                                           help: "Fan-outs resumed from a saved scan cursor after a restart or rebalance")
+            .labels()
+        fetchStalls = registry.counter("herald_dispatcher_fetch_stalls_total",
+                                       help: "Consumers replaced because a partition's fetches stalled with records left")
             .labels()
     }
 }

@@ -9,8 +9,17 @@ import HeraldRuntime
 /// offset order; jobs of other keys, in the same or another partition, run concurrently, up to
 /// `maxInFlightJobs`. A revoked partition's jobs are cancelled (their fan-out progress stays in Redis for the
 /// next owner); their offsets are not committed.
+///
+/// Stalled fetches (see `FetchWatchdog`): the consumer is replaced by one with a 4× longer fetch wait (up to
+/// `maxFetchWait`), which leaves and rejoins the group; its partitions' unsettled jobs are handed back like on a
+/// rebalance.
 final class JobConsumer: Sendable {
-    private let consumer: KafkaConsumer
+    /// Longest fetch wait the watchdog escalates to.
+    static let maxFetchWait: Duration = .seconds(2)
+
+    /// Replaced only by the fetch loop (`restartConsumer`); the committer and the drain read it.
+    private let current: Lock<KafkaConsumer>
+    private var consumer: KafkaConsumer { current.withLock { $0 } }
     private let book: PartitionBook
     private let runner: JobRunner
     private let configuration: DispatcherConfiguration
@@ -26,8 +35,16 @@ final class JobConsumer: Sendable {
         self.configuration = configuration
         self.metrics = metrics
         self.logger = logger
-        consumer = try KafkaConsumer(configuration: configuration.consumer, logger: logger.with(["component": "kafka"]),
-                                     onRebalance: { event in book.rebalance(event) })
+        current = Lock(try Self.makeConsumer(configuration: configuration, fetchWait: configuration.fetchMaxWait,
+                                             book: book, logger: logger))
+    }
+
+    private static func makeConsumer(configuration: DispatcherConfiguration, fetchWait: Duration, book: PartitionBook,
+                                     logger: Logger) throws(KafkaError) -> KafkaConsumer {
+        var configuration = configuration
+        configuration.fetchMaxWait = fetchWait
+        return try KafkaConsumer(configuration: configuration.consumer, logger: logger.with(["component": "kafka"]),
+                                 onRebalance: { event in book.rebalance(event) })
     }
 
     /// Fetches and dispatches until cancelled, then drains: waits up to `drainTimeout` for in-flight jobs,
@@ -42,6 +59,9 @@ final class JobConsumer: Sendable {
             }
         }
         var failure: (any Error)?
+        var watchdog = FetchWatchdog(stallTimeout: configuration.fetchStallTimeout)
+        var fetchWait = configuration.fetchMaxWait
+        var nextCheck = ContinuousClock.now + .seconds(1)
         while !Task.isCancelled {
             do {
                 let room = configuration.maxInFlightJobs - book.inFlight
@@ -57,6 +77,14 @@ final class JobConsumer: Sendable {
                 for record in records where !revoked.contains(KafkaTopicPartition(topic: record.topic, partition: record.partition)) {
                     dispatch(record)
                 }
+                if ContinuousClock.now >= nextCheck {
+                    nextCheck = ContinuousClock.now + .seconds(1)
+                    let stalled = watchdog.stalled(try await consumer.progress(), now: .now)
+                    if !stalled.isEmpty {
+                        fetchWait = try await restartConsumer(stalled: stalled, fetchWait: fetchWait)
+                        watchdog.reset()
+                    }
+                }
             } catch {
                 if Task.isCancelled { break }
                 // Fatal consumer errors only (transient ones are logged inside poll): stop and let the process exit.
@@ -69,6 +97,25 @@ final class JobConsumer: Sendable {
         // Cancelled: drain in a fresh task, since sleeps and waits return at once in a cancelled one.
         await Task { await self.drain() }.value
         if let failure { throw failure }
+    }
+
+    /// Replaces the consumer with one whose fetch wait is 4× longer (a fetch wait cannot change on a live one).
+    private func restartConsumer(stalled: [KafkaPartitionProgress], fetchWait: Duration) async throws -> Duration {
+        let longer = min(fetchWait * 4, Self.maxFetchWait)
+        metrics.fetchStalls.increment()
+        logger.warning("no records fetched although the broker has more; restarting the consumer with a longer fetch wait", [
+            "kafka.partitions": stalled.map { "\($0.partition)@\($0.position)/\($0.highWatermark)" }.joined(separator: ","),
+            "kafka.fetch_wait_ms": "\(fetchWait.components.seconds * 1000 + fetchWait.components.attoseconds / 1_000_000_000_000_000)",
+            "kafka.new_fetch_wait_ms": "\(longer.components.seconds * 1000 + longer.components.attoseconds / 1_000_000_000_000_000)",
+        ])
+        await commit()
+        do { try await consumer.close() } catch {
+            logger.warning("leaving the consumer group failed", ["error": "\(error)"])
+        }
+        let replacement = try Self.makeConsumer(configuration: configuration, fetchWait: longer, book: book, logger: logger)
+        current.withLock { $0 = replacement }
+        try await replacement.subscribe(topics: [configuration.jobsTopic])
+        return longer
     }
 
     private func drain() async {

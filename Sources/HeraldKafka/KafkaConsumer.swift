@@ -143,6 +143,40 @@ public final class KafkaConsumer: Sendable {
         }
     }
 
+    /// Position and last reported high watermark of every assigned partition. Positions come from what `poll`
+    /// returned, or the group's committed offset for a partition nothing was received from yet; watermarks are
+    /// librdkafka's cache of the broker's fetch responses (no request).
+    public func progress() async throws(KafkaError) -> [KafkaPartitionProgress] {
+        let client = self.client, timeout = self.timeout
+        return try await run { () throws(KafkaError) in
+            var assigned: UnsafeMutablePointer<rd_kafka_topic_partition_list_t>?
+            let error = rd_kafka_assignment(client.handle, &assigned)
+            guard error == RD_KAFKA_RESP_ERR_NO_ERROR, let assigned else { throw KafkaError(error, message: "assignment") }
+            defer { rd_kafka_topic_partition_list_destroy(assigned) }
+            guard rd_kafka_position(client.handle, assigned) == RD_KAFKA_RESP_ERR_NO_ERROR else { return [] }
+            var positions = RDKafkaTopicPartitionList.entries(of: assigned).map(\.position)
+            let unknown = positions.filter { $0.offset < 0 }
+            if !unknown.isEmpty {
+                let list = RDKafkaTopicPartitionList(unknown)
+                if rd_kafka_committed(client.handle, list.pointer, timeout.timeoutMilliseconds) == RD_KAFKA_RESP_ERR_NO_ERROR {
+                    let committed = Dictionary(list.entries.map { ($0.position.topicPartition, $0.position.offset) },
+                                               uniquingKeysWith: { first, _ in first })
+                    positions = positions.map { position in
+                        var position = position
+                        if position.offset < 0 { position.offset = committed[position.topicPartition] ?? position.offset }
+                        return position
+                    }
+                }
+            }
+            return positions.map { position in
+                var low: Int64 = -1, high: Int64 = -1
+                _ = rd_kafka_get_watermark_offsets(client.handle, position.topic, position.partition, &low, &high)
+                return KafkaPartitionProgress(partition: position.topicPartition, position: position.offset,
+                                              highWatermark: high)
+            }
+        }
+    }
+
     /// For each partition of `topic`, the earliest offset whose record timestamp is at or after `timestamp`
     /// (`KafkaTopicPartitionOffset.end` where there is none). A replay starts there with `assign`.
     public func offsets(forTimestamp timestamp: Date, topic: String) async throws(KafkaError) -> [KafkaTopicPartitionOffset] {

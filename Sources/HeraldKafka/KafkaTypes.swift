@@ -97,3 +97,21 @@ public struct KafkaTopicMetadata: Sendable, Hashable {
         self.partitionCount = partitionCount
     }
 }
+
+/// How far a consumer has read one assigned partition, against what the broker last said it holds.
+public struct KafkaPartitionProgress: Sendable, Hashable {
+    public var partition: KafkaTopicPartition
+    /// The next offset the application will receive (its last record's offset + 1, else the committed offset).
+    public var position: Int64
+    /// The broker's high watermark as reported with its last fetch response (-1 when none came yet).
+    public var highWatermark: Int64
+
+    public init(partition: KafkaTopicPartition, position: Int64, highWatermark: Int64) {
+        self.partition = partition
+        self.position = position
+        self.highWatermark = highWatermark
+    }
+
+    /// Records the broker holds beyond the position (0 when unknown).
+    public var lag: Int64 { position >= 0 && highWatermark > position ? highWatermark - position : 0 }
+}

@@ -1,0 +1,71 @@
+import Foundation
+import HeraldCore
+import HeraldCrypto
+@testable import HeraldDispatcher
+import HeraldKafka
+import HeraldTestSupport
+import Testing
+
+@Suite("Fetch stalls", .serialized)
+struct FetchStallTests {
+    /// Tansu answers a fetch with no records once looking the offset up takes longer than the fetch wait, and the
+    /// lookup grows with the partition's length. With a 1 ms fetch wait that happens within a few thousand records
+    /// per partition; without the watchdog the dispatcher then stops consuming for good (the 30-minute soak's stall,
+    /// at the default 10 ms, after ~12,000–18,000 records per partition).
+    @Test("a consumer whose fetches come back empty with records left is replaced with a longer fetch wait and consumes everything")
+    func stalledFetchesRecover() async throws {
+        let harness = try await DispatcherHarness.start { configuration in
+            configuration.fetchMaxWait = .milliseconds(1)
+            configuration.fetchStallTimeout = .seconds(2)
+        }
+        let app = harness.apps.apps[0]
+        let channel = "empty-\(SecureRandom.hex(4))" // no subscribers: every job settles at once
+        // Tansu's lookup grows with the number of record batches, so every record is a batch of its own: each of
+        // 24 producers sends one record at a time (the ingest's pattern at low rates), each to its own channel.
+        let producers = 24, perProducer = 250, total = producers * perProducer
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for sender in 0..<producers {
+                group.addTask {
+                    let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
+                        kafka: KafkaConfiguration(brokerList: harness.topics.brokers)), logger: testLogger)
+                    for index in 0..<perProducer {
+                        var job = PushJob(id: "stall-\(sender)-\(index)", appId: app.id, target: .channel("\(channel)-\(sender)"))
+                        job.alert = .object(["aps": .object(["alert": .string("\(index)")])])
+                        _ = try await producer.send(topic: harness.topics.jobs, key: job.recordKey, value: job.encoded())
+                    }
+                    await producer.close()
+                }
+            }
+            try await group.waitForAll()
+        }
+        try await eventually("every job was consumed", timeout: .seconds(40)) {
+            harness.metric("herald_dispatcher_jobs_completed_total") == Double(total)
+        }
+        #expect((harness.metric("herald_dispatcher_fetch_stalls_total") ?? 0) >= 1)
+        await harness.stop()
+    }
+
+    @Test("the watchdog reports a lagging partition whose position has not moved for the stall timeout")
+    func watchdog() {
+        let partition = KafkaTopicPartition(topic: "t", partition: 0)
+        let other = KafkaTopicPartition(topic: "t", partition: 1)
+        var watchdog = FetchWatchdog(stallTimeout: .seconds(5))
+        let start = ContinuousClock.now
+        func reading(_ position: Int64, _ high: Int64, _ otherPosition: Int64 = 10) -> [KafkaPartitionProgress] {
+            [KafkaPartitionProgress(partition: partition, position: position, highWatermark: high),
+             KafkaPartitionProgress(partition: other, position: otherPosition, highWatermark: 10)]
+        }
+        #expect(watchdog.stalled(reading(100, 200), now: start).isEmpty)
+        #expect(watchdog.stalled(reading(100, 250), now: start + .seconds(4)).isEmpty)
+        #expect(watchdog.stalled(reading(100, 250), now: start + .seconds(5)).map(\.partition) == [partition])
+        // Moving again restarts the clock; caught-up partitions (lag 0) never stall.
+        #expect(watchdog.stalled(reading(101, 250), now: start + .seconds(6)).isEmpty)
+        #expect(watchdog.stalled(reading(101, 250), now: start + .seconds(10)).isEmpty)
+        #expect(watchdog.stalled(reading(101, 250), now: start + .seconds(11)).map(\.partition) == [partition])
+        #expect(watchdog.stalled(reading(250, 250), now: start + .seconds(30)).isEmpty)
+        // An unknown position (-1001) or watermark (-1) is no evidence of a stall.
+        #expect(watchdog.stalled(reading(-1001, 250), now: start + .seconds(40)).isEmpty)
+        #expect(watchdog.stalled(reading(-1001, 250), now: start + .seconds(50)).isEmpty)
+        #expect(watchdog.stalled(reading(5, -1), now: start + .seconds(60)).isEmpty)
+    }
+}
