@@ -38,7 +38,10 @@ struct FetchStallTests {
             }
             try await group.waitForAll()
         }
-        try await eventually("every job was consumed", timeout: .seconds(40)) {
+        // Liveness, not speed: each escalation of the fetch wait (1 → 4 → 16 … ms) costs the stall timeout plus a
+        // rejoin, and a broker that already holds a whole test run's records needs more of them (40 s was too short
+        // in a full CI run).
+        try await eventually("every job was consumed", timeout: .seconds(150)) {
             harness.metric("herald_dispatcher_jobs_completed_total") == Double(total)
         }
         #expect((harness.metric("herald_dispatcher_fetch_stalls_total") ?? 0) >= 1)
