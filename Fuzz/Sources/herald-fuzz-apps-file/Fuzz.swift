@@ -1,5 +1,6 @@
 import Foundation
 import HeraldCore
+import HeraldCrypto
 import HeraldFuzzSupport
 
 /// The apps-file parser (`HERALD_APPS_FILE`, reloaded on SIGHUP): a file becomes a whole, checked directory or
@@ -23,8 +24,14 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
             require(directory.app(forIssuer: oauth.issuer)?.id == id, "issuer \(oauth.issuer) maps to another app")
         }
     }
-    // A key that is not in the file never authenticates.
-    require(directory.authenticate(apiKey: "hrd_pub_" + String(decoding: bytes.prefix(32), as: UTF8.self)) == nil,
-            "an unknown key authenticated")
+    // A key authenticates only for the app that lists its hash, with that entry's kind. (libFuzzer sees the hash
+    // lookup's comparisons and can copy a probe's hash into the file, so a probe may be listed.)
+    let probe = "hrd_pub_" + String(decoding: bytes.prefix(32), as: UTF8.self)
+    if let principal = directory.authenticate(apiKey: probe) {
+        let hash = SHA256.hex(probe)
+        let listed = directory.apps[principal.appID]?.keys.first { $0.sha256 == hash }
+        require(listed?.kind == principal.kind && principal.rateLimitKey == "key:" + hash,
+                "key authenticated for app \(principal.appID), which does not list it")
+    }
     return 0
 }
