@@ -12,8 +12,9 @@ let usage = """
       seed    --redis URL --app ID --channel NAME --count N          N alert subscribers on one channel
       seed    --redis URL --app ID --channel PREFIX --channels N     one subscriber on each of N channels PREFIX-<i>
       fanout  --brokers LIST --topic T --app ID --channel NAME       one alert job for the channel
-      rate    --brokers LIST --topic T --app ID --channel PREFIX --channels N --rate R --seconds S
-              R jobs/s for S s, round-robin over PREFIX-<i>; each payload carries "sentAt" (ms)
+      rate    --brokers LIST --topic T --app ID --channel PREFIX --channels N --rate R --seconds S [--warm-up W]
+              R jobs/s for W + S s, round-robin over PREFIX-<i>; each payload carries "sentAt" (ms), and the
+              first W s of jobs "warmUp": true (the producer's and the dispatcher's cold start, reported apart)
     """
 
 if CommandLineTool.helpRequested() || CommandLine.arguments.count < 2 { CommandLineTool.exitWithUsage(usage) }
@@ -58,10 +59,12 @@ case "fanout", "rate":
     let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
         kafka: KafkaConfiguration(brokerList: option("brokers"))), logger: logger)
     let topic = option("topic"), app = option("app")
-    func job(channel: String, sentAt: Int64) -> PushJob {
+    func job(channel: String, sentAt: Int64, warmUp: Bool = false) -> PushJob {
         var job = PushJob(id: UUID().uuidString.lowercased(), appId: app, target: .channel(channel))
-        job.alert = .object(["aps": .object(["alert": .object(["title": .string("Benchmark"), "body": .string("Hello")])]),
-                             "sentAt": .number(Double(sentAt))])
+        var payload: [String: JSONValue] = ["aps": .object(["alert": .object(["title": .string("Benchmark"), "body": .string("Hello")])]),
+                                            "sentAt": .number(Double(sentAt))]
+        if warmUp { payload["warmUp"] = .bool(true) }
+        job.alert = .object(payload)
         return job
     }
     func now() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
@@ -71,14 +74,15 @@ case "fanout", "rate":
         print("produced job \(one.id) at \(now())")
     } else {
         let channels = Int(option("channels")) ?? 1, rate = Double(option("rate")) ?? 1000
-        let total = Int(rate * (Double(option("seconds")) ?? 5))
+        let warmUpCount = Int(rate * (Double(options["warm-up"] ?? "0") ?? 0))
+        let total = warmUpCount + Int(rate * (Double(option("seconds")) ?? 5))
         let clock = ContinuousClock()
         let start = clock.now
         try await withThrowingTaskGroup(of: Void.self) { group in
             for n in 0..<total {
                 // An open-loop schedule: job n leaves at n / rate, however long earlier ones took.
                 try await clock.sleep(until: start + .seconds(Double(n) / rate))
-                let next = job(channel: "\(option("channel"))-\(n % channels)", sentAt: now())
+                let next = job(channel: "\(option("channel"))-\(n % channels)", sentAt: now(), warmUp: n < warmUpCount)
                 group.addTask { _ = try await producer.send(topic: topic, key: next.recordKey, value: next.encoded()) }
             }
             try await group.waitForAll()
