@@ -57,31 +57,15 @@ enum DLQCommand {
         } else {
             out.write(Row.header + "\n")
         }
-        do {
-            try await reader.read { entries in
-                for entry in entries {
-                    guard let letter = entry.letter else {
-                        counts.unreadable += 1
-                        continue
-                    }
-                    guard filter.matches(letter, at: entry.time) else { continue }
-                    counts.add(letter, at: entry.time)
-                    guard limit == 0 || shown < limit else { continue }
-                    if json {
-                        out.write((shown == 0 ? "\n" : ",\n") + String(decoding: Row.json(entry, letter).encoded(), as: UTF8.self))
-                    } else {
-                        out.write(Row.text(entry, letter) + "\n")
-                    }
-                    shown += 1
-                }
-                return true
+        let scanned = try await scan(reader, filter, connections, counts: &counts) { entry, letter in
+            guard limit == 0 || shown < limit else { return }
+            if json {
+                out.write((shown == 0 ? "\n" : ",\n") + String(decoding: Row.json(entry, letter).encoded(), as: UTF8.self))
+            } else {
+                out.write(Row.text(entry, letter) + "\n")
             }
-        } catch {
-            await reader.close()
-            throw connections.explain(error, topic: connections.dlqTopic)
+            shown += 1
         }
-        await reader.close()
-        let scanned = reader.scanned.current
         if json {
             var summary = "\n],\"matched\":\(counts.matched),\"shown\":\(shown),\"scanned\":\(scanned),\"byReason\":"
             summary += String(decoding: JSONValue.object(counts.byReason.mapValues { .number(Double($0)) }).encoded(), as: UTF8.self)
@@ -98,11 +82,11 @@ enum DLQCommand {
         out.flush()
     }
 
-    static func stats(_ flags: Flags) async throws {
-        let filter = try DLQFilter(flags)
-        let connections = Connections()
-        let reader = try await DLQReader.open(connections, filter: filter)
-        var counts = Counts()
+    /// Reads the whole topic once through `reader` and closes it: counts the records that match `filter` (and
+    /// those that are not readable dead letters) and hands each match to `each`. Returns how many records were
+    /// scanned; a failure comes back explained for the operator.
+    private static func scan(_ reader: DLQReader, _ filter: DLQFilter, _ connections: Connections, counts: inout Counts,
+                             each: (DLQEntry, DeadLetterView) -> Void = { _, _ in }) async throws -> Int {
         do {
             try await reader.read { entries in
                 for entry in entries {
@@ -110,7 +94,9 @@ enum DLQCommand {
                         counts.unreadable += 1
                         continue
                     }
-                    if filter.matches(letter, at: entry.time) { counts.add(letter, at: entry.time) }
+                    guard filter.matches(letter, at: entry.time) else { continue }
+                    counts.add(letter, at: entry.time)
+                    each(entry, letter)
                 }
                 return true
             }
@@ -119,7 +105,15 @@ enum DLQCommand {
             throw connections.explain(error, topic: connections.dlqTopic)
         }
         await reader.close()
-        let scanned = reader.scanned.current
+        return reader.scanned.current
+    }
+
+    static func stats(_ flags: Flags) async throws {
+        let filter = try DLQFilter(flags)
+        let connections = Connections()
+        let reader = try await DLQReader.open(connections, filter: filter)
+        var counts = Counts()
+        let scanned = try await scan(reader, filter, connections, counts: &counts)
         let out = Output()
         if flags.has("json") {
             func object(_ counts: [String: Int]) -> JSONValue { .object(counts.mapValues { .number(Double($0)) }) }
