@@ -49,18 +49,12 @@ struct FaultAPNsTests {
         defer { apps.remove() }
         let redisURL = try TestEnvironment.redisURL()
         let topics = FaultTopics(brokers: try TestEnvironment.kafkaBrokers())
-        try await topics.create(partitions: 2)
-        let simulator = try SimulatorProcess(apps: apps, directory: directory, rules: [Self.goaway])
-        let ingest = try IngestServer(apps: apps, redisURL: redisURL, topics: topics, directory: directory, name: "ingest")
-        try await simulator.waitUntilListening()
-        let dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, redisURL: redisURL,
-                                               directory: directory, name: "dispatcher")
-        try await ingest.waitUntilReady()
-        let app = apps.apps[0]
-        let audience = try await Audience.subscribe(app: app, through: ingest, channelCount: 20, perChannel: 5) {
+        let stack = try await FaultStack.start(apps: apps, redisURL: redisURL, topics: topics, directory: directory,
+                                               channelCount: 20, perChannel: 5, rules: [Self.goaway]) {
             Self.kind(channel: $0, slot: $1).rawValue
         }
-        try await dispatcher.waitForAssignment()
+        let (simulator, ingest, dispatcher, audience) = (stack.simulator, stack.ingest, stack.dispatcher, stack.audience)
+        let app = apps.apps[0]
 
         let stream = EventStream(app: app, audience: audience, targets: [ingest], perSecond: 50)
         stream.start()

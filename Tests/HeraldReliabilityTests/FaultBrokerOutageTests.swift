@@ -24,18 +24,12 @@ struct FaultBrokerOutageTests {
         let broker = try TansuBroker(directory: directory)
         try await broker.start()
         let topics = FaultTopics(brokers: broker.address)
-        try await topics.create(partitions: 2)
-        let simulator = try SimulatorProcess(apps: apps, directory: directory)
-        let ingest = try IngestServer(apps: apps, redisURL: redisURL, topics: topics, directory: directory, name: "ingest",
-                                      extra: ["HERALD_PUBLISH_TIMEOUT_SECONDS": "2"])
-        try await simulator.waitUntilListening()
-        let dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, redisURL: redisURL,
-                                               directory: directory, name: "dispatcher")
-        try await ingest.waitUntilReady()
-        let app = apps.apps[0]
         let perChannel = 3
-        let audience = try await Audience.subscribe(app: app, through: ingest, channelCount: 16, perChannel: perChannel)
-        try await dispatcher.waitForAssignment()
+        let stack = try await FaultStack.start(apps: apps, redisURL: redisURL, topics: topics, directory: directory,
+                                               channelCount: 16, perChannel: perChannel,
+                                               ingestExtra: ["HERALD_PUBLISH_TIMEOUT_SECONDS": "2"])
+        let (simulator, ingest, dispatcher, audience) = (stack.simulator, stack.ingest, stack.dispatcher, stack.audience)
+        let app = apps.apps[0]
 
         let stream = EventStream(app: app, audience: audience, targets: [ingest], perSecond: 40)
         stream.start()

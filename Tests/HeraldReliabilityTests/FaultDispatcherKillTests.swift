@@ -18,17 +18,12 @@ struct FaultDispatcherKillTests {
         defer { apps.remove() }
         let redisURL = try TestEnvironment.redisURL()
         let topics = FaultTopics(brokers: try TestEnvironment.kafkaBrokers())
-        try await topics.create(partitions: 2)
-        let simulator = try SimulatorProcess(apps: apps, directory: directory)
-        let ingest = try IngestServer(apps: apps, redisURL: redisURL, topics: topics, directory: directory, name: "ingest")
-        try await simulator.waitUntilListening()
-        var dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, redisURL: redisURL,
-                                               directory: directory, name: "dispatcher-0", extra: Self.settings)
-        try await ingest.waitUntilReady()
-        let app = apps.apps[0]
         let perChannel = 3, perSecond = 40, kills = 3
-        let audience = try await Audience.subscribe(app: app, through: ingest, channelCount: 16, perChannel: perChannel)
-        try await dispatcher.waitForAssignment()
+        let stack = try await FaultStack.start(apps: apps, redisURL: redisURL, topics: topics, directory: directory,
+                                               channelCount: 16, perChannel: perChannel, dispatcherName: "dispatcher-0",
+                                               dispatcherExtra: Self.settings)
+        let (simulator, ingest, audience, app) = (stack.simulator, stack.ingest, stack.audience, apps.apps[0])
+        var dispatcher = stack.dispatcher
 
         let stream = EventStream(app: app, audience: audience, targets: [ingest], perSecond: perSecond)
         stream.start()

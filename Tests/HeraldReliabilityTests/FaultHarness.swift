@@ -169,6 +169,33 @@ extension DispatcherProcess {
     func readyStatus() async -> Int { (try? await get("/readyz"))?.status ?? 0 }
 }
 
+/// The set-up most fault scenarios share: the jobs and dead-letter topics (2 partitions), a simulator, one ingest
+/// and one dispatcher as processes, and an audience subscribed through the ingest, the dispatcher assigned.
+struct FaultStack {
+    let simulator: SimulatorProcess
+    let ingest: IngestServer
+    let dispatcher: DispatcherProcess
+    let audience: Audience
+
+    static func start(apps: TestApps, redisURL: String, topics: FaultTopics, directory: String, channelCount: Int,
+                      perChannel: Int, rules: [JSONValue] = [], ingestExtra: [String: String] = [:],
+                      dispatcherName: String = "dispatcher", dispatcherExtra: [String: String] = [:],
+                      prefix: (Int, Int) -> String = { _, _ in "" }) async throws -> FaultStack {
+        try await topics.create(partitions: 2)
+        let simulator = try SimulatorProcess(apps: apps, directory: directory, rules: rules)
+        let ingest = try IngestServer(apps: apps, redisURL: redisURL, topics: topics, directory: directory, name: "ingest",
+                                      extra: ingestExtra)
+        try await simulator.waitUntilListening()
+        let dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, redisURL: redisURL,
+                                               directory: directory, name: dispatcherName, extra: dispatcherExtra)
+        try await ingest.waitUntilReady()
+        let audience = try await Audience.subscribe(app: apps.apps[0], through: ingest, channelCount: channelCount,
+                                                    perChannel: perChannel, prefix: prefix)
+        try await dispatcher.waitForAssignment()
+        return FaultStack(simulator: simulator, ingest: ingest, dispatcher: dispatcher, audience: audience)
+    }
+}
+
 /// Resident set size of a process in bytes, from /proc.
 func residentBytes(_ pid: Int32) -> Int? {
     guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),

@@ -16,17 +16,11 @@ struct FaultRedisOutageTests {
         let redis = try RedisServer(directory: directory)
         try await redis.start()
         let topics = FaultTopics(brokers: try TestEnvironment.kafkaBrokers())
-        try await topics.create(partitions: 2)
-        let simulator = try SimulatorProcess(apps: apps, directory: directory)
-        let ingest = try IngestServer(apps: apps, redisURL: redis.url, topics: topics, directory: directory, name: "ingest")
-        try await simulator.waitUntilListening()
-        let dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, redisURL: redis.url,
-                                               directory: directory, name: "dispatcher")
-        try await ingest.waitUntilReady()
-        let app = apps.apps[0]
         let perChannel = 3
-        let audience = try await Audience.subscribe(app: app, through: ingest, channelCount: 16, perChannel: perChannel)
-        try await dispatcher.waitForAssignment()
+        let stack = try await FaultStack.start(apps: apps, redisURL: redis.url, topics: topics, directory: directory,
+                                               channelCount: 16, perChannel: perChannel)
+        let (simulator, ingest, dispatcher, audience) = (stack.simulator, stack.ingest, stack.dispatcher, stack.audience)
+        let app = apps.apps[0]
 
         let stream = EventStream(app: app, audience: audience, targets: [ingest], perSecond: 40)
         stream.start()
