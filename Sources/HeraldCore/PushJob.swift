@@ -170,7 +170,7 @@ public struct PushJob: Sendable, Codable, Equatable {
             throw .invalid("id", "id must be 1–128 visible ASCII characters")
         }
         guard !appId.isEmpty else { throw .missing("appId") }
-        guard Timestamp.parse(createdAt) != nil else { throw .invalid("createdAt", "createdAt must be an RFC 3339 time") }
+        guard Timestamp.isValid(createdAt) else { throw .invalid("createdAt", "createdAt must be an RFC 3339 time") }
         if let priority, ![1, 5, 10].contains(priority) { throw .invalid("priority", "priority must be 1, 5 or 10") }
         if let expiration, expiration < 0 { throw .invalid("expiration", "expiration must be UNIX seconds ≥ 0") }
         if let collapseId {
@@ -247,7 +247,7 @@ public struct PushJob: Sendable, Codable, Equatable {
 
     /// A channel name as subscriptions take it, counted in Unicode scalars (as JSON Schema's `maxLength` counts).
     static func validateChannel(_ channel: String, field: String) throws(ValidationError) {
-        guard channel.unicodeScalars.count <= Channel.maxLength else {
+        guard channel.utf8.count <= Channel.maxLength || channel.unicodeScalars.count <= Channel.maxLength else {
             throw .invalid(field, "\(field) must be at most \(Channel.maxLength) characters")
         }
         try Channel.validate(channel, field: field)
@@ -342,14 +342,90 @@ public enum APNsPayload {
 
 /// RFC 3339 times with milliseconds in UTC, as in jobs, dead letters and API bodies.
 public enum Timestamp {
+    /// `2026-11-30T06:03:18.123Z`: whole milliseconds, truncated (as Foundation's ISO 8601 style writes them).
+    ///
+    /// Written by hand for 1970–9999: Foundation's format style was a few percent of herald-ingest's CPU per
+    /// event (every job gets a `createdAt`). Other times go through Foundation.
     public static func rfc3339(_ date: Date) -> String {
-        date.formatted(.iso8601.year().month().day().dateSeparator(.dash).time(includingFractionalSeconds: true)
-            .timeSeparator(.colon).timeZone(separator: .omitted))
+        let interval = date.timeIntervalSince1970
+        let whole = interval.rounded(.down)
+        guard whole >= 0, whole < 253_402_300_800 else { // 1970-01-01 ... 9999-12-31
+            return date.formatted(.iso8601.year().month().day().dateSeparator(.dash)
+                .time(includingFractionalSeconds: true).timeSeparator(.colon).timeZone(separator: .omitted))
+        }
+        let seconds = Int64(whole)
+        let millis = min(999, Int((interval - whole) * 1000))
+        let (days, secondOfDay) = (seconds / 86_400, Int(seconds % 86_400))
+        let (year, month, day) = civil(fromDays: days)
+        let text = [UInt8](unsafeUninitializedCapacity: 24) { buffer, count in
+            func put(_ value: Int, _ digits: Int, at offset: Int) {
+                var value = value
+                for index in stride(from: offset + digits - 1, through: offset, by: -1) {
+                    buffer[index] = UInt8(ascii: "0") + UInt8(value % 10)
+                    value /= 10
+                }
+            }
+            put(year, 4, at: 0); buffer[4] = UInt8(ascii: "-")
+            put(month, 2, at: 5); buffer[7] = UInt8(ascii: "-")
+            put(day, 2, at: 8); buffer[10] = UInt8(ascii: "T")
+            put(secondOfDay / 3600, 2, at: 11); buffer[13] = UInt8(ascii: ":")
+            put(secondOfDay / 60 % 60, 2, at: 14); buffer[16] = UInt8(ascii: ":")
+            put(secondOfDay % 60, 2, at: 17); buffer[19] = UInt8(ascii: ".")
+            put(millis, 3, at: 20); buffer[23] = UInt8(ascii: "Z")
+            count = 24
+        }
+        return String(decoding: text, as: UTF8.self)
     }
 
     public static func parse(_ text: String) -> Date? {
         if let date = try? Date(text, strategy: .iso8601.year().month().day().dateSeparator(.dash)
             .time(includingFractionalSeconds: true).timeSeparator(.colon).timeZone(separator: .omitted)) { return date }
         return try? Date(text, strategy: .iso8601)
+    }
+
+    /// Whether `parse` accepts `text`. The shape `rfc3339` writes, with every field in range, is checked by hand
+    /// (`PushJob.validate` checks the `createdAt` of every job built); anything else is left to `parse`.
+    public static func isValid(_ text: String) -> Bool {
+        isCanonical(text) || parse(text) != nil
+    }
+
+    /// `YYYY-MM-DDTHH:MM:SS.sssZ` naming a real day of years 1970–9999 and a time before 24:00.
+    static func isCanonical(_ text: String) -> Bool {
+        let bytes = text.utf8
+        guard bytes.count == 24 else { return false }
+        var digits: [Int] = []
+        digits.reserveCapacity(17)
+        for (index, byte) in bytes.enumerated() {
+            switch index {
+            case 4, 7: guard byte == UInt8(ascii: "-") else { return false }
+            case 10: guard byte == UInt8(ascii: "T") else { return false }
+            case 13, 16: guard byte == UInt8(ascii: ":") else { return false }
+            case 19: guard byte == UInt8(ascii: ".") else { return false }
+            case 23: guard byte == UInt8(ascii: "Z") else { return false }
+            default:
+                guard byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9") else { return false }
+                digits.append(Int(byte - UInt8(ascii: "0")))
+            }
+        }
+        func number(_ range: Range<Int>) -> Int { digits[range].reduce(0) { $0 * 10 + $1 } }
+        let (year, month, day) = (number(0..<4), number(4..<6), number(6..<8))
+        let (hour, minute, second) = (number(8..<10), number(10..<12), number(12..<14))
+        guard year >= 1970, (1...12).contains(month), hour < 24, minute < 60, second < 60 else { return false }
+        let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0)
+        let monthDays = [31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
+        return (1...monthDays[month - 1]).contains(day)
+    }
+
+    /// Gregorian year, month and day of a count (≥ 0) of days since 1970-01-01 (H. Hinnant's `civil_from_days`).
+    private static func civil(fromDays days: Int64) -> (year: Int, month: Int, day: Int) {
+        let shifted = days + 719_468
+        let era = shifted / 146_097
+        let dayOfEra = shifted - era * 146_097
+        let yearOfEra = (dayOfEra - dayOfEra / 1460 + dayOfEra / 36524 - dayOfEra / 146_096) / 365
+        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
+        let monthIndex = (5 * dayOfYear + 2) / 153
+        let day = dayOfYear - (153 * monthIndex + 2) / 5 + 1
+        let month = monthIndex < 10 ? monthIndex + 3 : monthIndex - 9
+        return (Int(yearOfEra + era * 400 + (month <= 2 ? 1 : 0)), Int(month), Int(day))
     }
 }

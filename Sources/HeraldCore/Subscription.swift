@@ -27,6 +27,8 @@ public enum Channel {
 
     public static func validate(_ channel: String, field: String = "channel") throws(ValidationError) {
         guard !channel.isEmpty else { throw .missing(field) }
+        // Printable ASCII, the usual case, without looking up each scalar's Unicode category.
+        if channel.utf8.count <= maxLength, channel.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F }) { return }
         guard channel.unicodeScalars.count <= maxLength else {
             throw .invalid(field, "\(field) must be at most \(maxLength) characters")
         }

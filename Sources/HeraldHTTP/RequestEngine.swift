@@ -98,8 +98,19 @@ final class RequestEngine: Sendable {
     /// `application/json`, any case, parameters such as `; charset=utf-8` allowed.
     static func isJSON(contentType: String?) -> Bool {
         guard let contentType else { return false }
-        let mediaType = contentType.split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false)[0]
-        return mediaType.trimmingSpaces.lowercased() == "application/json"
+        guard contentType.utf8.allSatisfy({ $0 < 0x80 }) else {
+            // Unicode rules (a Greek question mark is a ";" to `split`); never on a sane request.
+            let mediaType = contentType.split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false)[0]
+            return mediaType.trimmingSpaces.lowercased() == "application/json"
+        }
+        // ASCII: bytewise, without allocating.
+        var mediaType = contentType.utf8[...]
+        if let semicolon = mediaType.firstIndex(of: UInt8(ascii: ";")) { mediaType = mediaType[..<semicolon] }
+        while let first = mediaType.first, first == 0x20 || first == 0x09 { mediaType.removeFirst() }
+        while let last = mediaType.last, last == 0x20 || last == 0x09 { mediaType.removeLast() }
+        return mediaType.elementsEqual("application/json".utf8) { byte, expected in
+            (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte) == expected
+        }
     }
 
     private static func hex(_ value: UInt64) -> String {

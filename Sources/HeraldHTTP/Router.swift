@@ -90,17 +90,17 @@ public struct Router: Sendable {
     }
 
     private static func bind(_ segments: [Segment], _ parts: [Substring.UTF8View.SubSequence]) -> [String: String]? {
+        // Literals first: most routes tried fail on one, before any parameter is decoded or stored.
+        for (segment, part) in zip(segments, parts) {
+            if case .literal(let literal) = segment, !part.elementsEqual(literal.utf8) { return nil }
+        }
         var parameters: [String: String] = [:]
         for (segment, part) in zip(segments, parts) {
-            switch segment {
-            case .literal(let literal):
-                guard part.elementsEqual(literal.utf8) else { return nil }
-            case .parameter(let name):
-                guard !part.isEmpty, let value = PercentDecoding.decode(Substring(part)), !value.isEmpty else {
-                    return nil
-                }
-                parameters[name] = value
+            guard case .parameter(let name) = segment else { continue }
+            guard !part.isEmpty, let value = PercentDecoding.decode(Substring(part)), !value.isEmpty else {
+                return nil
             }
+            parameters[name] = value
         }
         return parameters
     }

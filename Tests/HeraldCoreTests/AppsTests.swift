@@ -75,4 +75,41 @@ struct AppsFixture {
             "\(error)".contains(mentions)
         }
     }
+
+    @Test func rememberedKeysAuthenticateAlikeAndNearMissesDoNot() throws {
+        let fixture = try AppsFixture()
+        let first = try #require(fixture.directory.authenticate(apiKey: fixture.secretKey.key))
+        for _ in 0..<3 { #expect(fixture.directory.authenticate(apiKey: fixture.secretKey.key) == first) }
+        #expect(first.rateLimitKey == "key:" + fixture.secretKey.sha256)
+        var changed = Array(fixture.secretKey.key.utf8)
+        changed[changed.count - 1] = changed[changed.count - 1] == UInt8(ascii: "A") ? UInt8(ascii: "B") : UInt8(ascii: "A")
+        for nearMiss in [String(decoding: changed, as: UTF8.self), fixture.secretKey.key + "x",
+                         String(fixture.secretKey.key.dropLast())] {
+            #expect(fixture.directory.authenticate(apiKey: nearMiss) == nil)
+        }
+        #expect(fixture.directory.authenticate(apiKey: fixture.publicKey.key)?.kind == .public)
+        #expect(fixture.directory.authenticate(apiKey: fixture.secretKey.key) == first)
+    }
+
+    @Test func aReloadForgetsRemovedKeysAtOnce() throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("apps-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: folder) }
+        try PrivateKey.generateP256().pem.write(to: folder.appendingPathComponent("shop.p8"), atomically: true, encoding: .utf8)
+        let kept = NewAPIKey.generate(kind: .secret), removed = NewAPIKey.generate(kind: .secret)
+        func write(_ keys: [NewAPIKey]) throws {
+            let list = keys.map { #"{"kind": "secret", "sha256": "\#($0.sha256)"}"# }.joined(separator: ",")
+            try #"{"apps": [{"id": "shop", "keys": [\#(list)], "apns": {"teamId": "TEAM123456", "keyId": "KEY1234567", "privateKeyPath": "shop.p8", "bundleId": "com.example.shop"}}]}"#
+                .write(to: folder.appendingPathComponent("apps.json"), atomically: true, encoding: .utf8)
+        }
+        let path = folder.appendingPathComponent("apps.json").path
+        try write([kept, removed])
+        let registry = try AppRegistry(loading: path)
+        #expect(registry.directory.authenticate(apiKey: removed.key)?.appID == "shop")
+        #expect(registry.directory.authenticate(apiKey: removed.key)?.appID == "shop")
+        try write([kept])
+        try registry.reload(path: path)
+        #expect(registry.directory.authenticate(apiKey: removed.key) == nil)
+        #expect(registry.directory.authenticate(apiKey: kept.key)?.appID == "shop")
+    }
 }

@@ -133,6 +133,48 @@ import Testing
         broken.priority = 3
         #expect(throws: (any Error).self) { try validateAgainstSchema([broken.encoded()], schema: "push-job.schema.json") }
     }
+
+    @Test func timestampsAreWrittenAsFoundationWritesThem() {
+        let foundation = Date.ISO8601FormatStyle().year().month().day().dateSeparator(.dash)
+            .time(includingFractionalSeconds: true).timeSeparator(.colon).timeZone(separator: .omitted)
+        var generator = SystemRandomNumberGenerator()
+        let edges: [Double] = [0, 0.0009, 0.9999, 951_782_400.5, 1_709_164_799.999, 4_107_542_399.001,
+                               253_402_300_799.5, Date().timeIntervalSince1970]
+        let random = (0..<2000).map { _ in Double.random(in: 0..<253_402_300_800, using: &generator) }
+        for interval in edges + random {
+            let date = Date(timeIntervalSince1970: interval)
+            #expect(Timestamp.rfc3339(date) == date.formatted(foundation), "\(interval)")
+        }
+    }
+
+    @Test func canonicalTimestampsAreOnesFoundationParses() {
+        var generator = SystemRandomNumberGenerator()
+        for _ in 0..<500 {
+            let text = Timestamp.rfc3339(Date(timeIntervalSince1970: .random(in: 0..<253_402_300_800, using: &generator)))
+            #expect(Timestamp.isValid(text) && Timestamp.parse(text) != nil, "\(text)")
+        }
+        #expect(Timestamp.isValid("2024-02-29T23:59:59.999Z"))
+        for text in ["2023-02-29T00:00:00.000Z", "2024-13-01T00:00:00.000Z", "2024-04-31T00:00:00.000Z",
+                     "2024-01-01T24:00:00.000Z", "2024-01-01T00:60:00.000Z", "2024-01-01 00:00:00.000Z",
+                     "2024-01-01T00:00:00.000", "yesterday", ""] {
+            #expect(Timestamp.isValid(text) == (Timestamp.parse(text) != nil), "\(text)")
+        }
+        #expect(!Timestamp.isValid("2024-01-01T00:00:00.000"))
+    }
+
+    @Test func channelsOfPrintableASCIIOrUnicodePassAndControlsDoNot() throws {
+        try Channel.validate("order:42:status")
+        try Channel.validate("commande:é:中文")
+        try Channel.validate(String(repeating: "x", count: Channel.maxLength))
+        try Channel.validate(String(repeating: "é", count: Channel.maxLength))
+        for bad in ["a\u{7f}b", "a\nb", "tab\t", "\u{85}next", String(repeating: "x", count: Channel.maxLength + 1),
+                    String(repeating: "é", count: Channel.maxLength + 1), ""] {
+            #expect(throws: ValidationError.self) { try Channel.validate(bad) }
+        }
+        let job = try EventIntake.channelEvent(.object(["channel": .string("c"), "alert": .object(["aps": .object([:])])]),
+                                               appID: "shop", jobID: nil)
+        #expect(job.id.wholeMatch(of: /[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}/) != nil)
+    }
 }
 
 @Suite struct DeadLetterTests {

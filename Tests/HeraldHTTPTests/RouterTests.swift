@@ -74,6 +74,14 @@ struct RouterTests {
         #expect(!RequestEngine.isJSON(contentType: "text/plain"))
         #expect(!RequestEngine.isJSON(contentType: "application/jsonx"))
         #expect(!RequestEngine.isJSON(contentType: nil))
+        #expect(RequestEngine.isJSON(contentType: " \tAPPLICATION/json \t; charset=utf-8"))
+        #expect(RequestEngine.isJSON(contentType: "application/json;"))
+        for refused in ["", ";application/json", "application /json", "application/json\u{0}", "application\u{0F}json",
+                        "application/jsoñ", "application/json\u{301}", "@PPLICATION/JSON"] {
+            #expect(!RequestEngine.isJSON(contentType: refused), "\(refused)")
+        }
+        // Unicode rules still apply to a non-ASCII value: U+037E is canonically a ";".
+        #expect(RequestEngine.isJSON(contentType: "application/json\u{37E} charset=utf-8"))
     }
 
     @Test func decodingErrorsNameTheField() {
