@@ -146,10 +146,8 @@ public struct AppDirectory: Sendable {
     }
 
     /// The app and key a presented API key belongs to, or nil. The key's SHA-256 is looked up, then compared in
-    /// constant time; the key itself is never stored.
-    ///
-    /// A key that authenticated is remembered by this directory (`RecentKeys`), so a client's next requests skip
-    /// the hashing.
+    /// constant time. A key that authenticated is remembered in this directory's memory only (`RecentKeys`,
+    /// bounded, never written anywhere), so a client's next requests skip the hashing.
     public func authenticate(apiKey: String) -> Principal? {
         guard apiKey.hasPrefix(APIKeyKind.public.prefix) || apiKey.hasPrefix(APIKeyKind.secret.prefix) else { return nil }
         let presented = Array(apiKey.utf8)
