@@ -55,7 +55,7 @@ struct JobRunner: Sendable {
             settled = await fanOut(context) { cursor in
                 let batch = try await subscriptions.channelBatch(app: plan.app.id, channel: channel, cursor: cursor,
                                                                  count: batchSize)
-                return (batch.cursor, batch.subscriptions.compactMap(plan.push(for:)))
+                return (batch.cursor, batch.targets.compactMap(plan.push(for:)))
             }
         case .post:
             let post = plan.job.target.postIdHash ?? ""
