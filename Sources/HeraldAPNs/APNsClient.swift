@@ -151,7 +151,8 @@ public final class APNsClient: Sendable {
             metrics.pushes.labels("error", error.kind).increment()
             throw error
         }
-        return response(raw, started: started)
+        metrics.latency.observe(since: started)
+        return response(raw)
     }
 
     /// One hand-over to the loop and one suspension for the whole batch.
@@ -181,10 +182,13 @@ public final class APNsClient: Sendable {
         } onCancel: { [loop, core] in
             loop.execute { for request in pending { core.cancel(request) } }
         }
+        // Answered together: one latency for the batch, observed once per request under one lock.
+        let elapsed = Histogram.seconds(since: started)
+        metrics.latency.observe(elapsed, count: UInt64(raws.count(where: { if case .success = $0 { true } else { false } })))
         return try raws.map { raw throws -> Result<APNsResponse, APNsError> in
             switch raw {
             case .success(let raw):
-                return .success(response(raw, started: started))
+                return .success(response(raw))
             case .failure(let error as APNsError):
                 metrics.pushes.labels("error", error.kind).increment()
                 return .failure(error)
@@ -194,8 +198,7 @@ public final class APNsClient: Sendable {
         }
     }
 
-    private func response(_ raw: RawResponse, started: ContinuousClock.Instant) -> APNsResponse {
-        metrics.latency.observe(since: started)
+    private func response(_ raw: RawResponse) -> APNsResponse {
         if raw.status == 200 {
             metrics.delivered.increment()
             return APNsResponse(status: 200, apnsID: raw.apnsID, reason: nil, timestamp: nil)

@@ -21,12 +21,17 @@ final class ConcurrencyLimit: Sendable {
 
     init(limit: Int) { state = Lock(State(available: max(1, limit))) }
 
-    func acquire() async throws {
-        if state.withLock({ s -> Bool in
+    /// Takes a slot if one is free and nobody is waiting for one; never suspends.
+    func tryAcquire() -> Bool {
+        state.withLock { s -> Bool in
             guard s.available > 0, s.head == s.waiters.count else { return false }
             s.available -= 1
             return true
-        }) { return }
+        }
+    }
+
+    func acquire() async throws {
+        if tryAcquire() { return }
         let id = state.withLock { s -> UInt64 in
             s.nextID += 1
             return s.nextID
@@ -56,6 +61,17 @@ final class ConcurrencyLimit: Sendable {
             }
             cancelled?.resume(throwing: CancellationError())
         }
+    }
+
+    /// Returns `count` slots at once (one lock when nobody waits).
+    func release(count: Int) {
+        guard count > 0 else { return }
+        let handedOver: Int = state.withLock { s in
+            let waiting = s.waiters.count - s.head
+            if waiting == 0 { s.available += count }
+            return waiting == 0 ? count : 0
+        }
+        for _ in handedOver..<count { release() }
     }
 
     func release() {

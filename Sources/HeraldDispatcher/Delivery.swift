@@ -49,12 +49,73 @@ struct Deliverer: Sendable {
     /// Settles `push`; the caller already holds one slot of `limit`, which is released here. Returns false only
     /// when the task was cancelled before the push settled (its job's offset must then not be committed).
     func deliver(_ push: Push, context: JobContext) async -> Bool {
-        var holding = true
+        await attempt(push, context: context, holding: true, after: 0, first: nil)
+    }
+
+    /// Settles `pushes`, all for one environment; the caller already holds one slot of `limit` per push, released
+    /// here when the first attempts are answered. The first attempts go out as one batch (one task suspension and
+    /// one hand-over to the APNs client's loop for all of them, where one push each cost more CPU than the
+    /// request itself); a push that needs more — a retry, token removal, a dead letter — then continues on its
+    /// own, exactly as `deliver(_:context:)` would. Returns false only when cancelled before every push settled.
+    func deliver(_ pushes: [Push], context: JobContext) async -> Bool {
+        guard let environment = pushes.first?.environment else { return true }
+        let requests = pushes.map(context.plan.request(for:))
+        let started = ContinuousClock.now
+        let first = Date()
+        metrics.inFlightPushes.add(Int64(pushes.count))
+        let results: [Result<APNsResponse, APNsError>]
+        do {
+            results = try await apns.send(requests, credentials: context.plan.credentials,
+                                          environment: environment == .production ? .production : .sandbox)
+        } catch {
+            metrics.inFlightPushes.add(-Int64(pushes.count))
+            limit.release(count: pushes.count)
+            return false // cancelled
+        }
+        metrics.inFlightPushes.add(-Int64(pushes.count))
+        metrics.pushLatency.observe(Histogram.seconds(since: started), count: UInt64(pushes.count))
+        limit.release(count: pushes.count)
+        let last = Date()
+        if Task.isCancelled { return false }
+        var unsettled: [(Push, Outcome)] = []
+        var delivered: UInt64 = 0
+        for (push, result) in zip(pushes, results) {
+            switch result {
+            case .success(let response) where response.disposition == .delivered:
+                countAnswer(push, response)
+                delivered += 1
+            case .success(let response): unsettled.append((push, .answered(response)))
+            case .failure(let error): unsettled.append((push, .failed(error)))
+            }
+        }
+        if let created = context.plan.createdAt {
+            metrics.endToEnd.observe(last.timeIntervalSince(created), count: delivered)
+        }
+        guard !unsettled.isEmpty else { return true }
+        return await withTaskGroup(of: Bool.self) { group -> Bool in
+            for (push, outcome) in unsettled {
+                group.addTask {
+                    if let settled = await settle(push, outcome, attempt: 1, first: first, last: last, context: context) {
+                        return settled
+                    }
+                    return await attempt(push, context: context, holding: false, after: 1, first: first)
+                }
+            }
+            var all = true
+            for await ok in group where !ok { all = false }
+            return all
+        }
+    }
+
+    /// Sends `push` until it settles, from attempt `previous + 1`; `holding` says whether the caller's slot of
+    /// `limit` is still held (it is released here either way).
+    private func attempt(_ push: Push, context: JobContext, holding: Bool, after previous: Int, first: Date?) async -> Bool {
+        var holding = holding
         defer { if holding { limit.release() } }
         let request = context.plan.request(for: push)
         let environment = push.environment == .production ? HeraldAPNs.APNsEnvironment.production : .sandbox
-        var first: Date?
-        var attempt = 0
+        var first = first
+        var attempt = previous
         while true {
             if !holding {
                 do { try await limit.acquire() } catch { return false }
@@ -81,47 +142,60 @@ struct Deliverer: Sendable {
             holding = false
             let last = Date()
             if Task.isCancelled { return false }
+            if let settled = await settle(push, outcome, attempt: attempt, first: first ?? now, last: last,
+                                          context: context) {
+                return settled
+            }
+        }
+    }
 
-            var failure = DeadLetterEntry.Failure(status: nil, apnsReason: nil, error: nil, attempts: attempt,
-                                             firstAttemptAt: first ?? now, lastAttemptAt: last)
-            let retryable: Bool
-            switch outcome {
-            case .answered(let response):
-                if response.status == 200, push.pushType == .alert {
-                    metrics.deliveredAlert.increment()
-                } else if response.status == 200, push.pushType == .liveactivity {
-                    metrics.deliveredLiveActivity.increment()
-                } else {
-                    count(push, status: String(response.status), reason: response.reason?.description ?? "")
-                }
-                switch response.disposition {
-                case .delivered:
-                    if let created = context.plan.createdAt { metrics.endToEnd.observe(last.timeIntervalSince(created)) }
-                    return true
-                case .removeToken:
-                    // 410 carries when the token stopped being valid: keep what was (re-)registered after it.
-                    return await removeToken(push, app: context.plan.app.id,
-                                             keepAfter: response.status == 410 ? response.timestamp : nil)
-                case .retry, .refreshProviderToken:
-                    // ExpiredProviderToken seen here means the client could not re-sign yet (20-minute rule).
-                    retryable = true
-                case .permanent:
-                    retryable = false
-                }
-                failure.status = response.status
-                failure.apnsReason = response.reason?.description
-            case .failed(let error):
-                count(push, status: "error", reason: error.kind)
-                retryable = error.isRetriable
-                failure.error = error.kind
+    /// Acts on one attempt's outcome: true when the push is settled (delivered, token removed, dead-lettered),
+    /// false when cancelled, nil when it is to be sent again (the backoff has been waited).
+    private func settle(_ push: Push, _ outcome: Outcome, attempt: Int, first: Date, last: Date,
+                        context: JobContext) async -> Bool? {
+        var failure = DeadLetterEntry.Failure(status: nil, apnsReason: nil, error: nil, attempts: attempt,
+                                              firstAttemptAt: first, lastAttemptAt: last)
+        let retryable: Bool
+        switch outcome {
+        case .answered(let response):
+            countAnswer(push, response)
+            switch response.disposition {
+            case .delivered:
+                if let created = context.plan.createdAt { metrics.endToEnd.observe(last.timeIntervalSince(created)) }
+                return true
+            case .removeToken:
+                // 410 carries when the token stopped being valid: keep what was (re-)registered after it.
+                return await removeToken(push, app: context.plan.app.id,
+                                         keepAfter: response.status == 410 ? response.timestamp : nil)
+            case .retry, .refreshProviderToken:
+                // ExpiredProviderToken seen here means the client could not re-sign yet (20-minute rule).
+                retryable = true
+            case .permanent:
+                retryable = false
             }
-            if retryable, attempt < maxAttempts {
-                metrics.retries.labels(failure.apnsReason ?? failure.error ?? "").increment()
-                do { try await Task.sleep(for: backoff.delay(attempt: attempt)) } catch { return false }
-                continue
-            }
-            return await deadLetters.write(letter(push, context: context, failure: failure,
-                                                  reason: retryable ? .retriesExhausted : .rejected))
+            failure.status = response.status
+            failure.apnsReason = response.reason?.description
+        case .failed(let error):
+            count(push, status: "error", reason: error.kind)
+            retryable = error.isRetriable
+            failure.error = error.kind
+        }
+        if retryable, attempt < maxAttempts {
+            metrics.retries.labels(failure.apnsReason ?? failure.error ?? "").increment()
+            do { try await Task.sleep(for: backoff.delay(attempt: attempt)) } catch { return false }
+            return nil
+        }
+        return await deadLetters.write(letter(push, context: context, failure: failure,
+                                              reason: retryable ? .retriesExhausted : .rejected))
+    }
+
+    private func countAnswer(_ push: Push, _ response: APNsResponse) {
+        if response.status == 200, push.pushType == .alert {
+            metrics.deliveredAlert.increment()
+        } else if response.status == 200, push.pushType == .liveactivity {
+            metrics.deliveredLiveActivity.increment()
+        } else {
+            count(push, status: String(response.status), reason: response.reason?.description ?? "")
         }
     }
 

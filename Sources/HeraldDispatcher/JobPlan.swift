@@ -61,7 +61,7 @@ struct JobPlan: Sendable {
 
     /// What a channel subscriber receives, or nil when the job has nothing for its token type (or, for a Live
     /// Activity update naming an activity, when the subscription is for another activity).
-    func push(for subscription: Subscription) -> Push? {
+    func push(for subscription: ChannelTarget) -> Push? {
         switch subscription.tokenType {
         case .alert:
             guard let alertPayload else { return nil }

@@ -55,7 +55,7 @@ struct JobRunner: Sendable {
             settled = await fanOut(context) { cursor in
                 let batch = try await subscriptions.channelBatch(app: plan.app.id, channel: channel, cursor: cursor,
                                                                  count: batchSize)
-                return (batch.cursor, batch.subscriptions.compactMap(plan.push(for:)))
+                return (batch.cursor, batch.targets.compactMap(plan.push(for:)))
             }
         case .post:
             let post = plan.job.target.postIdHash ?? ""
@@ -150,18 +150,48 @@ struct JobRunner: Sendable {
         return true
     }
 
-    /// Sends one batch, each push holding a slot of the shared limit while in flight.
+    /// Sends one batch, each push holding a slot of the shared limit while in flight. Pushes go to the APNs client
+    /// in groups of up to `pushesPerSend` of one environment (one task and one batch send per group instead of
+    /// per push); a group is sent early when the limit is full, so no slot is held by a push waiting for others.
     private func send(_ pushes: [Push], context: JobContext) async -> Bool {
         await withTaskGroup(of: Bool.self) { group -> Bool in
+            var production: [Push] = []
+            var sandbox: [Push] = []
             for push in pushes {
-                do { try await limit.acquire() } catch { break }
-                group.addTask { await deliverer.deliver(push, context: context) }
+                if !limit.tryAcquire() {
+                    for held in [production, sandbox] where !held.isEmpty {
+                        group.addTask { await deliverer.deliver(held, context: context) }
+                    }
+                    production.removeAll()
+                    sandbox.removeAll()
+                    do { try await limit.acquire() } catch { break }
+                }
+                if push.environment == .production {
+                    production.append(push)
+                    if production.count == Self.pushesPerSend {
+                        group.addTask { [production] in await deliverer.deliver(production, context: context) }
+                        production.removeAll()
+                    }
+                } else {
+                    sandbox.append(push)
+                    if sandbox.count == Self.pushesPerSend {
+                        group.addTask { [sandbox] in await deliverer.deliver(sandbox, context: context) }
+                        sandbox.removeAll()
+                    }
+                }
+            }
+            for held in [production, sandbox] where !held.isEmpty {
+                group.addTask { await deliverer.deliver(held, context: context) }
             }
             var all = !Task.isCancelled
             for await ok in group where !ok { all = false }
             return all && !Task.isCancelled
         }
     }
+
+    /// Pushes per batch send: enough to make the per-send cost small per push, few enough that slots held until
+    /// the slowest answer of a group leave most of `maxInFlightPushes` working.
+    static let pushesPerSend = 100
 
     private func removePost(app: String, post: String) async -> Bool {
         do {

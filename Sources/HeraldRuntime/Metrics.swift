@@ -152,19 +152,26 @@ public final class Histogram: Sendable {
         state = Lock((counts: [UInt64](repeating: 0, count: buckets.count), sum: 0, count: 0))
     }
 
-    public func observe(_ value: Double) {
+    public func observe(_ value: Double) { observe(value, count: 1) }
+
+    /// Observes `value` `count` times under one lock (a batch of requests answered together).
+    public func observe(_ value: Double, count: UInt64) {
+        guard count > 0 else { return }
         let index = buckets.firstIndex { value <= $0 }
         state.withLock { s in
-            if let index { s.counts[index] += 1 }
-            s.sum += value
-            s.count += 1
+            if let index { s.counts[index] += count }
+            s.sum += value * Double(count)
+            s.count += count
         }
     }
 
     /// Observes the seconds elapsed since `start`.
-    public func observe(since start: ContinuousClock.Instant) {
+    public func observe(since start: ContinuousClock.Instant) { observe(Self.seconds(since: start)) }
+
+    /// The seconds elapsed since `start`, as histograms take them.
+    public static func seconds(since start: ContinuousClock.Instant) -> Double {
         let elapsed = ContinuousClock.now - start
-        observe(Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+        return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
     }
 
     var snapshot: (counts: [UInt64], sum: Double, count: UInt64) { state.withLock { $0 } }

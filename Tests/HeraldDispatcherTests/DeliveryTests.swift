@@ -179,6 +179,38 @@ struct DeliveryTests {
         await harness.stop()
     }
 
+    @Test("in a channel fan-out (first attempts sent as one batch) a flaky token is retried to delivery and a broken one dead-lettered after every attempt")
+    func channelRetries() async throws {
+        let harness = try await DispatcherHarness.start(maxAttempts: 3)
+        let app = harness.apps.apps[0]
+        let channel = "retry-\(SecureRandom.hex(4))"
+        let flaky = deviceToken("f1a1"), broken = deviceToken("b0b1"), healthy = [deviceToken(), deviceToken()]
+        for token in [flaky, broken] + healthy { try await harness.subscribe(app, channel: channel, token: token) }
+        try harness.simulators.production.setRules([
+            .fail(tokenPrefix: "f1a1", status: 503, reason: "ServiceUnavailable", times: 2),
+            .fail(tokenPrefix: "b0b1", status: 500, reason: "InternalServerError"),
+        ])
+        var job = PushJob(id: "c-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+        job.alert = .object(["aps": .object(["alert": .string("retry me")])])
+        try await harness.produce(job)
+        let letters = try await harness.deadLetters(expecting: 1)
+        try await eventually("the flaky token got its push") {
+            harness.simulators.accepted().contains { $0["token"]?.stringValue == flaky }
+        }
+        let letter = try #require(letters.first)
+        #expect(letters.count == 1)
+        #expect(letter["disposition"]?.stringValue == "retries_exhausted")
+        #expect(letter["deviceToken"]?.stringValue == broken)
+        #expect(letter["attempts"]?.numberValue == 3)
+        let accepted = harness.simulators.accepted().compactMap { $0["token"]?.stringValue }
+        #expect(accepted.filter { $0 == flaky }.count == 1)
+        #expect(healthy.allSatisfy { token in accepted.filter { $0 == token }.count == 1 })
+        #expect(harness.metric("herald_dispatcher_retries_total", labels: ["reason": "ServiceUnavailable"]) == 2)
+        #expect(harness.metric("herald_dispatcher_retries_total", labels: ["reason": "InternalServerError"]) == 2)
+        try await eventually("the job completed") { harness.metric("herald_dispatcher_jobs_completed_total") == 1 }
+        await harness.stop()
+    }
+
     @Test("a permanent failure gives exactly one dead letter with every replay fact, valid against its schema")
     func permanentFailure() async throws {
         let harness = try await DispatcherHarness.start()

@@ -59,6 +59,21 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(channelB.isEmpty)
     }
 
+    @Test func channelBatchReadsWhatAPushNeeds() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client)
+        let alert = token(), update = token()
+        _ = try await store.upsert(app: redis.app, try subscription("c", alert, extra: #", "environment": "sandbox""#))
+        _ = try await store.upsert(app: redis.app, try subscription("c", update, "liveactivity-update"))
+        let (cursor, targets) = try await store.channelBatch(app: redis.app, channel: "c", cursor: "0")
+        #expect(cursor == "0")
+        #expect(Set(targets.map(\.deviceToken)) == [alert, update])
+        #expect(targets.first { $0.deviceToken == alert } == ChannelTarget(deviceToken: alert, tokenType: .alert,
+                                                                            environment: .sandbox, activityID: nil))
+        #expect(targets.first { $0.deviceToken == update } == ChannelTarget(
+            deviceToken: update, tokenType: .liveActivityUpdate, environment: .production, activityID: "act-1"))
+    }
+
     @Test func removesOneOrAllAndCounts() async throws {
         let redis = try TestRedis()
         let store = SubscriptionStore(redis: redis.client)
@@ -95,7 +110,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         var seen: [String] = [], cursor = "0", batches = 0
         repeat {
             let batch = try await store.channelBatch(app: redis.app, channel: "big", cursor: cursor, count: 200)
-            seen += batch.subscriptions.map(\.deviceToken)
+            seen += batch.targets.map(\.deviceToken)
             cursor = batch.cursor
             batches += 1
         } while cursor != "0"
