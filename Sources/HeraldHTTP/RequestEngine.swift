@@ -96,10 +96,24 @@ final class RequestEngine: Sendable {
     }
 
     /// `application/json`, any case, parameters such as `; charset=utf-8` allowed.
+    /// Compared byte by byte (ASCII case folding; no other character lowercases to one of these letters), without
+    /// the split, trim and Unicode lowercasing that were 1.5 % of a request.
     static func isJSON(contentType: String?) -> Bool {
-        guard let contentType else { return false }
-        let mediaType = contentType.split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false)[0]
-        return mediaType.trimmingSpaces.lowercased() == "application/json"
+        guard var contentType else { return false }
+        return contentType.withUTF8 { bytes in
+            var start = 0
+            var end = bytes.firstIndex(of: UInt8(ascii: ";")) ?? bytes.count
+            while start < end, bytes[start] == UInt8(ascii: " ") || bytes[start] == UInt8(ascii: "\t") { start += 1 }
+            while end > start, bytes[end - 1] == UInt8(ascii: " ") || bytes[end - 1] == UInt8(ascii: "\t") { end -= 1 }
+            let expected = "application/json".utf8
+            guard end - start == expected.count else { return false }
+            for (offset, byte) in expected.enumerated() {
+                let actual = bytes[start + offset]
+                let folded = actual >= UInt8(ascii: "A") && actual <= UInt8(ascii: "Z") ? actual | 0x20 : actual
+                guard folded == byte else { return false }
+            }
+            return true
+        }
     }
 
     private static func hex(_ value: UInt64) -> String {
@@ -111,14 +125,5 @@ final class RequestEngine: Sendable {
     private static func milliseconds(_ micros: Int64) -> String {
         let fraction = String(micros % 1000)
         return "\(micros / 1000)." + String(repeating: "0", count: 3 - fraction.count) + fraction
-    }
-}
-
-extension Substring {
-    fileprivate var trimmingSpaces: Substring {
-        var text = self
-        while let first = text.first, first == " " || first == "\t" { text.removeFirst() }
-        while let last = text.last, last == " " || last == "\t" { text.removeLast() }
-        return text
     }
 }

@@ -74,6 +74,13 @@ struct RouterTests {
         #expect(!RequestEngine.isJSON(contentType: "text/plain"))
         #expect(!RequestEngine.isJSON(contentType: "application/jsonx"))
         #expect(!RequestEngine.isJSON(contentType: nil))
+        #expect(RequestEngine.isJSON(contentType: " \tAPPLICATION/json \t;charset=utf-8"))
+        #expect(RequestEngine.isJSON(contentType: "application/json;"))
+        #expect(!RequestEngine.isJSON(contentType: ""))
+        #expect(!RequestEngine.isJSON(contentType: ";application/json"))
+        #expect(!RequestEngine.isJSON(contentType: "application/jso"))
+        #expect(!RequestEngine.isJSON(contentType: "application/json x"))
+        #expect(!RequestEngine.isJSON(contentType: "application\u{212A}json"))
     }
 
     @Test func decodingErrorsNameTheField() {
