@@ -30,7 +30,10 @@ public enum Channel {
         guard channel.unicodeScalars.count <= maxLength else {
             throw .invalid(field, "\(field) must be at most \(maxLength) characters")
         }
-        guard channel.unicodeScalars.allSatisfy({ $0.properties.generalCategory != .control && $0 != "\u{7f}" }) else {
+        // ASCII answered without the Unicode property tables (C0 controls and DEL are the ASCII `Cc` characters).
+        guard channel.unicodeScalars.allSatisfy({
+            $0.isASCII ? $0.value >= 0x20 && $0.value != 0x7f : $0.properties.generalCategory != .control
+        }) else {
             throw .invalid(field, "\(field) must contain only printable characters")
         }
     }
