@@ -159,3 +159,24 @@ import Testing
         #expect(DeadLetter(appId: "shop", job: nil, reason: "invalid_job", attempts: 0).replayJob(partition: 0, offset: 0, id: "x") == nil)
     }
 }
+
+@Suite struct TimestampTests {
+    @Test func handWrittenFormatMatchesFoundations() {
+        var generator = SystemRandomNumberGenerator()
+        var dates: [Date] = [Date(timeIntervalSince1970: 0), Date(), Date(timeIntervalSince1970: 951_782_400.9999),
+                             Date(timeIntervalSince1970: 253_402_300_799.999), Date(timeIntervalSince1970: 1_796_000_000.0005),
+                             Date(timeIntervalSince1970: 4_107_542_399.9996), Date(timeIntervalSince1970: -1.5),
+                             Date(timeIntervalSince1970: 253_402_300_800)]
+        for _ in 0..<20_000 {
+            dates.append(Date(timeIntervalSince1970: Double.random(in: 0..<253_402_300_800, using: &generator)))
+            dates.append(Date(timeIntervalSince1970: Double(Int.random(in: 1_700_000_000_000...1_900_000_000_000,
+                                                                       using: &generator)) / 1000))
+        }
+        for date in dates {
+            let expected = Timestamp.foundationRFC3339(date)
+            let actual = Timestamp.rfc3339(date)
+            #expect(actual == expected, "\(date.timeIntervalSince1970)")
+            if actual != expected { break }
+        }
+    }
+}
