@@ -350,8 +350,7 @@ public enum Timestamp {
         let interval = date.timeIntervalSince1970
         let whole = interval.rounded(.down)
         guard whole >= 0, whole < 253_402_300_800 else { // 1970-01-01 ... 9999-12-31
-            return date.formatted(.iso8601.year().month().day().dateSeparator(.dash)
-                .time(includingFractionalSeconds: true).timeSeparator(.colon).timeZone(separator: .omitted))
+            return foundationRFC3339(date)
         }
         let seconds = Int64(whole)
         let millis = min(999, Int((interval - whole) * 1000))
@@ -375,6 +374,12 @@ public enum Timestamp {
             count = 24
         }
         return String(decoding: text, as: UTF8.self)
+    }
+
+    /// Foundation's formatting, for years outside 1970–9999 and as the reference in tests.
+    public static func foundationRFC3339(_ date: Date) -> String {
+        date.formatted(.iso8601.year().month().day().dateSeparator(.dash).time(includingFractionalSeconds: true)
+            .timeSeparator(.colon).timeZone(separator: .omitted))
     }
 
     public static func parse(_ text: String) -> Date? {

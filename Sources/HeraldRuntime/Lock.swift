@@ -6,9 +6,13 @@ import Foundation
 /// runtime, so ThreadSanitizer never sees the hand-over and reports every contended critical section as a race
 /// (RELIABILITY.md, "Sanitizers", has the five-line reproduction). `pthread_mutex_lock` is intercepted by the
 /// sanitizers and costs the same when uncontended.
+///
+/// `withLock` is inlinable so that callers in other modules get it specialised for their value and result types,
+/// as `Mutex`'s is: unspecialised, every call went through generic metadata and value witnesses (a request on
+/// the ingest hot path takes a dozen locks).
 public final class Lock<Value: ~Copyable>: @unchecked Sendable { // `value` is only reached between lock and unlock of `mutex`
-    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
-    private var value: Value
+    @usableFromInline let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+    @usableFromInline var value: Value
 
     /// A lock guarding `initialValue`.
     public init(_ initialValue: consuming Value) {
@@ -22,6 +26,7 @@ public final class Lock<Value: ~Copyable>: @unchecked Sendable { // `value` is o
     }
 
     /// Runs `body` with exclusive access to the value; not reentrant (a nested call on the same lock deadlocks).
+    @inlinable
     public func withLock<Result: ~Copyable, E: Error>(_ body: (inout Value) throws(E) -> Result) throws(E) -> Result {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }

@@ -37,6 +37,13 @@ let token = String(repeating: "a1", count: 32)
         #expect { try SubscriptionInput(json(body)) } throws: { ($0 as? ValidationError)?.field == field }
     }
 
+    @Test func channelControlCharactersAreRefusedInAndOutOfASCII() throws {
+        for channel in ["a\u{0}", "a\tb", "\u{1f}", "a\u{7f}", "a\u{85}b", "\u{9f}"] {
+            #expect(throws: ValidationError.self) { try Channel.validate(channel) }
+        }
+        for channel in [" ", "~", "order:1:status", "é", "\u{a0}", "\u{1F600}"] { try Channel.validate(channel) }
+    }
+
     @Test func channelOf255CharactersIsAccepted() throws {
         let channel = String(repeating: "é", count: 255)
         let input = try SubscriptionInput(json(#"{"channel": "\#(channel)", "deviceToken": "\#(token)", "tokenType": "alert"}"#))

@@ -135,15 +135,17 @@ import Testing
     }
 
     @Test func timestampsAreWrittenAsFoundationWritesThem() {
-        let foundation = Date.ISO8601FormatStyle().year().month().day().dateSeparator(.dash)
-            .time(includingFractionalSeconds: true).timeSeparator(.colon).timeZone(separator: .omitted)
         var generator = SystemRandomNumberGenerator()
-        let edges: [Double] = [0, 0.0009, 0.9999, 951_782_400.5, 1_709_164_799.999, 4_107_542_399.001,
-                               253_402_300_799.5, Date().timeIntervalSince1970]
+        let edges: [Double] = [0, 0.0009, 0.9999, 951_782_400.5, 951_782_400.9999, 1_709_164_799.999,
+                               1_796_000_000.0005, 4_107_542_399.001, 4_107_542_399.9996, 253_402_300_799.5,
+                               253_402_300_799.999, Date().timeIntervalSince1970, -1.5, 253_402_300_800]
         let random = (0..<2000).map { _ in Double.random(in: 0..<253_402_300_800, using: &generator) }
-        for interval in edges + random {
+        let milliseconds = (0..<2000).map { _ in
+            Double(Int.random(in: 1_700_000_000_000...1_900_000_000_000, using: &generator)) / 1000
+        }
+        for interval in edges + random + milliseconds {
             let date = Date(timeIntervalSince1970: interval)
-            #expect(Timestamp.rfc3339(date) == date.formatted(foundation), "\(interval)")
+            #expect(Timestamp.rfc3339(date) == Timestamp.foundationRFC3339(date), "\(interval)")
         }
     }
 
@@ -201,3 +203,4 @@ import Testing
         #expect(DeadLetter(appId: "shop", job: nil, reason: "invalid_job", attempts: 0).replayJob(partition: 0, offset: 0, id: "x") == nil)
     }
 }
+

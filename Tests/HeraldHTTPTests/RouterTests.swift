@@ -77,7 +77,8 @@ struct RouterTests {
         #expect(RequestEngine.isJSON(contentType: " \tAPPLICATION/json \t; charset=utf-8"))
         #expect(RequestEngine.isJSON(contentType: "application/json;"))
         for refused in ["", ";application/json", "application /json", "application/json\u{0}", "application\u{0F}json",
-                        "application/jsoñ", "application/json\u{301}", "@PPLICATION/JSON"] {
+                        "application/jsoñ", "application/json\u{301}", "@PPLICATION/JSON",
+                        "application/jso", "application/json x", "application\u{212A}json"] {
             #expect(!RequestEngine.isJSON(contentType: refused), "\(refused)")
         }
         // Unicode rules still apply to a non-ASCII value: U+037E is canonically a ";".

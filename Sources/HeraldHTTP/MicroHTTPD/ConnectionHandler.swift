@@ -72,7 +72,7 @@ final class ConnectionHandler: Sendable {
         }
 
         // The body is complete, or the handler has resumed the connection with its response.
-        if let response = context.pendingResponse.withLock({ $0.take() }) {
+        if let response = context.shared.withLock({ $0.pendingResponse.take() }) {
             return queue(response, for: context)
         }
         if context.tooLarge { return queue(HTTPError.bodyTooLarge(limit: engine.maxBodyBytes).response, for: context) }
@@ -151,7 +151,7 @@ final class ConnectionHandler: Sendable {
             let response = await engine.respond(to: request, with: handler)
             self.complete(context, with: response)
         }
-        context.handlerTask.withLock { $0 = task }
+        context.shared.withLock { $0.handlerTask = task }
         return MHD_Result.YES
     }
 
@@ -163,7 +163,7 @@ final class ConnectionHandler: Sendable {
         resuming.add(1, ordering: .sequentiallyConsistent)
         defer { resuming.subtract(1, ordering: .sequentiallyConsistent) }
         guard !stopped.load(ordering: .sequentiallyConsistent), context.claim() else { return }
-        context.pendingResponse.withLock { $0 = response }
+        context.shared.withLock { $0.pendingResponse = response }
         MHD_resume_connection(context.connection)
         _ = shard(context).state.withLock { $0.entries.removeValue(forKey: ObjectIdentifier(context)) }
     }
@@ -181,7 +181,7 @@ final class ConnectionHandler: Sendable {
                 }
             }
         }
-        for context in expired { context.handlerTask.withLock { $0 }?.cancel() }
+        for context in expired { context.shared.withLock { $0.handlerTask }?.cancel() }
         if !expired.isEmpty {
             engine.logger.warning("handlers past the request deadline answered 503", ["http.count": "\(expired.count)"])
         }
@@ -201,7 +201,7 @@ final class ConnectionHandler: Sendable {
                 shard.entries = [:]
             }
         }
-        for context in answered { context.handlerTask.withLock { $0 }?.cancel() }
+        for context in answered { context.shared.withLock { $0.handlerTask }?.cancel() }
         return answered.count
     }
 
@@ -215,7 +215,7 @@ final class ConnectionHandler: Sendable {
     /// Claims a parked request for an error answer and resumes its connection. False if its handler won.
     private func answer(_ context: RequestContext, with error: HTTPError) -> Bool {
         guard context.claim() else { return false }
-        context.pendingResponse.withLock { $0 = error.response }
+        context.shared.withLock { $0.pendingResponse = error.response }
         MHD_resume_connection(context.connection)
         return true
     }

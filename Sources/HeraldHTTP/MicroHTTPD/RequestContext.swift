@@ -30,10 +30,15 @@ final class RequestContext: @unchecked Sendable {
     /// Set by whoever answers a parked request first (its handler, the deadline sweep, shutdown); only the winner
     /// stores a response and resumes the connection.
     let claimed = Atomic<Bool>(false)
-    /// Set by the claim winner before it resumes the connection.
-    let pendingResponse = Lock<HTTPResponse?>(nil)
-    /// The handler task of a parked request, cancelled when the deadline sweep or shutdown answers for it.
-    let handlerTask = Lock<Task<Void, Never>?>(nil)
+    /// What other threads hand over, under one lock (a lock is two allocations, and every request makes a context).
+    let shared = Lock(Shared())
+
+    struct Shared {
+        /// Set by the claim winner before it resumes the connection.
+        var pendingResponse: HTTPResponse?
+        /// The handler task of a parked request, cancelled when the deadline sweep or shutdown answers for it.
+        var handlerTask: Task<Void, Never>?
+    }
 
     /// Claims the right to answer a parked request. True exactly once.
     func claim() -> Bool {
