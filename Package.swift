@@ -60,7 +60,7 @@ let package = Package(
                                                      "HeraldCrypto", "HeraldRuntime"],
                 swiftSettings: rdkafkaSwift),
         // herald-dispatcher: jobs → APNs.
-        .target(name: "HeraldDispatcher", dependencies: ["HeraldCore", "HeraldStore", "HeraldRedis", "HeraldKafka", "HeraldAPNs",
+        .target(name: "HeraldDispatcher", dependencies: ["CHeraldShims", "HeraldCore", "HeraldStore", "HeraldRedis", "HeraldKafka", "HeraldAPNs",
                                                          "HeraldCrypto", "HeraldHTTP", "HeraldRuntime"],
                 swiftSettings: rdkafkaSwift),
 

@@ -63,6 +63,10 @@ public struct DispatcherConfiguration: Sendable {
         let wait = fetchMaxWait.components
         kafka.properties["fetch.wait.max.ms"] = kafka.properties["fetch.wait.max.ms"]
             ?? String(max(1, wait.seconds * 1000 + wait.attoseconds / 1_000_000_000_000_000))
+        // librdkafka pre-fetches up to 64 MiB / 100,000 records by default; after a pause with a backlog that
+        // would dwarf the dispatcher's own memory. 2 MiB (some thousands of jobs) keeps `maxInFlightJobs` fed.
+        kafka.properties["queued.max.messages.kbytes"] = kafka.properties["queued.max.messages.kbytes"] ?? "2048"
+        kafka.properties["queued.min.messages"] = kafka.properties["queued.min.messages"] ?? "10000"
         return KafkaConsumerConfiguration(kafka: kafka, groupID: consumerGroup, sessionTimeout: sessionTimeout,
                                           heartbeatInterval: heartbeat, maxPollInterval: maxPollInterval,
                                           offsetReset: .earliest)
