@@ -64,7 +64,8 @@ public final class DispatcherService: Service {
     public func run() async throws {
         let server = self.server
         let operations = Task { try await server.run() }
-        defer { operations.cancel() }
+        let trimmer = HeapTrimmer()
+        defer { operations.cancel(); trimmer.stop() }
         do {
             try await consumer.run()
         } catch {
