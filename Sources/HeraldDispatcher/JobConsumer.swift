@@ -108,7 +108,9 @@ final class JobConsumer: Sendable {
             "kafka.fetch_wait_ms": "\(fetchWait.components.seconds * 1000 + fetchWait.components.attoseconds / 1_000_000_000_000_000)",
             "kafka.new_fetch_wait_ms": "\(longer.components.seconds * 1000 + longer.components.attoseconds / 1_000_000_000_000_000)",
         ])
-        await commit()
+        // Jobs under way finish first, as on shutdown: leaving the group hands back what is unsettled, and its
+        // next run repeats the pushes sent since its last saved progress.
+        await settleInFlight(until: .now + configuration.drainTimeout)
         do { try await consumer.close() } catch {
             logger.warning("leaving the consumer group failed", ["error": "\(error)"])
         }
@@ -118,13 +120,18 @@ final class JobConsumer: Sendable {
         return longer
     }
 
-    private func drain() async {
-        let deadline = ContinuousClock.now + configuration.drainTimeout
-        logger.info("draining", ["jobs.in_flight": "\(book.inFlight)"])
+    /// Waits until no job is in flight or `deadline` passes, committing what settles meanwhile.
+    private func settleInFlight(until deadline: ContinuousClock.Instant) async {
         while book.inFlight > 0, ContinuousClock.now < deadline {
             await slotFreed.wait(upTo: .milliseconds(100))
             await commit()
         }
+        await commit()
+    }
+
+    private func drain() async {
+        logger.info("draining", ["jobs.in_flight": "\(book.inFlight)"])
+        await settleInFlight(until: .now + configuration.drainTimeout)
         if book.inFlight > 0 {
             logger.warning("handing back unfinished jobs", ["jobs.in_flight": "\(book.inFlight)"])
             book.cancelAll()
