@@ -10,6 +10,8 @@ struct FetchWatchdog: Sendable {
     let stallTimeout: Duration
     /// Per lagging partition: its position and since when it has not moved.
     private var unmoved: [KafkaTopicPartition: (position: Int64, since: ContinuousClock.Instant)] = [:]
+    /// When the consumer was last replaced, until it receives a record.
+    private var replacedAt: ContinuousClock.Instant?
 
     init(stallTimeout: Duration) { self.stallTimeout = stallTimeout }
 
@@ -27,6 +29,20 @@ struct FetchWatchdog: Sendable {
         return stalled
     }
 
-    /// Forgets every reading (after the consumer was replaced).
-    mutating func reset() { unmoved = [:] }
+    /// Forgets every reading: the consumer was replaced at `now` because of a stall, so records are left and the
+    /// new one must receive some.
+    mutating func replaced(at now: ContinuousClock.Instant) {
+        unmoved = [:]
+        replacedAt = now
+    }
+
+    /// The consumer received records.
+    mutating func recordsArrived() { replacedAt = nil }
+
+    /// True when a consumer that replaced a stalled one has received nothing for twice the stall timeout. Its
+    /// positions and the broker's watermarks stay unknown while no fetch returns records, so `stalled` cannot
+    /// judge it.
+    func silentSinceReplacement(now: ContinuousClock.Instant) -> Bool {
+        replacedAt.map { now - $0 >= stallTimeout * 2 } ?? false
+    }
 }

@@ -72,6 +72,7 @@ final class JobConsumer: Sendable {
                 book.beginPoll()
                 let records = try await consumer.poll(maxRecords: max(1, room), timeout: .milliseconds(100))
                 let revoked = book.endPoll()
+                if !records.isEmpty { watchdog.recordsArrived() }
                 // Records of a partition revoked during this poll belong to the old assignment: whoever owns the
                 // partition now reads them again from the committed offset.
                 for record in records where !revoked.contains(KafkaTopicPartition(topic: record.topic, partition: record.partition)) {
@@ -80,9 +81,9 @@ final class JobConsumer: Sendable {
                 if ContinuousClock.now >= nextCheck {
                     nextCheck = ContinuousClock.now + .seconds(1)
                     let stalled = watchdog.stalled(try await consumer.progress(), now: .now)
-                    if !stalled.isEmpty {
+                    if !stalled.isEmpty || watchdog.silentSinceReplacement(now: .now) {
                         fetchWait = try await restartConsumer(stalled: stalled, fetchWait: fetchWait)
-                        watchdog.reset()
+                        watchdog.replaced(at: .now)
                     }
                 }
             } catch {
@@ -104,7 +105,8 @@ final class JobConsumer: Sendable {
         let longer = min(fetchWait * 4, Self.maxFetchWait)
         metrics.fetchStalls.increment()
         logger.warning("no records fetched although the broker has more; restarting the consumer with a longer fetch wait", [
-            "kafka.partitions": stalled.map { "\($0.partition)@\($0.position)/\($0.highWatermark)" }.joined(separator: ","),
+            "kafka.partitions": stalled.isEmpty ? "none received since the last replacement"
+                : stalled.map { "\($0.partition)@\($0.position)/\($0.highWatermark)" }.joined(separator: ","),
             "kafka.fetch_wait_ms": "\(fetchWait.components.seconds * 1000 + fetchWait.components.attoseconds / 1_000_000_000_000_000)",
             "kafka.new_fetch_wait_ms": "\(longer.components.seconds * 1000 + longer.components.attoseconds / 1_000_000_000_000_000)",
         ])

@@ -71,4 +71,16 @@ struct FetchStallTests {
         #expect(watchdog.stalled(reading(-1001, 250), now: start + .seconds(50)).isEmpty)
         #expect(watchdog.stalled(reading(5, -1), now: start + .seconds(60)).isEmpty)
     }
+
+    @Test("a consumer that replaced a stalled one and receives nothing for twice the stall timeout counts as stalled")
+    func silentReplacement() {
+        var watchdog = FetchWatchdog(stallTimeout: .seconds(5))
+        let start = ContinuousClock.now
+        #expect(!watchdog.silentSinceReplacement(now: start + .seconds(60)), "never replaced: an idle topic is no stall")
+        watchdog.replaced(at: start)
+        #expect(!watchdog.silentSinceReplacement(now: start + .seconds(9)))
+        #expect(watchdog.silentSinceReplacement(now: start + .seconds(10)))
+        watchdog.recordsArrived()
+        #expect(!watchdog.silentSinceReplacement(now: start + .seconds(60)))
+    }
 }
