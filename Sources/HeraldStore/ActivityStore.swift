@@ -143,19 +143,18 @@ extension Scripts {
           if count == 1 then redis.call('EXPIRE', counter, ARGV[12]) end
           if count > tonumber(ARGV[11]) then return {-1, '', count} end
         end
-        local existed = redis.call('EXISTS', reg)
-        if existed == 0 then
-          redis.call('HSET', reg, 'id', ARGV[1], 'user', ARGV[2], 'postIdHash', ARGV[3], 'pushToken', ARGV[4],
-                     'createdAt', now)
-        end
-        redis.call('HSET', reg, 'environment', ARGV[5], 'bundleId', ARGV[6], 'lastSeenAt', now, 'lastSeenMs', nowMs)
+        -- One write for a new registration (the id is derived from user, post and token, so rewriting them on a
+        -- renewal stores the same values); createdAt is kept from the first.
+        local created = redis.call('HSETNX', reg, 'createdAt', now)
+        redis.call('HSET', reg, 'id', ARGV[1], 'user', ARGV[2], 'postIdHash', ARGV[3], 'pushToken', ARGV[4],
+                   'environment', ARGV[5], 'bundleId', ARGV[6], 'lastSeenAt', now, 'lastSeenMs', nowMs)
         redis.call('PEXPIRE', reg, ttl)
         for _, index in ipairs({post, tok}) do
           redis.call('ZREMRANGEBYSCORE', index, '-inf', nowMs)
           redis.call('ZADD', index, nowMs + ttl, ARGV[1])
           if redis.call('PTTL', index) < ttl then redis.call('PEXPIRE', index, ttl) end
         end
-        return {existed, redis.call('HGET', reg, 'createdAt'), count}
+        return {1 - created, created == 1 and now or redis.call('HGET', reg, 'createdAt'), count}
         """)
 
     /// KEYS: post index. ARGV: prefix, post. Deletes the post's registrations and their token-index entries.
