@@ -391,8 +391,11 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                 cursor += name.utf8.count
                 let valueStart = base.baseAddress! + cursor
                 cursor += value.utf8.count
+                // Every answer carries a new apns-id: indexing it would only churn both HPACK tables (an insert
+                // and an eviction per answer on each side) for a value never sent again.
+                let flags = name == "apns-id" ? NGHTTP2_NV_FLAG_NO_INDEX : NGHTTP2_NV_FLAG_NONE
                 fields.append(nghttp2_nv(name: nameStart, value: valueStart, namelen: name.utf8.count,
-                                         valuelen: value.utf8.count, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
+                                         valuelen: value.utf8.count, flags: UInt8(flags.rawValue)))
             }
             if hasBody {
                 var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: simReadBody)
