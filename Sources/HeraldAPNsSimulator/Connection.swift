@@ -31,6 +31,8 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
     var streams: [Int32: StreamState] = [:]
     private var delayed: [(due: ContinuousClock.Instant, answer: Answer)] = []
     private var outbound: [UInt8] = []
+    /// Record lines of accepted pushes whose answers are not written yet (see `LineRecorder`).
+    private var pendingRecords: [UInt8] = []
     private var outboundOffset = 0
     private var tokens: ProviderTokenTracker
     private var concurrencyRaised = false
@@ -57,6 +59,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
 
     func run() {
         defer {
+            writeRecords()
             if let session { nghttp2_session_del(session) }
             close(descriptor)
             logger.debug("connection closed", ["sim.requests": "\(handledCount)"])
@@ -223,6 +226,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
 
     /// Serialises what nghttp2 has queued and writes it. False: the connection failed.
     private func flush(_ tls: TLSStream) -> Bool {
+        writeRecords()
         while true {
             if outboundOffset < outbound.count {
                 let result = outbound.withUnsafeBytes { tls.write(UnsafeRawBufferPointer(rebasing: $0[outboundOffset...])) }
@@ -249,6 +253,13 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
             }
             if outbound.isEmpty { return true }
         }
+    }
+
+    /// Writes the record lines of the answers about to go out (before they can reach the client).
+    private func writeRecords() {
+        guard !pendingRecords.isEmpty else { return }
+        simulator.recorder?.append(lines: pendingRecords)
+        pendingRecords.removeAll(keepingCapacity: pendingRecords.count <= 1 << 20)
     }
 
     private func goaway(reason: String?) {
@@ -370,7 +381,9 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                                       "apns.id": answer.apnsID])
         } else if let push = answer.push {
             simulator.countAccepted()
-            simulator.recorder?.append(RecordLine.accepted(push, apnsID: answer.apnsID, time: now, connection: id))
+            if simulator.recorder != nil {
+                RecordLine.appendAccepted(push, apnsID: answer.apnsID, time: now, connection: id, to: &pendingRecords)
+            }
         }
         if let body { streams[answer.streamID]!.response = body }
         submitResponse(answer.streamID, headers: headers, hasBody: body != nil)
