@@ -31,6 +31,8 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
     var streams: [Int32: StreamState] = [:]
     private var delayed: [(due: ContinuousClock.Instant, answer: Answer)] = []
     private var outbound: [UInt8] = []
+    /// Record lines of accepted pushes whose answers are not written yet (see `LineRecorder`).
+    private var pendingRecords: [UInt8] = []
     private var outboundOffset = 0
     private var tokens: ProviderTokenTracker
     private var concurrencyRaised = false
@@ -42,8 +44,11 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
     private var lastWriteProgress = ContinuousClock.now
     private var stopNoticed: ContinuousClock.Instant?
 
-    /// How much one connection reads before it writes again, so a busy client cannot starve its answers.
-    private static let readBudget = 256 * 1024
+    /// How much one connection reads before it writes again, so a busy client cannot starve its answers. Small
+    /// enough that a client keeping ~1,000 requests in flight gets answers while it is still sending (at 256 KiB
+    /// the simulator read and processed ~700 requests before answering any, and client and simulator took turns
+    /// idling), large enough that a read is not followed by a write syscall for every few requests.
+    private static let readBudget = 32 * 1024
     private static let shutdownDeadline = Duration.seconds(2)
     private static let lingerTime = Duration.seconds(1)
 
@@ -57,6 +62,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
 
     func run() {
         defer {
+            writeRecords()
             if let session { nghttp2_session_del(session) }
             close(descriptor)
             logger.debug("connection closed", ["sim.requests": "\(handledCount)"])
@@ -223,6 +229,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
 
     /// Serialises what nghttp2 has queued and writes it. False: the connection failed.
     private func flush(_ tls: TLSStream) -> Bool {
+        writeRecords()
         while true {
             if outboundOffset < outbound.count {
                 let result = outbound.withUnsafeBytes { tls.write(UnsafeRawBufferPointer(rebasing: $0[outboundOffset...])) }
@@ -249,6 +256,13 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
             }
             if outbound.isEmpty { return true }
         }
+    }
+
+    /// Writes the record lines of the answers about to go out (before they can reach the client).
+    private func writeRecords() {
+        guard !pendingRecords.isEmpty else { return }
+        simulator.recorder?.append(lines: pendingRecords)
+        pendingRecords.removeAll(keepingCapacity: pendingRecords.count <= 1 << 20)
     }
 
     private func goaway(reason: String?) {
@@ -370,7 +384,9 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                                       "apns.id": answer.apnsID])
         } else if let push = answer.push {
             simulator.countAccepted()
-            simulator.recorder?.append(RecordLine.accepted(push, apnsID: answer.apnsID, time: now, connection: id))
+            if simulator.recorder != nil {
+                RecordLine.appendAccepted(push, apnsID: answer.apnsID, time: now, connection: id, to: &pendingRecords)
+            }
         }
         if let body { streams[answer.streamID]!.response = body }
         submitResponse(answer.streamID, headers: headers, hasBody: body != nil)
@@ -391,8 +407,11 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                 cursor += name.utf8.count
                 let valueStart = base.baseAddress! + cursor
                 cursor += value.utf8.count
+                // Every answer carries a new apns-id: indexing it would only churn both HPACK tables (an insert
+                // and an eviction per answer on each side) for a value never sent again.
+                let flags = name == "apns-id" ? NGHTTP2_NV_FLAG_NO_INDEX : NGHTTP2_NV_FLAG_NONE
                 fields.append(nghttp2_nv(name: nameStart, value: valueStart, namelen: name.utf8.count,
-                                         valuelen: value.utf8.count, flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue)))
+                                         valuelen: value.utf8.count, flags: UInt8(flags.rawValue)))
             }
             if hasBody {
                 var provider = nghttp2_data_provider(source: nghttp2_data_source(ptr: nil), read_callback: simReadBody)

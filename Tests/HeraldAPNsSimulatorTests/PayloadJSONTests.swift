@@ -35,4 +35,26 @@ struct PayloadJSONTests {
         }
         #expect(JSONValue(parsing: [0x22, 0xFF, 0x22]) == nil)
     }
+
+    @Test("an accepted push's record line is the sorted-key JSON object of its fields")
+    func acceptedRecordLine() throws {
+        let payload = try #require(JSONValue(parsing: Array(#"{"aps":{"alert":{"body":"say \"hi\"\n"}},"z":[1,2.5]}"#.utf8)))
+        var push = AcceptedPush(token: String(repeating: "ab", count: 32), topic: "com.example.app",
+                                pushType: .alert, priority: 5, expiration: 1_900_000_000,
+                                collapseID: "score \"42\"", payload: payload)
+        push.providerTokenIssuedAt = 1_700_000_000
+        let apnsID = "6b0c9f1e-1234-4cde-8f00-0123456789ab"
+        for (pushed, line) in [(push, 1), ({ var bare = push; bare.expiration = nil; bare.collapseID = nil; return bare }(), 2)] {
+            var out: [UInt8] = Array("previous line\n".utf8)
+            RecordLine.appendAccepted(pushed, apnsID: apnsID, time: 1_700_000_000.1234, connection: line, to: &out)
+            let expected: JSONValue = .object([
+                "time": .number(1_700_000_000_123), "status": .number(200), "apnsId": .string(apnsID),
+                "token": .string(pushed.token), "topic": .string(pushed.topic), "pushType": .string("alert"),
+                "priority": .number(5), "expiration": pushed.expiration.map { .number(Double($0)) } ?? .null,
+                "collapseId": pushed.collapseID.map { .string($0) } ?? .null, "payload": payload,
+                "connection": .number(Double(line)), "providerTokenIssuedAt": .number(1_700_000_000),
+            ])
+            #expect(out == Array("previous line\n".utf8) + expected.encoded() + [UInt8(ascii: "\n")])
+        }
+    }
 }

@@ -455,6 +455,32 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
         #expect(try fixture.accepted().isEmpty)
     }
 
+    /// The simulator sends every answer's apns-id never-indexed (HPACK): over one connection, far more answers
+    /// than its dynamic table could hold, each still carries exactly the id of its own request.
+    @Test func everyAnswerCarriesItsOwnAPNsID() async throws {
+        let fixture = try SimulatorFixture(port: 20520)
+        let client = try fixture.client(configure: { $0.connectionsPerEndpoint = 1 })
+        let ids = (0..<500).map { _ in UUID() }
+        let requests = ids.map { id in
+            var request = SimulatorFixture.alert(SimulatorFixture.token())
+            request.apnsID = id
+            return request
+        }
+        let results = try await client.send(requests, credentials: fixture.credentials, environment: .production)
+        // Answers to requests without an apns-id carry fresh ones, each different.
+        let fresh = try await client.send((0..<200).map { _ in SimulatorFixture.alert(SimulatorFixture.token()) },
+                                          credentials: fixture.credentials, environment: .production)
+        await client.shutdown()
+        #expect(results.count == 500)
+        for (id, result) in zip(ids, results) {
+            #expect((try? result.get().apnsID) == id.uuidString.lowercased(), "\(result)")
+        }
+        let freshIDs = fresh.compactMap { try? $0.get().apnsID }
+        #expect(freshIDs.count == 200 && Set(freshIDs).count == 200)
+        #expect(freshIDs.allSatisfy { UUID(uuidString: $0) != nil })
+        #expect(Set(try fixture.accepted().compactMap { $0["connection"]?.numberValue }).count == 1)
+    }
+
     @Test func batchSendReturnsOneOutcomePerRequestInOrder() async throws {
         let fixture = try SimulatorFixture(port: 20519, rules: [.fail(tokenPrefix: "0f", status: 410, reason: "Unregistered")])
         let metrics = MetricsRegistry()
