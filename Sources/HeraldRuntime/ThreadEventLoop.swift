@@ -19,9 +19,10 @@ public struct DescriptorEvents: OptionSet, Sendable, Hashable {
 public protocol LoopClient: AnyObject {
     /// A descriptor this client watches is ready (or failed).
     func descriptorReady(_ descriptor: Int32, events: DescriptorEvents)
-    /// Runs on every loop turn before the loop waits: where writes buffered during the turn go out together, and
-    /// where deadlines are checked (the loop wakes at least every 100 ms while any client is attached).
-    func beforeWait(now: ContinuousClock.Instant)
+    /// Runs at the end of every loop turn, after the turn's jobs and before the loop waits or turns again: where
+    /// writes buffered during the turn go out together, and where deadlines are checked (the loop turns at least
+    /// every 100 ms while any client is attached).
+    func endOfTurn(now: ContinuousClock.Instant)
     /// The loop is stopping: fail what waits and release the descriptors. The client is detached afterwards.
     func loopStopped()
 }
@@ -31,7 +32,7 @@ public protocol LoopClient: AnyObject {
 ///
 /// All methods but `execute` must be called on the loop's thread, that is where `LoopThread.current` is this loop.
 public protocol ThreadEventLoop: AnyObject, Sendable {
-    /// Adds `client` to those told `beforeWait` each turn and `loopStopped` at the end.
+    /// Adds `client` to those told `endOfTurn` each turn and `loopStopped` at the end.
     func attach(_ client: any LoopClient)
     /// Removes `client` (and nothing else: unwatch its descriptors first).
     func detach(_ client: any LoopClient)

@@ -32,11 +32,15 @@ final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
     /// Every open connection of this daemon.
     private var connections: [OpaquePointer: OpenConnection] = [:]
     private var nextSweep = ContinuousClock.now
-    /// `ThreadEventLoop` clients (told before each wait and at the end), by identity.
+    /// `ThreadEventLoop` clients (told at the end of each turn and when the loop stops), by identity.
     private var clients: [ObjectIdentifier: any LoopClient] = [:]
     /// Descriptors other than libmicrohttpd's that this loop's epoll set watches, and who is told of them.
     private var watched: [Int32: any LoopClient] = [:]
     private var storage: [ObjectIdentifier: AnyObject] = [:]
+    /// What one epoll_wait reports (descriptors and their readiness bits), kept for the life of the loop.
+    private static let readyCapacity: Int32 = 16
+    private let readyDescriptors = UnsafeMutablePointer<Int32>.allocate(capacity: Int(readyCapacity))
+    private let readyEvents = UnsafeMutablePointer<UInt32>.allocate(capacity: Int(readyCapacity))
 
     /// What the read deadline and the per-address limit need to know of a connection.
     private struct OpenConnection {
@@ -221,6 +225,8 @@ final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
         close(wakeFD)
         options.deinitialize(count: 1)
         options.deallocate()
+        readyDescriptors.deallocate()
+        readyEvents.deallocate()
     }
 
     // MARK: The loop
@@ -228,8 +234,7 @@ final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
     private func loop() {
         let executor = asUnownedTaskExecutor()
         LoopThread.setCurrent(self)
-        var readyDescriptors = [Int32](repeating: 0, count: 16)
-        var readyEvents = [UInt32](repeating: 0, count: 16)
+        var busyTurns = 0
         while true {
             MHD_run(daemon)
             let (jobs, operations, stopping) = state.withLock { state in
@@ -238,18 +243,29 @@ final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
             }
             for operation in operations { operation() }
             for job in jobs { job.runSynchronously(on: executor) }
+            // What this turn's jobs wrote to clients (Redis commands) goes out now, together; failures queue jobs.
+            let now = ContinuousClock.now
+            if !clients.isEmpty {
+                for client in clients.values { client.endOfTurn(now: now) }
+            }
             // Work just done may have resumed connections: let libmicrohttpd send their responses first.
-            if !jobs.isEmpty || !operations.isEmpty { continue }
+            if !jobs.isEmpty || !operations.isEmpty {
+                // A loop kept busy by other threads' jobs (Kafka acks) still reads its clients' sockets.
+                busyTurns += 1
+                if busyTurns >= 8, !watched.isEmpty {
+                    busyTurns = 0
+                    dispatchReady(waitMilliseconds: 0)
+                }
+                continue
+            }
+            busyTurns = 0
             if stopping { break }
 
             // Read deadlines are checked every 100 ms while connections are open.
-            let now = ContinuousClock.now
             if !connections.isEmpty, now >= nextSweep {
                 closeLateReaders(now: now)
                 nextSweep = now + Self.sweepInterval
             }
-            // Writes the handlers of this turn buffered go out now, together; failures queue jobs (seen below).
-            for client in clients.values { client.beforeWait(now: now) }
             var timeout: UInt64 = 0
             let longest: UInt64 = connections.isEmpty && clients.isEmpty ? 1000 : 100
             let waitMilliseconds = MHD_get_timeout(daemon, &timeout) == .YES ? Int32(min(timeout, longest))
@@ -260,17 +276,10 @@ final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
                 return true
             }
             if sleep {
-                let ready = herald_epoll_wait(epollFD, &readyDescriptors, &readyEvents, 16, waitMilliseconds)
+                dispatchReady(waitMilliseconds: waitMilliseconds)
                 var counter: UInt64 = 0
                 _ = read(wakeFD, &counter, 8)
                 state.withLock { $0.sleeping = false }
-                // libmicrohttpd's descriptor and the eventfd are handled above; the rest belong to clients (a
-                // descriptor closed by an earlier one in this batch is no longer in `watched`).
-                for index in 0..<max(0, Int(ready)) {
-                    let descriptor = readyDescriptors[index]
-                    guard let client = watched[descriptor] else { continue }
-                    client.descriptorReady(descriptor, events: DescriptorEvents(rawValue: readyEvents[index]))
-                }
             }
         }
         for client in clients.values { client.loopStopped() }
@@ -284,6 +293,17 @@ final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
         }
         for job in leftovers { globalConcurrentExecutor.enqueue(job) }
         exited.signal()
+    }
+
+    /// Waits up to `waitMilliseconds` on the epoll set and tells clients which of their descriptors are ready.
+    /// libmicrohttpd's descriptor and the eventfd need nothing here: the next `MHD_run` and the queue cover them.
+    private func dispatchReady(waitMilliseconds: Int32) {
+        let count = herald_epoll_wait(epollFD, readyDescriptors, readyEvents, Self.readyCapacity, waitMilliseconds)
+        for index in 0..<Int(max(0, count)) {
+            // A descriptor closed by an earlier client in this batch is no longer in `watched`.
+            let descriptor = readyDescriptors[index]
+            watched[descriptor]?.descriptorReady(descriptor, events: DescriptorEvents(rawValue: readyEvents[index]))
+        }
     }
 
     // MARK: Connection limits libmicrohttpd lacks

@@ -39,11 +39,11 @@ final class LoopConnections: Sendable {
 
 /// One non-blocking Redis connection driven by the event loop of the thread that uses it: calls made by tasks
 /// running on that loop append their encoded commands to an output buffer, the loop writes everything buffered
-/// during a turn in one `send` before it waits, and replies are parsed with a hiredis reader as the socket turns
+/// during a turn in one `send` at the end of the turn, and replies are parsed with a hiredis reader as the socket turns
 /// readable, then handed to the waiting calls in order. Nothing leaves the loop's thread.
 ///
-/// Same contract as the pool: every call has its deadline (checked before each wait, so within the loop's 100 ms
-/// wake-up); past it every waiting call fails with `.timeout` and the connection is closed. A broken connection fails
+/// Same contract as the pool: every call has its deadline (checked at the end of each turn, so within the loop's
+/// 100 ms wake-up); past it every waiting call fails with `.timeout` and the connection is closed. A broken connection fails
 /// its calls with `.connection`; the next call reconnects (with `AUTH`/`SELECT` sent ahead of its commands).
 // @unchecked: all mutable state is touched only on `loop`'s thread (calls, readiness, hooks, and `close` and the
 // name resolution result, which arrive through `loop.execute`); other threads only read the `let`s.
@@ -103,6 +103,8 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
     }
 
     deinit {
+        // Normally closed already by `fail`; closing also takes a descriptor out of every epoll set.
+        if fd >= 0 { Glibc.close(fd) }
         if let reader { redisReaderFree(reader) }
         input.deallocate()
     }
@@ -148,7 +150,7 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
         if fd >= 0, events.contains(.writable) { flush() }
     }
 
-    func beforeWait(now: ContinuousClock.Instant) {
+    func endOfTurn(now: ContinuousClock.Instant) {
         guard head < waiting.count else { return }
         if now >= waiting[head].deadline {
             return fail(RedisError(.timeout, "no reply from \(address) within \(configuration.commandTimeout); connection reset"))
