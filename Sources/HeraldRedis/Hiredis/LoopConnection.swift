@@ -152,15 +152,16 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
 
     func endOfTurn(now: ContinuousClock.Instant) {
         guard head < waiting.count else { return }
-        if now >= waiting[head].deadline {
-            return fail(RedisError(.timeout, "no reply from \(address) within \(configuration.commandTimeout); connection reset"))
-        }
         switch phase {
         case .resolving, .connecting:
-            if now >= connectDeadline {
-                fail(RedisError(.connection, "connect to \(address): timed out after \(configuration.connectTimeout)"))
+            // As on the pool, a connect cut short by either deadline is a connection failure.
+            if now >= min(connectDeadline, waiting[head].deadline) {
+                fail(RedisError(.connection, "connect to \(address): timed out"))
             }
         case .open:
+            if now >= waiting[head].deadline {
+                return fail(RedisError(.timeout, "no reply from \(address) within \(configuration.commandTimeout); connection reset"))
+            }
             if handshakeLeft > 0, now >= connectDeadline {
                 return fail(RedisError(.connection, "AUTH/SELECT on \(address): no reply within \(configuration.connectTimeout)"))
             }
