@@ -98,7 +98,7 @@ let package = Package(
         .testTarget(name: "HeraldRuntimeTests", dependencies: ["HeraldRuntime"]),
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore", "HeraldTestSupport"]),
         .testTarget(name: "HeraldCryptoTests", dependencies: ["HeraldCrypto", "HeraldRuntime"]),
-        .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldRedis"]),
+        .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldRedis", "HeraldHTTP", "HeraldTestSupport", "HeraldRuntime"]),
         .testTarget(name: "HeraldKafkaTests", dependencies: ["HeraldKafka", "CRdKafka", "HeraldTestSupport"],
                     swiftSettings: rdkafkaSwift),
         .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldStore", "HeraldCrypto", "HeraldTestSupport"]),

@@ -52,9 +52,31 @@ int herald_epoll_add_readable(int epoll_fd, int fd) {
     return epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &event);
 }
 
-int herald_epoll_wait_any(int epoll_fd, int timeout_ms) {
-    struct epoll_event events[4];
-    return epoll_wait(epoll_fd, events, 4, timeout_ms);
+int herald_epoll_watch(int epoll_fd, int fd, unsigned interest, int add) {
+    struct epoll_event event = {.events = 0, .data = {.fd = fd}};
+    if (interest & HERALD_EPOLL_READABLE) event.events |= EPOLLIN;
+    if (interest & HERALD_EPOLL_WRITABLE) event.events |= EPOLLOUT;
+    return epoll_ctl(epoll_fd, add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, &event);
+}
+
+int herald_epoll_unwatch(int epoll_fd, int fd) {
+    struct epoll_event event = {0};
+    return epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, &event);
+}
+
+int herald_epoll_wait(int epoll_fd, int *fds, unsigned *events, int capacity, int timeout_ms) {
+    struct epoll_event ready[32];
+    if (capacity > 32) capacity = 32;
+    int count = epoll_wait(epoll_fd, ready, capacity, timeout_ms);
+    for (int index = 0; index < count; index++) {
+        unsigned bits = 0;
+        if (ready[index].events & EPOLLIN) bits |= HERALD_EPOLL_READABLE;
+        if (ready[index].events & EPOLLOUT) bits |= HERALD_EPOLL_WRITABLE;
+        if (ready[index].events & (EPOLLERR | EPOLLHUP)) bits |= HERALD_EPOLL_FAILED;
+        fds[index] = ready[index].data.fd;
+        events[index] = bits;
+    }
+    return count;
 }
 
 int herald_mhd_connection_fd(struct MHD_Connection *connection) {

@@ -9,12 +9,19 @@ import HeraldRuntime
 /// call throws `RedisError.Code.timeout` and the connection it waited on is reset. A connection that broke (Redis
 /// restarted, network cut) is reopened by the next call, so one client lives as long as the process.
 ///
+/// A call made on the thread of a `ThreadEventLoop` (an HTTP handler on herald's worker loops) does not use the
+/// pool: it goes over a non-blocking connection of this client's own on that loop, written and read by the loop
+/// itself, so the caller never waits for another thread. Each loop opens one such connection on its first call;
+/// deadlines, reconnection, `maxQueuedCommands` and the error kinds are the same on both paths.
+///
 /// A call that fails with a connection error may or may not have been executed by Redis. Cancelling the calling
 /// task does not withdraw a queued call; its deadline bounds the wait. Blocking commands (`BLPOP`) hold a pooled
-/// connection for their whole wait: give them a client of their own.
+/// connection for their whole wait: give them a client of their own (and never call them on an event loop).
 public final class RedisClient: Sendable {
     public let configuration: RedisConfiguration
     private let queue: RedisRequestQueue
+    private let loopConnections = LoopConnections()
+    private let logger: Logger
 
     /// Starts the connection threads. Connections open lazily, on the first call each thread serves, so a client
     /// can be created while Redis is still down.
@@ -24,6 +31,7 @@ public final class RedisClient: Sendable {
         configuration.poolSize = max(1, configuration.poolSize)
         configuration.maxQueuedCommands = max(1, configuration.maxQueuedCommands)
         self.configuration = configuration
+        self.logger = logger
         queue = RedisRequestQueue(workerCount: configuration.poolSize,
                                   maxQueuedCommands: configuration.maxQueuedCommands)
         for index in 0..<configuration.poolSize {
@@ -34,14 +42,18 @@ public final class RedisClient: Sendable {
         }
     }
 
-    /// Lets the threads exit once their queued calls are answered; they hold only the queue, not the client.
+    /// Lets the threads exit once their queued calls are answered; they hold only the queue, not the client. The
+    /// loops close their connections of this client on their next turn.
     deinit {
+        loopConnections.closeAll()
         queue.shutdown()
     }
 
     /// Refuses new calls (they throw `.closed`), answers the queued ones, and returns when every connection thread
-    /// has exited and closed its connection.
+    /// has exited and closed its connection. Connections on event loops are closed by their loops' next turn (their
+    /// waiting calls fail with `.closed`), without waiting for it.
     public func close() async {
+        loopConnections.closeAll()
         queue.shutdown()
         await queue.waitUntilStopped()
     }
@@ -104,6 +116,10 @@ public final class RedisClient: Sendable {
     private func single(_ encoder: RESPEncoder) async throws -> RedisValue {
         let deadline = ContinuousClock.now + configuration.commandTimeout
         return try await withCheckedThrowingContinuation { continuation in
+            if let connection = loopConnection() {
+                return connection.submit(encoder.bytes, replyCount: 1, deadline: deadline,
+                                         completion: .single(continuation))
+            }
             let request = RedisRequest(payload: encoder.bytes, replyCount: 1, deadline: deadline,
                                        completion: .single(continuation))
             if let error = queue.enqueue(request) { continuation.resume(throwing: error) }
@@ -113,11 +129,32 @@ public final class RedisClient: Sendable {
     private func many(_ encoder: RESPEncoder) async throws -> [RedisValue] {
         let deadline = ContinuousClock.now + configuration.commandTimeout
         return try await withCheckedThrowingContinuation { continuation in
+            if let connection = loopConnection() {
+                return connection.submit(encoder.bytes, replyCount: encoder.commandCount, deadline: deadline,
+                                         completion: .many(continuation))
+            }
             let request = RedisRequest(payload: encoder.bytes, replyCount: encoder.commandCount, deadline: deadline,
                                        completion: .many(continuation))
             if let error = queue.enqueue(request) { continuation.resume(throwing: error) }
         }
     }
+
+    /// This client's connection on the event loop running the calling thread (opened lazily, one per loop); nil
+    /// off the loops, or once the client is closed (the pool then answers `.closed`).
+    private func loopConnection() -> LoopConnection? {
+        guard let loop = LoopThread.current else { return nil }
+        let key = ObjectIdentifier(loopConnections)
+        if let existing = loop.value(forKey: key) { return unsafeDowncast(existing, to: LoopConnection.self) }
+        let connection = LoopConnection(loop: loop, configuration: configuration, registry: loopConnections,
+                                        logger: logger)
+        guard loopConnections.register(connection) else { return nil }
+        loop.setValue(connection, forKey: key)
+        loop.attach(connection)
+        return connection
+    }
+
+    /// How many event loops hold a connection of this client (for tests and diagnostics).
+    public var loopConnectionCount: Int { loopConnections.count }
 
     private func checked(_ reply: RedisValue) throws(RedisError) -> RedisValue {
         if case .error(let message) = reply { throw RedisError.fromReply(message) }

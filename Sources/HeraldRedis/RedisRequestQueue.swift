@@ -3,9 +3,32 @@ import HeraldRuntime
 
 /// One call waiting for its replies: encoded commands, how many replies they produce, and when the caller gives up.
 struct RedisRequest: Sendable {
+    /// The waiting caller: one reply (`command`) or all of them (`pipeline`).
     enum Completion: Sendable {
         case single(CheckedContinuation<RedisValue, any Error>)
         case many(CheckedContinuation<[RedisValue], any Error>)
+
+        func succeed(_ replies: [RedisValue]) {
+            switch self {
+            case .single(let continuation): continuation.resume(returning: replies[0])
+            case .many(let continuation): continuation.resume(returning: replies)
+            }
+        }
+
+        /// Answers with one reply: the value itself, or a one-element array for a pipeline of one command.
+        func succeed(single value: RedisValue) {
+            switch self {
+            case .single(let continuation): continuation.resume(returning: value)
+            case .many(let continuation): continuation.resume(returning: [value])
+            }
+        }
+
+        func fail(_ error: RedisError) {
+            switch self {
+            case .single(let continuation): continuation.resume(throwing: error)
+            case .many(let continuation): continuation.resume(throwing: error)
+            }
+        }
     }
 
     var payload: [UInt8]
@@ -13,19 +36,9 @@ struct RedisRequest: Sendable {
     var deadline: ContinuousClock.Instant
     var completion: Completion
 
-    func succeed(_ replies: [RedisValue]) {
-        switch completion {
-        case .single(let continuation): continuation.resume(returning: replies[0])
-        case .many(let continuation): continuation.resume(returning: replies)
-        }
-    }
+    func succeed(_ replies: [RedisValue]) { completion.succeed(replies) }
 
-    func fail(_ error: RedisError) {
-        switch completion {
-        case .single(let continuation): continuation.resume(throwing: error)
-        case .many(let continuation): continuation.resume(throwing: error)
-        }
-    }
+    func fail(_ error: RedisError) { completion.fail(error) }
 }
 
 /// The queue shared by a client's connection threads.

@@ -14,7 +14,7 @@ let usage = """
       HERALD_INGEST_ADDR            listen address [127.0.0.1:8080]
       HERALD_APPS_FILE              apps file [config/apps.json]; SIGHUP reloads it
       HERALD_REDIS_URL              [redis://127.0.0.1:6379/0]
-      HERALD_REDIS_CONNECTIONS      Redis connections (concurrent calls are pipelined on them) [1]
+      HERALD_REDIS_CONNECTIONS      Redis connections off the HTTP loops (each loop has its own) [1]
       HERALD_KAFKA_BROKERS          [127.0.0.1:9092]
       HERALD_KAFKA_LINGER_MS        how long the producer gathers a batch (linger.ms) [3]
       HERALD_TOPIC_JOBS             [herald.jobs]

@@ -41,6 +41,18 @@ final class OwnRedisServer {
         }
     }
 
+    /// Kills the server at once (SIGKILL), as a crash would, and returns when it no longer answers.
+    func crash() async throws {
+        let text = try String(contentsOfFile: pidFile, encoding: .utf8)
+        let pid = try #require(Int32(text.trimmingCharacters(in: .whitespacesAndNewlines)))
+        kill(pid, SIGKILL)
+        try? FileManager.default.removeItem(atPath: pidFile)
+        let deadline = ContinuousClock.now + .seconds(5)
+        while ContinuousClock.now < deadline, try await cli(["PING"]).output.contains("PONG") {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
     @discardableResult
     func cli(_ command: [String]) async throws -> (status: Int32, output: String) {
         var arguments = ["redis-cli", "-p", "\(port)"]

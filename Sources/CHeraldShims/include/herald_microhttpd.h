@@ -48,9 +48,24 @@ int herald_eventfd_create(void);
 /// Adds `fd` for readability to the epoll set `epoll_fd` (level-triggered). Returns 0 or -1 with errno.
 int herald_epoll_add_readable(int epoll_fd, int fd);
 
-/// epoll_wait for at most `timeout_ms`, discarding which descriptors are ready (the loop checks all of them).
-/// Returns the number of ready descriptors, 0 on timeout, -1 with errno.
-int herald_epoll_wait_any(int epoll_fd, int timeout_ms);
+/// Readiness bits reported by `herald_epoll_wait` and requested from `herald_epoll_watch`.
+enum {
+    HERALD_EPOLL_READABLE = 1,
+    HERALD_EPOLL_WRITABLE = 2,
+    /// An error or hang-up on the descriptor (reported only, never requested).
+    HERALD_EPOLL_FAILED = 4,
+};
+
+/// Adds `fd` to the epoll set (`add` != 0) or changes its interest, level-triggered, to the HERALD_EPOLL_READABLE /
+/// HERALD_EPOLL_WRITABLE bits of `interest`. Returns 0 or -1 with errno.
+int herald_epoll_watch(int epoll_fd, int fd, unsigned interest, int add);
+
+/// Removes `fd` from the epoll set. Returns 0 or -1 with errno.
+int herald_epoll_unwatch(int epoll_fd, int fd);
+
+/// epoll_wait for at most `timeout_ms`, reporting up to `capacity` ready descriptors in `fds` with their HERALD_EPOLL_*
+/// bits in `events`. Returns how many were written, 0 on timeout, -1 with errno.
+int herald_epoll_wait(int epoll_fd, int *fds, unsigned *events, int capacity, int timeout_ms);
 
 /// The connection's socket (MHD_CONNECTION_INFO_CONNECTION_FD); -1 if unknown.
 int herald_mhd_connection_fd(struct MHD_Connection *connection);

@@ -9,13 +9,15 @@ import HeraldRuntime
 /// Why: with libmicrohttpd's own threads, every request hopped to Swift's pool for its handler and back through
 /// the daemon's wake-up pipe, two thread switches per request on a 2-core box. Here a handler that does not wait
 /// on another thread runs start to finish on the thread that read its request, and its response is sent in the
-/// same loop turn. A handler that awaits Redis or Kafka is resumed here by an `enqueue` that wakes the loop.
-/// Handlers must not block: a blocked handler stalls every connection of its loop.
+/// same loop turn. A handler that awaits Kafka is resumed here by an `enqueue` that wakes the loop; one that awaits
+/// Redis never leaves the thread: as a `ThreadEventLoop` the loop also drives the Redis client's connection of this
+/// loop, whose socket sits in the same epoll set. Handlers must not block: a blocked handler stalls every
+/// connection of its loop.
 // @unchecked: `daemon` (set once, at the end of init), `options` and the descriptors are released in deinit; the queue is a
-// Mutex; the daemon is driven only from the loop thread, except MHD_resume_connection (thread-safe) and the final
-// MHD_stop_daemon after the thread has exited; `connections` is only touched by libmicrohttpd's callbacks and the
-// sweep, all on the loop thread.
-final class WorkerLoop: TaskExecutor, @unchecked Sendable {
+// Lock; the daemon is driven only from the loop thread, except MHD_resume_connection (thread-safe) and the final
+// MHD_stop_daemon after the thread has exited; `connections`, `clients`, `watched` and `storage` are only touched by
+// libmicrohttpd's callbacks, the sweep and `ThreadEventLoop` calls, all on the loop thread.
+final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
     let handler: ConnectionHandler
     private var daemon: OpaquePointer!
     private let options: UnsafeMutablePointer<herald_mhd_options>
@@ -30,6 +32,15 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
     /// Every open connection of this daemon.
     private var connections: [OpaquePointer: OpenConnection] = [:]
     private var nextSweep = ContinuousClock.now
+    /// `ThreadEventLoop` clients (told at the end of each turn and when the loop stops), by identity.
+    private var clients: [ObjectIdentifier: any LoopClient] = [:]
+    /// Descriptors other than libmicrohttpd's that this loop's epoll set watches, and who is told of them.
+    private var watched: [Int32: any LoopClient] = [:]
+    private var storage: [ObjectIdentifier: AnyObject] = [:]
+    /// What one epoll_wait reports (descriptors and their readiness bits), kept for the life of the loop.
+    private static let readyCapacity: Int32 = 16
+    private let readyDescriptors = UnsafeMutablePointer<Int32>.allocate(capacity: Int(readyCapacity))
+    private let readyEvents = UnsafeMutablePointer<UInt32>.allocate(capacity: Int(readyCapacity))
 
     /// What the read deadline and the per-address limit need to know of a connection.
     private struct OpenConnection {
@@ -148,6 +159,30 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
         }
     }
 
+    // MARK: ThreadEventLoop
+
+    func attach(_ client: any LoopClient) { clients[ObjectIdentifier(client)] = client }
+
+    func detach(_ client: any LoopClient) { clients[ObjectIdentifier(client)] = nil }
+
+    func watch(_ descriptor: Int32, for interest: DescriptorEvents, client: any LoopClient) -> Bool {
+        let isNew = watched[descriptor] == nil
+        guard herald_epoll_watch(epollFD, descriptor, interest.rawValue, isNew ? 1 : 0) == 0 else { return false }
+        watched[descriptor] = client
+        return true
+    }
+
+    func unwatch(_ descriptor: Int32) {
+        guard watched.removeValue(forKey: descriptor) != nil else { return }
+        _ = herald_epoll_unwatch(epollFD, descriptor)
+    }
+
+    func value(forKey key: ObjectIdentifier) -> AnyObject? { storage[key] }
+
+    func setValue(_ value: AnyObject?, forKey key: ObjectIdentifier) { storage[key] = value }
+
+    func execute(_ operation: @escaping @Sendable () -> Void) { perform(operation) }
+
     // MARK: Control
 
     /// Runs `operation` on the loop thread (libmicrohttpd calls that must not race the loop's MHD_run).
@@ -190,12 +225,16 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
         close(wakeFD)
         options.deinitialize(count: 1)
         options.deallocate()
+        readyDescriptors.deallocate()
+        readyEvents.deallocate()
     }
 
     // MARK: The loop
 
     private func loop() {
         let executor = asUnownedTaskExecutor()
+        LoopThread.setCurrent(self)
+        var busyTurns = 0
         while true {
             MHD_run(daemon)
             let (jobs, operations, stopping) = state.withLock { state in
@@ -204,18 +243,31 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
             }
             for operation in operations { operation() }
             for job in jobs { job.runSynchronously(on: executor) }
+            // What this turn's jobs wrote to clients (Redis commands) goes out now, together; failures queue jobs.
+            let now = ContinuousClock.now
+            if !clients.isEmpty {
+                for client in clients.values { client.endOfTurn(now: now) }
+            }
             // Work just done may have resumed connections: let libmicrohttpd send their responses first.
-            if !jobs.isEmpty || !operations.isEmpty { continue }
+            if !jobs.isEmpty || !operations.isEmpty {
+                // A loop kept busy by other threads' jobs (Kafka acks) still reads its clients' sockets.
+                busyTurns += 1
+                if busyTurns >= 8, !watched.isEmpty {
+                    busyTurns = 0
+                    dispatchReady(waitMilliseconds: 0)
+                }
+                continue
+            }
+            busyTurns = 0
             if stopping { break }
 
             // Read deadlines are checked every 100 ms while connections are open.
-            let now = ContinuousClock.now
             if !connections.isEmpty, now >= nextSweep {
                 closeLateReaders(now: now)
                 nextSweep = now + Self.sweepInterval
             }
             var timeout: UInt64 = 0
-            let longest: UInt64 = connections.isEmpty ? 1000 : 100
+            let longest: UInt64 = connections.isEmpty && clients.isEmpty ? 1000 : 100
             let waitMilliseconds = MHD_get_timeout(daemon, &timeout) == .YES ? Int32(min(timeout, longest))
                                                                              : Int32(longest)
             let sleep = state.withLock { state -> Bool in
@@ -224,12 +276,16 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
                 return true
             }
             if sleep {
-                _ = herald_epoll_wait_any(epollFD, waitMilliseconds)
+                dispatchReady(waitMilliseconds: waitMilliseconds)
                 var counter: UInt64 = 0
                 _ = read(wakeFD, &counter, 8)
                 state.withLock { $0.sleeping = false }
             }
         }
+        for client in clients.values { client.loopStopped() }
+        clients = [:]
+        storage = [:]
+        LoopThread.setCurrent(nil)
         let leftovers = state.withLock { state in
             state.finished = true
             defer { state.jobs = [] }
@@ -237,6 +293,17 @@ final class WorkerLoop: TaskExecutor, @unchecked Sendable {
         }
         for job in leftovers { globalConcurrentExecutor.enqueue(job) }
         exited.signal()
+    }
+
+    /// Waits up to `waitMilliseconds` on the epoll set and tells clients which of their descriptors are ready.
+    /// libmicrohttpd's descriptor and the eventfd need nothing here: the next `MHD_run` and the queue cover them.
+    private func dispatchReady(waitMilliseconds: Int32) {
+        let count = herald_epoll_wait(epollFD, readyDescriptors, readyEvents, Self.readyCapacity, waitMilliseconds)
+        for index in 0..<Int(max(0, count)) {
+            // A descriptor closed by an earlier client in this batch is no longer in `watched`.
+            let descriptor = readyDescriptors[index]
+            watched[descriptor]?.descriptorReady(descriptor, events: DescriptorEvents(rawValue: readyEvents[index]))
+        }
     }
 
     // MARK: Connection limits libmicrohttpd lacks

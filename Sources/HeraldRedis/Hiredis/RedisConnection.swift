@@ -120,7 +120,8 @@ final class RedisConnection {
         return context
     }
 
-    private static func value(_ reply: UnsafePointer<redisReply>) -> RedisValue {
+    /// Converts a hiredis reply (from a context or a `redisReader`) into a `RedisValue`.
+    static func value(_ reply: UnsafePointer<redisReply>) -> RedisValue {
         let reply = reply.pointee
         switch reply.type {
         case REDIS_REPLY_STRING:
