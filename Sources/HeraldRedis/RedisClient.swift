@@ -79,13 +79,14 @@ public final class RedisClient: Sendable {
     /// Sends the commands together on one connection, in order, and returns one reply per command.
     ///
     /// Error replies are returned in place as `RedisValue.error` so one failing command does not hide the others'
-    /// replies; only connection failures throw. `MULTI` … `EXEC` inside one pipeline runs as a transaction.
+    /// replies; only connection failures throw, and `.unavailable` when Redis is not serving (`LOADING` after a
+    /// restart…), which answers every command of the pipeline alike. `MULTI` … `EXEC` inside one pipeline runs as a transaction.
     @discardableResult
     public func pipeline(_ commands: [[String]]) async throws -> [RedisValue] {
         guard !commands.isEmpty else { return [] }
         var encoder = RESPEncoder(capacity: commands.count * 32)
         for command in commands { encoder.append(command) }
-        return try await many(encoder)
+        return try servedReplies(await many(encoder))
     }
 
     /// `pipeline(_:)` for commands whose arguments are arbitrary bytes.
@@ -94,7 +95,7 @@ public final class RedisClient: Sendable {
         guard !commands.isEmpty else { return [] }
         var encoder = RESPEncoder(capacity: commands.count * 32)
         for command in commands { encoder.append(command) }
-        return try await many(encoder)
+        return try servedReplies(await many(encoder))
     }
 
     /// Runs a Lua script with `EVALSHA`; when Redis does not know it yet (`NOSCRIPT`), sends it once with `EVAL`,
@@ -155,6 +156,11 @@ public final class RedisClient: Sendable {
 
     /// How many event loops hold a connection of this client (for tests and diagnostics).
     public var loopConnectionCount: Int { loopConnections.count }
+
+    private func servedReplies(_ replies: [RedisValue]) throws(RedisError) -> [RedisValue] {
+        if let unavailable = replies.lazy.compactMap(RedisError.unavailability(of:)).first { throw unavailable }
+        return replies
+    }
 
     private func checked(_ reply: RedisValue) throws(RedisError) -> RedisValue {
         if case .error(let message) = reply { throw RedisError.fromReply(message) }

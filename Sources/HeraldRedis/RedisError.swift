@@ -20,6 +20,10 @@ public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
         case overloaded
         /// The client was closed.
         case closed
+        /// Redis is up but not serving commands: loading its dataset after a restart (`LOADING`), stuck in a
+        /// long script (`BUSY`), or a replica that lost its master (`MASTERDOWN`). Retry later, like a lost
+        /// connection.
+        case unavailable
     }
 
     public var code: Code
@@ -34,7 +38,7 @@ public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
     /// Redis could not be reached, did not answer in time, or refused the credentials: a 503, not a bug.
     public var isConnectionFailure: Bool {
         switch code {
-        case .connection, .timeout, .protocol, .authentication, .overloaded, .closed: true
+        case .connection, .timeout, .protocol, .authentication, .overloaded, .closed, .unavailable: true
         case .server, .noScript: false
         }
     }
@@ -49,6 +53,19 @@ public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
 
     /// The error a `command` call throws for an error reply.
     static func fromReply(_ message: String) -> RedisError {
-        RedisError(message.hasPrefix("NOSCRIPT") ? .noScript : .server, message)
+        let prefix = message.prefix { $0 != " " }
+        if prefix == "NOSCRIPT" { return RedisError(.noScript, message) }
+        if unavailablePrefixes.contains(prefix) { return RedisError(.unavailable, message) }
+        return RedisError(.server, message)
+    }
+
+    /// The error replies of a Redis that serves no command at all (not `BUSYGROUP` and the like: whole words).
+    private static let unavailablePrefixes: Set<Substring> = ["LOADING", "BUSY", "MASTERDOWN"]
+
+    /// `.unavailable` when `reply` says Redis is not serving; nil for any other reply, other errors included.
+    static func unavailability(of reply: RedisValue) -> RedisError? {
+        guard case .error(let message) = reply else { return nil }
+        let error = fromReply(message)
+        return error.code == .unavailable ? error : nil
     }
 }

@@ -233,3 +233,55 @@ import Testing
         _ = server
     }
 }
+
+/// A Redis that answers but serves nothing (here: stuck in a script past the busy threshold, as while it loads its
+/// dataset after a restart) is unavailable, a retry-later condition, not a server error; in pipelines too, where
+/// every command gets the same error reply.
+@Suite(.serialized) struct RedisUnavailableTests {
+    @Test func busyRedisIsUnavailableForCommandsAndPipelines() async throws {
+        let configuration = try sharedRedisConfiguration()
+        let admin = RedisClient(configuration: configuration)
+        let threshold = try await admin.command(["CONFIG", "GET", "busy-reply-threshold"]).array?.last?.string ?? "5000"
+        try await admin.command(["CONFIG", "SET", "busy-reply-threshold", "50"])
+        // A script that spins for 0.8 s (it ends by itself, within the client's deadline), on a client of its own.
+        let spinner = RedisClient(configuration: configuration)
+        let spin = Task {
+            try await spinner.command(["EVAL", """
+                local function now() local t = redis.call('TIME'); return t[1] * 1000000 + t[2] end
+                local stop = now() + 800000
+                while now() < stop do end
+                return 1
+                """, "0"])
+        }
+        let client = RedisClient(configuration: configuration)
+        var seen: [RedisError.Code] = []
+        let started = ContinuousClock.now
+        while seen.count < 2, ContinuousClock.now - started < .seconds(2) {
+            try await Task.sleep(for: .milliseconds(100))
+            do {
+                _ = try await client.command(["PING"])
+            } catch let error as RedisError where error.code == .unavailable {
+                #expect(error.isConnectionFailure)
+                seen.append(error.code)
+                do {
+                    _ = try await client.pipeline([["INCR", freshPrefix() + "n"], ["PING"]])
+                    Issue.record("a pipeline answered while Redis was busy")
+                } catch let error as RedisError {
+                    seen.append(error.code)
+                }
+            }
+        }
+        _ = try? await spin.value
+        try await admin.command(["CONFIG", "SET", "busy-reply-threshold", threshold])
+        #expect(seen == [.unavailable, .unavailable])
+        #expect(try await client.command(["PING"]) == .status("PONG"))
+        // BUSYGROUP and the like are ordinary server errors, not unavailability.
+        let stream = freshPrefix() + "stream"
+        try await client.command(["XGROUP", "CREATE", stream, "g", "$", "MKSTREAM"])
+        await #expect(throws: RedisError(.server, "BUSYGROUP Consumer Group name already exists")) {
+            try await client.command(["XGROUP", "CREATE", stream, "g", "$"])
+        }
+        try await client.command(["DEL", stream])
+        for redis in [admin, spinner, client] { await redis.close() }
+    }
+}
