@@ -94,12 +94,7 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
         self.configuration = configuration
         self.registry = registry
         self.logger = logger
-        var handshake = RESPEncoder()
-        if let password = configuration.password {
-            handshake.append(configuration.username.map { ["AUTH", $0, password] } ?? ["AUTH", password])
-        }
-        if configuration.database != 0 { handshake.append(["SELECT", String(configuration.database)]) }
-        self.handshake = handshake
+        handshake = configuration.handshake
     }
 
     deinit {
@@ -337,10 +332,7 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
         if handshakeLeft > 0 {
             let index = handshake.commandCount - handshakeLeft
             handshakeLeft -= 1
-            if case .error(let message) = value {
-                let isAuth = index == 0 && configuration.password != nil
-                fail(RedisError(isAuth ? .authentication : .server, "\(isAuth ? "AUTH" : "SELECT"): \(message)"))
-            }
+            if case .error(let message) = value { fail(configuration.handshakeError(replyAt: index, message)) }
             return
         }
         guard head < waiting.count else {

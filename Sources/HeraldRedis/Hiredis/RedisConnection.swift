@@ -43,11 +43,7 @@ final class RedisConnection {
         // Keep-alive notices a peer that vanished without closing (a dead host, a dropped NAT entry).
         _ = redisEnableKeepAlive(opened)
 
-        var handshake = RESPEncoder()
-        if let password = configuration.password {
-            handshake.append(configuration.username.map { ["AUTH", $0, password] } ?? ["AUTH", password])
-        }
-        if configuration.database != 0 { handshake.append(["SELECT", String(configuration.database)]) }
+        let handshake = configuration.handshake
         guard handshake.commandCount > 0 else { return }
         try append(handshake.bytes)
         try setTimeout(timeout)
@@ -55,8 +51,7 @@ final class RedisConnection {
         while index < handshake.commandCount {
             if case .error(let message) = try readReply() {
                 disconnect()
-                let isAuth = index == 0 && configuration.password != nil
-                throw RedisError(isAuth ? .authentication : .server, "\(isAuth ? "AUTH" : "SELECT"): \(message)")
+                throw configuration.handshakeError(replyAt: index, message)
             }
             index += 1
         }
@@ -154,5 +149,23 @@ final class RedisConnection {
     private func timeval(_ duration: Duration) -> Foundation.timeval {
         let micros = max(1_000, duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000)
         return Foundation.timeval(tv_sec: Int(micros / 1_000_000), tv_usec: Int(micros % 1_000_000))
+    }
+}
+
+extension RedisConfiguration {
+    /// What every new connection sends first: `AUTH` when a password is set, `SELECT` for a database other than 0.
+    var handshake: RESPEncoder {
+        var handshake = RESPEncoder()
+        if let password {
+            handshake.append(username.map { ["AUTH", $0, password] } ?? ["AUTH", password])
+        }
+        if database != 0 { handshake.append(["SELECT", String(database)]) }
+        return handshake
+    }
+
+    /// The error for an error reply to the handshake's command at `index`.
+    func handshakeError(replyAt index: Int, _ message: String) -> RedisError {
+        let isAuth = index == 0 && password != nil
+        return RedisError(isAuth ? .authentication : .server, "\(isAuth ? "AUTH" : "SELECT"): \(message)")
     }
 }
