@@ -18,7 +18,7 @@ RUN swift build -c release --static-swift-stdlib \
 FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates libhiredis0.14 libssl3 libnghttp2-14 \
-      libmicrohttpd12 libsasl2-2 zlib1g \
+      libsasl2-2 zlib1g \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin herald
 # The executables find librdkafka through the rpath they were linked with.

@@ -30,9 +30,7 @@ let package = Package(
         .systemLibrary(name: "CHiredis", path: "Sources/CHiredis"),
         .systemLibrary(name: "COpenSSL", path: "Sources/COpenSSL"),
         .systemLibrary(name: "CNghttp2", path: "Sources/CNghttp2"),
-        .systemLibrary(name: "CMicroHTTPD", path: "Sources/CMicroHTTPD"),
-        .target(name: "CHeraldShims", linkerSettings: [.linkedLibrary("ssl"), .linkedLibrary("crypto"),
-                                                       .linkedLibrary("microhttpd")]),
+        .target(name: "CHeraldShims", linkerSettings: [.linkedLibrary("ssl"), .linkedLibrary("crypto")]),
 
         // Logging, metrics, configuration from the environment, service lifecycle: used by everything.
         .target(name: "HeraldRuntime"),
@@ -45,8 +43,8 @@ let package = Package(
         // Kafka producer, consumer and admin over librdkafka.
         .target(name: "HeraldKafka", dependencies: ["CRdKafka", "HeraldRuntime"],
                 swiftSettings: rdkafkaSwift, linkerSettings: rdkafkaLinker),
-        // HTTP/1.1 server over libmicrohttpd with a small router.
-        .target(name: "HeraldHTTP", dependencies: ["CMicroHTTPD", "CHeraldShims", "HeraldRuntime"]),
+        // Our own HTTP/1.1 server (epoll loops, one per worker thread) with a small router.
+        .target(name: "HeraldHTTP", dependencies: ["CHeraldShims", "HeraldRuntime"]),
         // HTTP/2 APNs client (nghttp2 + OpenSSL) with provider tokens.
         .target(name: "HeraldAPNs", dependencies: ["CNghttp2", "COpenSSL", "CHeraldShims", "HeraldCrypto",
                                                    "HeraldRuntime"]),

@@ -5,13 +5,13 @@ import Synchronization
 public struct HTTPServerConfiguration: Sendable {
     /// Where to listen, e.g. `0.0.0.0:8080`; port 0 picks a free port (see `HTTPServer.localAddress`).
     public var address: HostPort
-    /// Worker threads, each with its own libmicrohttpd daemon and epoll loop. Handler tasks prefer the thread that
+    /// Worker threads, each with its own epoll loop and connections. Handler tasks prefer the thread that
     /// read their request as executor, so handlers must never block (await instead).
     public var threads: Int
     /// Largest request body accepted; larger ones get 413 `body_too_large`. Default 64 KiB.
     public var maxBodyBytes: Int
-    /// A connection on which nothing moves either way for this long is closed (rounded up to whole seconds,
-    /// libmicrohttpd's idle timeout). Default 30 s.
+    /// A connection on which nothing moves either way for this long is closed (checked every 100 ms). A connection
+    /// whose handler is running is exempt: `requestDeadline` bounds that. Default 30 s.
     public var connectionTimeout: Duration
     /// A whole request (headers and body) must be in within this long of its connection opening or of the
     /// previous response, however slowly it trickles; otherwise the connection is closed (slow-loris defence:
@@ -54,7 +54,7 @@ public struct HTTPServerError: Error, Sendable, CustomStringConvertible {
         case invalidAddress
         /// The address is taken or not ours to bind.
         case bindFailed
-        /// libmicrohttpd refused to start.
+        /// The worker loops could not start (epoll, eventfd or dup failed).
         case startFailed
         /// `run()` was called a second time.
         case alreadyRunning
@@ -71,8 +71,8 @@ public struct HTTPServerError: Error, Sendable, CustomStringConvertible {
     public var description: String { message }
 }
 
-/// The HTTP/1.1 server of herald-ingest's API and of the dispatcher's health and metrics port, over
-/// libmicrohttpd (one epoll loop per worker thread) with async handlers.
+/// The HTTP/1.1 server of herald-ingest's API and of the dispatcher's health and metrics port: our own
+/// implementation (one epoll loop per worker thread, keep-alive, pipelining, chunked bodies) with async handlers.
 ///
 /// The socket is bound in `init`, so a taken port fails at start-up and `localAddress` is known before `run()`.
 /// `run()` serves until its task is cancelled, then shuts down gracefully: it stops accepting, lets in-flight
@@ -110,7 +110,7 @@ public final class HTTPServer: Service {
         guard !started.exchange(true, ordering: .acquiringAndReleasing), let descriptor = socket.take() else {
             throw HTTPServerError(.alreadyRunning, "the server at \(localAddress) is already running")
         }
-        let daemon = try MicroHTTPDaemon(listening: descriptor, configuration: configuration, engine: engine)
+        let daemon = try HTTPWorkers(listening: descriptor, configuration: configuration, engine: engine)
         engine.logger.info("http server listening", ["http.addr": localAddress.description])
 
         // Serve until cancelled, answering overdue handlers every tick (one sweep instead of a timer per request).
@@ -122,7 +122,7 @@ public final class HTTPServer: Service {
         await Task { await self.shutDown(daemon) }.value
     }
 
-    private func shutDown(_ daemon: MicroHTTPDaemon) async {
+    private func shutDown(_ daemon: HTTPWorkers) async {
         let started = ContinuousClock.now
         engine.logger.info("http server draining", ["http.in_flight": "\(engine.inFlight)"])
         daemon.quiesce()

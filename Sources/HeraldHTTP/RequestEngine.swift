@@ -2,7 +2,7 @@ import HeraldRuntime
 import Synchronization
 
 /// The server's request logic that does not touch C: running handlers and mapping their errors, request ids,
-/// content-type checks, the access log and metrics. The daemon glue in `MicroHTTPD/` calls into it.
+/// content-type checks, the access log and metrics. The connection code in `Server/` calls into it.
 final class RequestEngine: Sendable {
     /// Route label for requests that matched no route (the raw path would make label sets unbounded).
     static let unmatchedRoute = "unmatched"
@@ -122,14 +122,5 @@ final class RequestEngine: Sendable {
     private static func milliseconds(_ micros: Int64) -> String {
         let fraction = String(micros % 1000)
         return "\(micros / 1000)." + String(repeating: "0", count: 3 - fraction.count) + fraction
-    }
-}
-
-extension Substring {
-    fileprivate var trimmingSpaces: Substring {
-        var text = self
-        while let first = text.first, first == " " || first == "\t" { text.removeFirst() }
-        while let last = text.last, last == " " || last == "\t" { text.removeLast() }
-        return text
     }
 }

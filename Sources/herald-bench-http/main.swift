@@ -9,7 +9,7 @@ let usage = """
     Usage: herald-bench-http [--help]
 
     HERALD_BENCH_HTTP_ADDR     listen address (default 127.0.0.1:8099)
-    HERALD_BENCH_HTTP_THREADS  libmicrohttpd worker threads (default 2)
+    HERALD_BENCH_HTTP_THREADS  HTTP worker threads (epoll loops) (default 2)
     HERALD_LOG_LEVEL           default warning, so the access log does not dominate the figures
     """
 

@@ -2,10 +2,10 @@ import Foundation
 import HeraldRuntime
 import Synchronization
 
-/// The running server's libmicrohttpd side: one `WorkerLoop` (thread + daemon) per configured thread, all
-/// accepting on the same listening socket (each daemon owns its own `dup` of it), sharing one
-/// `ConnectionHandler`. Stops everything exactly once, at the latest in `deinit`.
-final class MicroHTTPDaemon: Sendable {
+/// The running server's loops: one `WorkerLoop` (thread + epoll set) per configured thread, all accepting on the
+/// same listening socket (each loop owns its own `dup` of it), sharing one `ConnectionHandler`. Stops everything
+/// exactly once, at the latest in `deinit`.
+final class HTTPWorkers: Sendable {
     private let loops: [WorkerLoop]
     private let handler: ConnectionHandler
     private let stopped = Atomic<Bool>(false)
@@ -26,6 +26,9 @@ final class MicroHTTPDaemon: Sendable {
             }
             descriptors.append(copy)
         }
+        // Accepted sockets must not block: the listener itself is non-blocking so an accept raced by another
+        // loop returns EAGAIN instead of waiting.
+        _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
         var loops: [WorkerLoop] = []
         for (index, fd) in descriptors.enumerated() {
             do {
@@ -33,10 +36,7 @@ final class MicroHTTPDaemon: Sendable {
                                             addresses: addresses, handler: handler, name: "herald-http-\(index)"))
             } catch {
                 descriptors[(index + 1)...].forEach { close($0) }
-                for loop in loops {
-                    loop.stopLoop()
-                    loop.stopDaemon()
-                }
+                for loop in loops { loop.stop() }
                 throw error
             }
         }
@@ -54,14 +54,11 @@ final class MicroHTTPDaemon: Sendable {
     /// Answers 503 to every request whose handler still runs; see `ConnectionHandler.failParked`.
     func failParked() -> Int { handler.failParked() }
 
-    /// Closes every connection and ends the threads. Parked requests are answered first, because libmicrohttpd
-    /// aborts the process when stopped with a connection still suspended.
+    /// Closes every connection and ends the threads; requests whose handler still runs are answered 503 first.
     func stop() {
         guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
         _ = handler.failParked()
-        handler.stopResuming()
-        for loop in loops { loop.stopLoop() }
-        for loop in loops { loop.stopDaemon() }
+        for loop in loops { loop.stop() }
     }
 
     deinit { stop() }

@@ -1,8 +1,8 @@
 import HeraldRuntime
 
 /// Open connections per client address across every worker thread, for `maxConnectionsPerAddress`.
-/// libmicrohttpd's own per-IP limit counts per daemon, i.e. per worker thread, and the kernel hands each accept to
-/// whichever daemon wakes first, so its effective limit would vary with the thread count and with luck.
+/// Counted across loops: each loop accepts whichever connection wakes it, so a per-loop count would make the
+/// effective limit vary with the thread count and with luck.
 final class AddressCounter: Sendable {
     /// 0 = no limit (nothing is counted).
     let limit: Int

@@ -2,10 +2,10 @@ import Foundation
 import HeraldRuntime
 import Synchronization
 
-/// A bound, listening TCP socket, owned here until libmicrohttpd takes it over.
+/// A bound, listening TCP socket, owned here until the worker loops take it over.
 ///
 /// The server binds in its initializer (so a taken port fails at start-up, and port 0 reveals its real port
-/// before `run()`), then hands the descriptor to the daemon with `MHD_OPTION_LISTEN_SOCKET`.
+/// before `run()`), then hands the descriptor to the loops.
 final class ListeningSocket: Sendable {
     private let descriptor: Int32
     private let owned = Atomic<Bool>(true)
@@ -42,7 +42,7 @@ final class ListeningSocket: Sendable {
         localAddress = HostPort(host: address.host, port: port)
     }
 
-    /// Hands the descriptor over (to the daemon, which closes it from then on). `nil` if already taken.
+    /// Hands the descriptor over (to the worker loops, which close it from then on). `nil` if already taken.
     func take() -> Int32? {
         owned.exchange(false, ordering: .acquiringAndReleasing) ? descriptor : nil
     }

@@ -1,8 +1,0 @@
-#ifndef HERALD_CMICROHTTPD_SHIM_H
-#define HERALD_CMICROHTTPD_SHIM_H
-#include <stdarg.h>
-#include <stdint.h>
-#include <sys/types.h>
-#include <sys/socket.h>
-#include <microhttpd.h>
-#endif
