@@ -4,7 +4,7 @@
 import PackageDescription
 
 let targets = ["json", "subscriptions", "activities", "events", "push-job", "dead-letter", "apps-file", "jwt",
-               "provider-token"]
+               "provider-token", "http"]
 
 let package = Package(
     name: "HeraldFuzz",

@@ -6,7 +6,7 @@ import Synchronization
 import Testing
 
 /// A real server on a loopback port (port 0: the kernel picks a free one), talked to by a real socket client.
-@Suite("HTTP server over libmicrohttpd")
+@Suite("HTTP server")
 struct HTTPServerTests {
     struct Echo: Codable, Sendable {
         var appID: String

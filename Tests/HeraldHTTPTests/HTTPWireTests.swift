@@ -1,0 +1,236 @@
+import Foundation
+import HeraldTestSupport
+@testable import HeraldHTTP
+import HeraldRuntime
+import Testing
+
+/// The HTTP/1.1 wire behaviour of the server's own implementation, over real sockets: 100-continue, pipelining,
+/// HTTP/1.0, malformed and oversized requests, and a response larger than the socket buffers to a slow reader.
+@Suite("HTTP server wire protocol")
+struct HTTPWireTests {
+    static let logger = Logger(label: "http-wire-test", minimumLevel: .warning)
+
+    func withServer(_ router: Router, configure: (inout HTTPServerConfiguration) -> Void = { _ in },
+                    _ body: (UInt16) async throws -> Void) async throws {
+        var configuration = HTTPServerConfiguration(address: HostPort(host: "127.0.0.1", port: 0))
+        configure(&configuration)
+        let server = try HTTPServer(configuration: configuration, router: router, logger: Self.logger,
+                                    metrics: MetricsRegistry())
+        let running = Task { try await server.run() }
+        do {
+            try await body(server.localAddress.port)
+        } catch {
+            running.cancel()
+            _ = try? await running.value
+            throw error
+        }
+        running.cancel()
+        try await running.value
+    }
+
+    static let bigBody = (0..<(4 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 11) }
+
+    func router() -> Router {
+        var router = Router()
+        router.post("/upload", body: .any) { request in .text("got \(request.body.count)", status: 201) }
+        // Later requests finish first: pipelined answers must still come back in request order.
+        router.get("/n/{index}") { request in
+            let index = Int(try request.pathParameter("index")) ?? 0
+            try await Task.sleep(for: .milliseconds(30 * (3 - index)))
+            return .text("n\(index)")
+        }
+        router.get("/big") { _ in HTTPResponse(status: 200, body: Self.bigBody) }
+        return router
+    }
+
+    @Test func expect100ContinueIsAnsweredBeforeTheBodyIsSent() async throws {
+        try await withServer(router()) { port in
+            let (interim, response) = try await onThread {
+                let socket = try WireSocket(port: port)
+                try socket.send("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+                let interim = try socket.read(until: "\r\n\r\n")
+                try socket.send("hello")
+                return (interim, try socket.read(until: "got 5"))
+            }
+            #expect(interim == "HTTP/1.1 100 Continue\r\n\r\n")
+            #expect(response.hasPrefix("HTTP/1.1 201 Created\r\n"))
+        }
+    }
+
+    @Test func pipelinedRequestsAreAnsweredInOrder() async throws {
+        try await withServer(router()) { port in
+            let bodies = try await onThread {
+                let client = try RawHTTPClient(port: port)
+                try client.send((0..<3).map { "GET /n/\($0) HTTP/1.1\r\nHost: x\r\n\r\n" }.joined())
+                return try (0..<3).map { _ in try client.readResponse().text }
+            }
+            #expect(bodies == ["n0", "n1", "n2"])
+        }
+    }
+
+    @Test func http10ClosesUnlessKeepAliveIsAsked() async throws {
+        try await withServer(router()) { port in
+            let (closed, kept, keptHeader, second) = try await onThread {
+                let plain = try RawHTTPClient(port: port)
+                try plain.send("GET /n/3 HTTP/1.0\r\n\r\n")
+                _ = try plain.readResponse()
+                let closed = plain.isClosedByServer()
+                let alive = try RawHTTPClient(port: port)
+                try alive.send("GET /n/3 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+                let kept = try alive.readResponse()
+                try alive.send("GET /n/3 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+                return (closed, kept.status, kept.headers["connection"], try alive.readResponse().status)
+            }
+            #expect(closed)
+            #expect(kept == 200 && second == 200)
+            #expect(keptHeader?.lowercased() == "keep-alive")
+        }
+    }
+
+    @Test func malformedRequestsAreRefusedAndClosed() async throws {
+        let cases: [(String, Int, String)] = [
+            ("G@T / HTTP/1.1\r\nHost: x\r\n\r\n", 400, "bad_request"),
+            ("GET / HTTP/1.x\r\nHost: x\r\n\r\n", 400, "bad_request"),
+            ("GET http://x/ HTTP/1.1\r\nHost: x\r\n\r\n", 400, "bad_request"),
+            ("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 12ab\r\n\r\n", 400, "invalid_content_length"),
+            ("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", 400,
+             "invalid_content_length"),
+            ("POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "not_implemented"),
+            ("GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + String(repeating: "a", count: 20_000) + "\r\n\r\n", 431,
+             "headers_too_large"),
+        ]
+        try await withServer(router()) { port in
+            for (text, status, code) in cases {
+                let (response, closed) = try await onThread {
+                    let client = try RawHTTPClient(port: port)
+                    try client.send(text)
+                    let response = try client.readResponse()
+                    return (response, client.isClosedByServer())
+                }
+                #expect(response.status == status, "\(text.prefix(60))")
+                #expect(response.text.contains("\"code\":\"\(code)\""), "\(text.prefix(60))")
+                #expect(response.headers["connection"]?.lowercased() == "close")
+                #expect(closed, "\(text.prefix(60))")
+            }
+        }
+    }
+
+    @Test func aResponseLargerThanTheSocketBuffersReachesASlowReader() async throws {
+        try await withServer(router()) { port in
+            let body = try await onThread {
+                let socket = try WireSocket(port: port, receiveBuffer: 8192)
+                try socket.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+                // Not reading for a while: the server's send runs into EAGAIN and must wait for EPOLLOUT.
+                Thread.sleep(forTimeInterval: 0.3)
+                let head = try socket.read(until: "\r\n\r\n")
+                #expect(head.contains("Content-Length: \(4 << 20)\r\n"))
+                var body = socket.takeBuffered()
+                while body.count < 4 << 20 {
+                    let chunk = try socket.receive(max: 65_536)
+                    guard !chunk.isEmpty else { break }
+                    body += chunk
+                    if body.count % (1 << 20) < 65_536 { Thread.sleep(forTimeInterval: 0.02) }
+                }
+                return body
+            }
+            #expect(body.count == Self.bigBody.count)
+            #expect(body == Self.bigBody)
+        }
+    }
+
+    @Test func headRequestsGetTheLengthWithoutTheBody() async throws {
+        var router = Router()
+        router.add(.head, "/thing") { _ in .text("twelve bytes") }
+        router.get("/after") { _ in .text("after") }
+        try await withServer(router) { port in
+            let text = try await onThread {
+                let socket = try WireSocket(port: port)
+                try socket.send("HEAD /thing HTTP/1.1\r\nHost: x\r\n\r\nGET /after HTTP/1.1\r\nHost: x\r\n\r\n")
+                return try socket.read(until: "after")
+            }
+            #expect(text.contains("Content-Length: 12\r\n"))
+            #expect(!text.contains("twelve bytes"))
+        }
+    }
+}
+
+struct WireError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// A blocking loopback socket reading raw bytes (for interim responses and slow reading, which RawHTTPClient's
+/// response framing does not cover).
+final class WireSocket {
+    private let fd: Int32
+    private var buffer: [UInt8] = []
+
+    init(port: UInt16, receiveBuffer: Int32? = nil) throws {
+        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw WireError("socket: \(errno)") }
+        var time = timeval(tv_sec: 5, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &time, socklen_t(MemoryLayout<timeval>.size))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &time, socklen_t(MemoryLayout<timeval>.size))
+        if var size = receiveBuffer {
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = port.bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let connected = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        guard connected == 0 else {
+            Foundation.close(fd)
+            throw WireError("connect: \(errno)")
+        }
+    }
+
+    deinit { Foundation.close(fd) }
+
+    func send(_ text: String) throws {
+        let bytes = Array(text.utf8)
+        var offset = 0
+        while offset < bytes.count {
+            let written = bytes[offset...].withUnsafeBytes {
+                Foundation.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
+            }
+            guard written > 0 else { throw WireError("send: \(errno)") }
+            offset += written
+        }
+    }
+
+    /// Up to `max` bytes from the socket; empty at end of stream.
+    func receive(max: Int) throws -> [UInt8] {
+        var chunk = [UInt8](repeating: 0, count: max)
+        let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        guard count >= 0 else { throw WireError("recv: \(errno)") }
+        return Array(chunk[..<count])
+    }
+
+    /// Everything up to and including the first `marker`, as text; what follows stays buffered.
+    func read(until marker: String) throws -> String {
+        let pattern = Array(marker.utf8)
+        while true {
+            if buffer.count >= pattern.count,
+               let start = (0...(buffer.count - pattern.count)).first(where: {
+                   buffer[$0..<($0 + pattern.count)].elementsEqual(pattern)
+               }) {
+                let end = start + pattern.count
+                defer { buffer.removeFirst(end) }
+                return String(decoding: buffer[..<end], as: UTF8.self)
+            }
+            let chunk = try receive(max: 16_384)
+            guard !chunk.isEmpty else { throw WireError("closed before \(marker)") }
+            buffer += chunk
+        }
+    }
+
+    func takeBuffered() -> [UInt8] {
+        defer { buffer = [] }
+        return buffer
+    }
+}
