@@ -127,7 +127,8 @@ public enum HTTPRequestParser {
             return .failure(HTTPParseFailure(status: 505, code: "http_version_not_supported",
                                              message: "only HTTP/1.1 and HTTP/1.0 are served"))
         }
-        let minor = Int(version[7] - UInt8(ascii: "0"))
+        // RFC 9110 §2.5: a later 1.x minor version is answered as 1.1.
+        let minor = version[7] == UInt8(ascii: "0") ? 0 : 1
         let target = (firstSpace + 1)..<lastSpace
         guard !target.isEmpty, bytes[target.lowerBound] == slash,
               target.allSatisfy({ bytes[$0] >= 0x20 && bytes[$0] < 0x7F }) else {
