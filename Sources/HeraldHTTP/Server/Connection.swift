@@ -312,7 +312,7 @@ extension WorkerLoop {
                 requestID: context.requestID, remoteAddress: connection.address)
             context.body = []
             connection.phase = .handling
-            if !handler.park(context, request: request, handler: route.handler) {
+            if !parked.park(context, request: request, handler: route.handler) {
                 send(HTTPError.unavailable("the server is shutting down").response, on: connection, context: context)
             }
         }
@@ -399,9 +399,9 @@ extension WorkerLoop {
 
     /// Reads and drops what a closing client still sends; closes at its end of stream.
     private func discardInput(_ connection: HTTPConnection) {
-        var scratch = (UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0), UInt64(0))
         while connection.readable {
-            let count = withUnsafeMutableBytes(of: &scratch) { recv(connection.fd, $0.baseAddress, $0.count, 0) }
+            // Into the read buffer, which holds nothing needed any more.
+            let count = recv(connection.fd, connection.buffer, connection.capacity, 0)
             if count > 0 { continue }
             if count < 0, errno == EAGAIN || errno == EWOULDBLOCK {
                 connection.readable = false

@@ -3,16 +3,16 @@ import HeraldRuntime
 import Synchronization
 
 /// The running server's loops: one `WorkerLoop` (thread + epoll set) per configured thread, all accepting on the
-/// same listening socket (each loop owns its own `dup` of it), sharing one `ConnectionHandler`. Stops everything
+/// same listening socket (each loop owns its own `dup` of it), sharing one `ParkedRequests`. Stops everything
 /// exactly once, at the latest in `deinit`.
 final class HTTPWorkers: Sendable {
     private let loops: [WorkerLoop]
-    private let handler: ConnectionHandler
+    private let parked: ParkedRequests
     private let stopped = Atomic<Bool>(false)
 
     init(listening descriptor: Int32, configuration: HTTPServerConfiguration,
          engine: RequestEngine) throws(HTTPServerError) {
-        handler = ConnectionHandler(engine: engine)
+        parked = ParkedRequests(engine: engine)
         let count = configuration.threads
         let perLoopLimit = (configuration.maxConnections + count - 1) / count
         let addresses = AddressCounter(limit: configuration.maxConnectionsPerAddress)
@@ -33,7 +33,7 @@ final class HTTPWorkers: Sendable {
         for (index, fd) in descriptors.enumerated() {
             do {
                 loops.append(try WorkerLoop(listening: fd, configuration: configuration, connectionLimit: perLoopLimit,
-                                            addresses: addresses, handler: handler, name: "herald-http-\(index)"))
+                                            addresses: addresses, parked: parked, name: "herald-http-\(index)"))
             } catch {
                 descriptors[(index + 1)...].forEach { close($0) }
                 for loop in loops { loop.stop() }
@@ -45,19 +45,19 @@ final class HTTPWorkers: Sendable {
 
     /// Stops accepting: new connections are refused while open ones finish; responses say `Connection: close`.
     func quiesce() {
-        handler.engine.draining = true
+        parked.engine.draining = true
         for loop in loops { loop.quiesce() }
     }
 
-    func expireOverdue() { handler.expireOverdue() }
+    func expireOverdue() { parked.expireOverdue() }
 
-    /// Answers 503 to every request whose handler still runs; see `ConnectionHandler.failParked`.
-    func failParked() -> Int { handler.failParked() }
+    /// Answers 503 to every request whose handler still runs; see `ParkedRequests.failParked`.
+    func failParked() -> Int { parked.failParked() }
 
     /// Closes every connection and ends the threads; requests whose handler still runs are answered 503 first.
     func stop() {
         guard !stopped.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        _ = handler.failParked()
+        _ = parked.failParked()
         for loop in loops { loop.stop() }
     }
 

@@ -15,8 +15,8 @@ import HeraldRuntime
 // @unchecked: the queue is a Lock; every other var (connections, clients, watched, storage, the listener state)
 // is only touched on the loop thread, or in deinit after the thread has exited.
 final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
-    let handler: ConnectionHandler
-    var engine: RequestEngine { handler.engine }
+    let parked: ParkedRequests
+    var engine: RequestEngine { parked.engine }
     let epollFD: Int32
     private let wakeFD: Int32
     /// This loop's descriptor of the listening socket; -1 once closed (drain).
@@ -61,8 +61,8 @@ final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
 
     /// Starts the loop's thread, accepting on `descriptor` (which it then owns).
     init(listening descriptor: Int32, configuration: HTTPServerConfiguration, connectionLimit: Int,
-         addresses: AddressCounter, handler: ConnectionHandler, name: String) throws(HTTPServerError) {
-        self.handler = handler
+         addresses: AddressCounter, parked: ParkedRequests, name: String) throws(HTTPServerError) {
+        self.parked = parked
         self.addresses = addresses
         self.connectionLimit = connectionLimit
         readTimeout = configuration.requestReadTimeout
@@ -257,8 +257,10 @@ final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
     /// One connection per readiness report: the listener stays ready while more wait, and accepting one at a
     /// time lets the other loops take their share.
     private func acceptOne() {
-        var text = [CChar](repeating: 0, count: 64)
-        let fd = herald_http_accept(listenFD, &text, text.count)
+        let (fd, address) = withUnsafeTemporaryAllocation(of: CChar.self, capacity: 64) { text -> (Int32, String?) in
+            let fd = herald_http_accept(listenFD, text.baseAddress!, text.count)
+            return (fd, fd >= 0 && text[0] != 0 ? String(cString: text.baseAddress!) : nil)
+        }
         guard fd >= 0 else {
             if errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS {
                 // Out of descriptors: stop asking for a moment rather than spin on a listener that stays ready.
@@ -268,7 +270,6 @@ final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
             }
             return
         }
-        let address = text[0] == 0 ? nil : String(cString: text)
         var counted = false
         if addresses.limit > 0, let address {
             guard addresses.admit(address) else {

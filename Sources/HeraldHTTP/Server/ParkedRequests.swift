@@ -5,7 +5,7 @@ import HeraldRuntime
 ///
 /// A parked request is answered exactly once: its handler, the sweep or shutdown claims it (`RequestContext.claim`)
 /// and hands the response to the connection's loop, which alone touches the connection.
-final class ConnectionHandler: Sendable {
+final class ParkedRequests: Sendable {
     let engine: RequestEngine
     /// Parked requests, spread over shards so the loops and handler tasks rarely meet on one lock.
     private let shards: [ShardLock]
