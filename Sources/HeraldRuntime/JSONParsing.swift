@@ -64,8 +64,16 @@ extension JSONValue {
     }
 
     /// A JSON string literal: quotes, backslashes and control characters escaped, everything else as UTF-8.
+    ///
+    /// Text with nothing to escape (ids, tokens, channels, times: nearly every string Herald writes) is copied in
+    /// one append rather than byte by byte.
     public static func appendQuoted(_ text: String, to out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
+        if !text.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
+            out += text.utf8
+            out.append(UInt8(ascii: "\""))
+            return
+        }
         for byte in text.utf8 {
             switch byte {
             case UInt8(ascii: "\""): out += #"\""#.utf8
