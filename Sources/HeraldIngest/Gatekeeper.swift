@@ -124,12 +124,12 @@ struct Gatekeeper: Sendable {
         return (app, principal)
     }
 
-    /// `headers(_:)` set on a response's headers directly, without building a dictionary first (every request
-    /// of the hot endpoints).
+    /// `headers(_:)` added to a handler's response directly, without building a dictionary first or searching the
+    /// response's headers (every request of the hot endpoints): handlers never set `RateLimit-*` themselves.
     static func setHeaders(_ decision: RateLimiter.Decision, on headers: inout HTTPHeaders) {
-        headers["RateLimit-Limit"] = String(decision.limit)
-        headers["RateLimit-Remaining"] = String(decision.remaining)
-        headers["RateLimit-Reset"] = String(decision.resetSeconds)
+        headers.add("RateLimit-Limit", String(decision.limit))
+        headers.add("RateLimit-Remaining", String(decision.remaining))
+        headers.add("RateLimit-Reset", String(decision.resetSeconds))
     }
 
     /// `RateLimit-*`: on every response to a counted request.
