@@ -26,7 +26,7 @@ public struct ActivityRegistrationBody: Sendable {
             isObject = false
             return
         }
-        unknownField = object.keys.filter { !Self.names.contains($0) }.min()
+        unknownField = object.keys.lazy.filter { !Self.names.contains($0) }.min()
         for (index, name) in Self.names.enumerated() {
             switch object[name] {
             case nil, .null?: fields[index] = .absent

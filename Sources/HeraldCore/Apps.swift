@@ -40,8 +40,14 @@ public struct App: Sendable {
     public var oauth: OAuth?
 
     /// True when `bundleID` is the app's bundle id or one of its extensions (`<bundleId>.<suffix>`).
+    ///
+    /// Compared as UTF-8 bytes, without building `<bundleId>.` per call (every registration asks): bundle ids are
+    /// ASCII, where bytes and characters agree.
     public func owns(bundleID: String) -> Bool {
-        bundleID == apns.bundleId || bundleID.hasPrefix(apns.bundleId + ".")
+        let own = apns.bundleId.utf8, candidate = bundleID.utf8
+        guard candidate.starts(with: own) else { return false }
+        let rest = candidate.dropFirst(own.count)
+        return rest.isEmpty || rest.first == UInt8(ascii: ".")
     }
 }
 

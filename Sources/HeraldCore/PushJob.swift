@@ -356,7 +356,7 @@ public enum Timestamp {
         let millis = min(999, Int((interval - whole) * 1000))
         let (days, secondOfDay) = (seconds / 86_400, Int(seconds % 86_400))
         let (year, month, day) = civil(fromDays: days)
-        let text = [UInt8](unsafeUninitializedCapacity: 24) { buffer, count in
+        return String(unsafeUninitializedCapacity: 24) { buffer in
             func put(_ value: Int, _ digits: Int, at offset: Int) {
                 var value = value
                 for index in stride(from: offset + digits - 1, through: offset, by: -1) {
@@ -371,9 +371,8 @@ public enum Timestamp {
             put(secondOfDay / 60 % 60, 2, at: 14); buffer[16] = UInt8(ascii: ":")
             put(secondOfDay % 60, 2, at: 17); buffer[19] = UInt8(ascii: ".")
             put(millis, 3, at: 20); buffer[23] = UInt8(ascii: "Z")
-            count = 24
+            return 24
         }
-        return String(decoding: text, as: UTF8.self)
     }
 
     /// Foundation's formatting, for years outside 1970–9999 and as the reference in tests.

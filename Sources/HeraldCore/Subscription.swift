@@ -49,7 +49,13 @@ public struct SubscriptionInput: Sendable, Equatable {
     public var tokenType: TokenType
     public var environment: APNsEnvironment
     public var activityID: String?
-    public var metadata: JSONValue?
+    /// Setting it also sets `encodedMetadata`.
+    public var metadata: JSONValue? {
+        didSet { encodedMetadata = metadata?.encoded() }
+    }
+    /// `metadata` as compact JSON with sorted keys, as stored: encoded once, when checking its size, and reused
+    /// for Redis and the response.
+    public private(set) var encodedMetadata: [UInt8]?
     public var previousToken: String?
 
     public init(_ body: JSONValue) throws(ValidationError) {
@@ -71,7 +77,8 @@ public struct SubscriptionInput: Sendable, Equatable {
                                   field: "activityID")
         }
         metadata = try fields.object("metadata")
-        if let metadata, metadata.encoded().count > Self.maxMetadataBytes {
+        encodedMetadata = metadata?.encoded()
+        if let encodedMetadata, encodedMetadata.count > Self.maxMetadataBytes {
             throw .invalid("metadata", "metadata must be at most \(Self.maxMetadataBytes) bytes of JSON")
         }
         previousToken = try fields.string("previousToken").map { (raw) throws(ValidationError) in

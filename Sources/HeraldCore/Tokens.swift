@@ -29,7 +29,8 @@ public enum DeviceToken {
         guard hexLengths.contains(raw.utf8.count) else {
             throw .invalid(field, "\(field) must be \(hexLengths.lowerBound)–\(hexLengths.upperBound) hex digits")
         }
-        return raw.lowercased()
+        // Tokens nearly always arrive in lowercase already: no new string for them.
+        return raw.utf8.contains(where: { (0x41...0x46).contains($0) }) ? raw.lowercased() : raw
     }
 }
 

@@ -45,10 +45,23 @@ struct ActivitiesAPI: Sendable {
     /// token. Written by hand because this endpoint is hot (`JSONEncoder`, then per-scalar escaping, were a sizeable
     /// share of its time); no value needs escaping: the id and post hash are hex, the environment an enum, the
     /// bundle id checked to be letters, digits, '-' and '.', the times RFC 3339.
+    /// Appended straight into one byte buffer: no intermediate strings.
     static func body(_ r: ActivityRegistration) -> [UInt8] {
-        let text = #"{"data":{"id":""# + r.id + #"","post_id_hash":""# + r.postIDHash + #"","apns_environment":""#
-            + r.environment.rawValue + #"","bundle_id":""# + r.bundleID + #"","created_at":""# + r.createdAt
-            + #"","last_seen_at":""# + r.lastSeenAt + #""}}"#
-        return Array(text.utf8)
+        var out: [UInt8] = []
+        out.reserveCapacity(192 + r.postIDHash.utf8.count + r.bundleID.utf8.count)
+        out += #"{"data":{"id":""#.utf8
+        out += r.id.utf8
+        out += #"","post_id_hash":""#.utf8
+        out += r.postIDHash.utf8
+        out += #"","apns_environment":""#.utf8
+        out += r.environment.rawValue.utf8
+        out += #"","bundle_id":""#.utf8
+        out += r.bundleID.utf8
+        out += #"","created_at":""#.utf8
+        out += r.createdAt.utf8
+        out += #"","last_seen_at":""#.utf8
+        out += r.lastSeenAt.utf8
+        out += #""}}"#.utf8
+        return out
     }
 }

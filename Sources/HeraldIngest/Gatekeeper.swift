@@ -48,17 +48,18 @@ struct Gatekeeper: Sendable {
     }
 
     /// A request's rate-limit window, for a handler that counts the request in the Redis call doing its work.
-    final class Meter: Sendable {
+    ///
+    /// Without a lock (one per request was two allocations and a mutex on the hot path): a meter belongs to one
+    /// request's task, which records into it inside the handler and reads it only after the handler returned.
+    final class Meter: @unchecked Sendable { // used by one task, in sequence: record in the handler, read after it
         /// The window to count the request in.
         let window: RateLimiter.Window
-        private let settled = Lock<RateLimiter.Decision?>(nil)
+        /// What counting the request decided, once it has been counted.
+        private(set) var decision: RateLimiter.Decision?
 
         init(window: RateLimiter.Window) { self.window = window }
 
-        /// What counting the request decided, once it has been counted.
-        var decision: RateLimiter.Decision? { settled.withLock { $0 } }
-
-        func record(_ decision: RateLimiter.Decision) { settled.withLock { $0 = decision } }
+        func record(_ decision: RateLimiter.Decision) { self.decision = decision }
     }
 
     /// Like `endpoint`, for a handler that counts its request itself, in the Redis call that does its work (one
@@ -78,7 +79,7 @@ struct Gatekeeper: Sendable {
             do {
                 var response = try await body(request, admission, meter)
                 let decision = try await decision(of: meter, principal: principal, app: app)
-                for (name, value) in Self.headers(decision) { response.headers[name] = value }
+                Self.setHeaders(decision, on: &response.headers)
                 return response
             } catch {
                 guard var failure = Failures.http(error, logger: logger) as? HTTPError else { throw error }
@@ -121,6 +122,14 @@ struct Gatekeeper: Sendable {
             throw HTTPError(status: 403, code: "forbidden", message: "this endpoint takes a secret key")
         }
         return (app, principal)
+    }
+
+    /// `headers(_:)` added to a handler's response directly, without building a dictionary first or searching the
+    /// response's headers (every request of the hot endpoints): handlers never set `RateLimit-*` themselves.
+    static func setHeaders(_ decision: RateLimiter.Decision, on headers: inout HTTPHeaders) {
+        headers.add("RateLimit-Limit", String(decision.limit))
+        headers.add("RateLimit-Remaining", String(decision.remaining))
+        headers.add("RateLimit-Reset", String(decision.resetSeconds))
     }
 
     /// `RateLimit-*`: on every response to a counted request.

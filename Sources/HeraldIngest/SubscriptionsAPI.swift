@@ -31,7 +31,8 @@ struct SubscriptionsAPI: Sendable {
                             ["app": admission.app.id, "token": Redaction.tag(input.deviceToken),
                              "token.type": input.tokenType.rawValue, "request.id": request.requestID])
             }
-            return .json(bytes: Self.json(subscription), status: created ? 201 : 200)
+            return .json(bytes: Self.json(subscription, encodedMetadata: input.encodedMetadata),
+                         status: created ? 201 : 200)
         })
         router.get(path, gate.endpoint(.device) { request, admission in
             guard let raw = request.query["deviceToken"] else { throw ValidationError.missing("deviceToken") }
@@ -47,8 +48,9 @@ struct SubscriptionsAPI: Sendable {
     }
 
     /// A subscription as the API shows it (schemas/openapi.yaml `Subscription`): `activityID` and `metadata` only
-    /// when set. Written field by field: no dictionary to build and sort per request.
-    static func json(_ subscription: Subscription, into out: inout [UInt8]) {
+    /// when set. Written field by field: no dictionary to build and sort per request. `encodedMetadata`, when
+    /// given, is the subscription's metadata already encoded (`SubscriptionInput.encodedMetadata`), copied as is.
+    static func json(_ subscription: Subscription, encodedMetadata: [UInt8]? = nil, into out: inout [UInt8]) {
         func field(_ name: StaticString, _ value: String, first: Bool = false) {
             out += (first ? "{\"" : ",\"").utf8
             out += UnsafeBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount)
@@ -61,7 +63,10 @@ struct SubscriptionsAPI: Sendable {
         field("tokenType", subscription.tokenType.rawValue)
         field("environment", subscription.environment.rawValue)
         if let activityID = subscription.activityID { field("activityID", activityID) }
-        if let metadata = subscription.metadata {
+        if let encodedMetadata {
+            out += #","metadata":"#.utf8
+            out += encodedMetadata
+        } else if let metadata = subscription.metadata {
             out += #","metadata":"#.utf8
             metadata.serialize(into: &out)
         }
@@ -70,10 +75,10 @@ struct SubscriptionsAPI: Sendable {
         out.append(UInt8(ascii: "}"))
     }
 
-    static func json(_ subscription: Subscription) -> [UInt8] {
+    static func json(_ subscription: Subscription, encodedMetadata: [UInt8]? = nil) -> [UInt8] {
         var out: [UInt8] = []
-        out.reserveCapacity(384)
-        json(subscription, into: &out)
+        out.reserveCapacity(384 + (encodedMetadata?.count ?? 0))
+        json(subscription, encodedMetadata: encodedMetadata, into: &out)
         return out
     }
 

@@ -13,14 +13,27 @@ struct RESPEncoder {
     mutating func append(_ arguments: [String]) {
         precondition(!arguments.isEmpty, "a Redis command needs at least its name")
         header(UInt8(ascii: "*"), arguments.count)
-        for argument in arguments {
-            let utf8 = argument.utf8
-            header(UInt8(ascii: "$"), utf8.count)
-            bytes.append(contentsOf: utf8)
-            bytes.append(13)
-            bytes.append(10)
-        }
+        for argument in arguments { bulk(argument) }
         commandCount += 1
+    }
+
+    /// One command whose arguments are `head`, then `keys`, then `args` (`EVALSHA <sha> <n> keys… args…`),
+    /// without first concatenating them into one array.
+    mutating func append(_ head: [String], _ keys: [String], _ args: [String]) {
+        precondition(!head.isEmpty, "a Redis command needs at least its name")
+        header(UInt8(ascii: "*"), head.count + keys.count + args.count)
+        for argument in head { bulk(argument) }
+        for argument in keys { bulk(argument) }
+        for argument in args { bulk(argument) }
+        commandCount += 1
+    }
+
+    private mutating func bulk(_ argument: String) {
+        let utf8 = argument.utf8
+        header(UInt8(ascii: "$"), utf8.count)
+        bytes.append(contentsOf: utf8)
+        bytes.append(13)
+        bytes.append(10)
     }
 
     mutating func append(_ arguments: [[UInt8]]) {

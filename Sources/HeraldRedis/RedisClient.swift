@@ -102,15 +102,15 @@ public final class RedisClient: Sendable {
     /// which also caches it for later calls.
     @discardableResult
     public func run(_ script: RedisScript, keys: [String], args: [String]) async throws -> RedisValue {
-        var arguments = ["EVALSHA", script.sha1, String(keys.count)]
-        arguments.append(contentsOf: keys)
-        arguments.append(contentsOf: args)
+        let count = String(keys.count)
+        var encoder = RESPEncoder(capacity: 128 + 64 * (keys.count + args.count))
+        encoder.append(["EVALSHA", script.sha1, count], keys, args)
         do {
-            return try await command(arguments)
+            return try checked(await single(encoder))
         } catch let error as RedisError where error.code == .noScript {
-            arguments[0] = "EVAL"
-            arguments[1] = script.source
-            return try await command(arguments)
+            var retry = RESPEncoder(capacity: script.source.utf8.count + 64 * (keys.count + args.count))
+            retry.append(["EVAL", script.source, count], keys, args)
+            return try checked(await single(retry))
         }
     }
 

@@ -64,8 +64,16 @@ extension JSONValue {
     }
 
     /// A JSON string literal: quotes, backslashes and control characters escaped, everything else as UTF-8.
+    ///
+    /// Text with nothing to escape (ids, tokens, channels, times: nearly every string Herald writes) is copied in
+    /// one append rather than byte by byte.
     public static func appendQuoted(_ text: String, to out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
+        if !text.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
+            out += text.utf8
+            out.append(UInt8(ascii: "\""))
+            return
+        }
         for byte in text.utf8 {
             switch byte {
             case UInt8(ascii: "\""): out += #"\""#.utf8
@@ -127,7 +135,8 @@ private struct JSONParser {
 
     private mutating func object(depth: Int) -> JSONValue? {
         index += 1
-        var fields: [String: JSONValue] = [:]
+        // Room for a typical request body's members up front, rather than growing (and rehashing) member by member.
+        var fields = [String: JSONValue](minimumCapacity: 8)
         skipWhitespace()
         if index < bytes.count, bytes[index] == UInt8(ascii: "}") {
             index += 1
@@ -179,15 +188,23 @@ private struct JSONParser {
     private mutating func string() -> String? {
         index += 1
         let start = index
-        // Fast path: no escapes, so the text is the bytes between the quotes.
+        // Fast path: no escapes, so the text is the bytes between the quotes. `high` collects the bytes' top bits:
+        // pure ASCII (ids, tokens, channels, nearly every string a request carries) needs no UTF-8 validation.
+        var high: UInt8 = 0
         while index < bytes.count, bytes[index] != UInt8(ascii: "\""), bytes[index] != UInt8(ascii: "\\") {
             guard bytes[index] >= 0x20 else { return nil }
+            high |= bytes[index]
             index += 1
         }
         guard index < bytes.count else { return nil }
         if bytes[index] == UInt8(ascii: "\"") {
             defer { index += 1 }
-            return String(validating: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)
+            let text = UnsafeBufferPointer(rebasing: bytes[start..<index])
+            guard high < 0x80 else { return String(validating: text, as: UTF8.self) }
+            return String(unsafeUninitializedCapacity: text.count) { out in
+                _ = out.initialize(fromContentsOf: text)
+                return text.count
+            }
         }
         var text = Array(bytes[start..<index])
         while index < bytes.count {

@@ -17,7 +17,7 @@ public struct ActivityRegistration: Sendable, Equatable {
 /// Live Activity push-token registrations in Redis. Each registration is a hash with a TTL that every re-post
 /// renews; the post's index is a sorted set scored by expiry, so readers skip expired members. Expired members
 /// are pruned by every registration and every batch read of their index, and an index outlives its newest
-/// member by nothing (its own TTL), so nothing is kept once a post goes quiet.
+/// member by at most a sixtieth of the TTL (its own TTL), so nothing is kept once a post goes quiet.
 public struct ActivityStore: Sendable {
     let redis: RedisClient
     public let ttl: Duration
@@ -130,9 +130,17 @@ extension Scripts {
     /// environment, bundle, now (RFC 3339), now (ms), ttl (ms), counter ("" to count nothing), limit, counter TTL (s).
     /// Returns {existed (0/1), createdAt, count}, or {-1, '', count} over the limit (nothing stored).
     ///
-    /// Each index first drops its expired members (so a busy post's index holds live registrations only), then
-    /// keeps a TTL no shorter than its newest member's: it vanishes with its last registration, and a lowered
-    /// `ttl` never expires an index under registrations that still live.
+    /// Each index drops its expired members (so a busy post's index holds live registrations only) and keeps a TTL
+    /// no shorter than its newest member's: it never expires under registrations that still live, even when `ttl`
+    /// is lowered. The TTL is set to `ttl` plus a sixtieth of it (a minute for an hour), and renewed only once it
+    /// has fallen below `ttl`: a busy post's index is re-expired once a minute rather than by every registration,
+    /// and outlives its last registration by at most that minute.
+    ///
+    /// Redis calls, for the CPU they cost per registration (ten for a new token, nine for a renewal): the hash's
+    /// `createdAt` is read first, so one HSET writes a new registration and a renewal needs no second read; an
+    /// index's PTTL is read before its ZADD, so a new index (the usual case for a token's) skips the pruning it
+    /// cannot need, and ZADD goes before ZREMRANGEBYSCORE so the index never vanishes between the two (its new
+    /// member is live).
     static let register = RedisScript(source: """
         local reg, post, tok = KEYS[1], KEYS[2], KEYS[3]
         local now, nowMs, ttl = ARGV[7], tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -143,18 +151,23 @@ extension Scripts {
           if count == 1 then redis.call('EXPIRE', counter, ARGV[12]) end
           if count > tonumber(ARGV[11]) then return {-1, '', count} end
         end
-        -- One write for a new registration (the id is derived from user, post and token, so rewriting them on a
-        -- renewal stores the same values); createdAt is kept from the first.
-        local created = redis.call('HSETNX', reg, 'createdAt', now)
-        redis.call('HSET', reg, 'id', ARGV[1], 'user', ARGV[2], 'postIdHash', ARGV[3], 'pushToken', ARGV[4],
-                   'environment', ARGV[5], 'bundleId', ARGV[6], 'lastSeenAt', now, 'lastSeenMs', nowMs)
+        -- One write (the id is derived from user, post and token, so rewriting them on a renewal stores the same
+        -- values); createdAt is kept from the first registration.
+        local createdAt = redis.call('HGET', reg, 'createdAt')
+        local existed = createdAt and 1 or 0
+        createdAt = createdAt or now
+        redis.call('HSET', reg, 'createdAt', createdAt, 'id', ARGV[1], 'user', ARGV[2], 'postIdHash', ARGV[3],
+                   'pushToken', ARGV[4], 'environment', ARGV[5], 'bundleId', ARGV[6], 'lastSeenAt', now,
+                   'lastSeenMs', nowMs)
         redis.call('PEXPIRE', reg, ttl)
         for _, index in ipairs({post, tok}) do
-          redis.call('ZREMRANGEBYSCORE', index, '-inf', nowMs)
+          local left = redis.call('PTTL', index)
           redis.call('ZADD', index, nowMs + ttl, ARGV[1])
-          if redis.call('PTTL', index) < ttl then redis.call('PEXPIRE', index, ttl) end
+          -- -2: the index did not exist, so it holds the new member only.
+          if left ~= -2 then redis.call('ZREMRANGEBYSCORE', index, '-inf', nowMs) end
+          if left < ttl then redis.call('PEXPIRE', index, ttl + math.floor(ttl / 60)) end
         end
-        return {1 - created, created == 1 and now or redis.call('HGET', reg, 'createdAt'), count}
+        return {existed, createdAt, count}
         """)
 
     /// KEYS: post index. ARGV: prefix, post. Deletes the post's registrations and their token-index entries.

@@ -20,20 +20,40 @@ public struct RedisKeys: Sendable {
 
     public init(app: String) {
         self.app = app
-        self.prefix = "herald:{\(app)}:"
+        self.prefix = "herald:{" + app + "}:"
     }
 
-    public func subscription(_ id: String) -> String { prefix + "sub:" + id }
-    public func channel(_ name: String) -> String { prefix + "ch:" + name }
-    public func device(_ token: String) -> String { prefix + "dev:" + token }
-    public func registration(_ id: String) -> String { prefix + "act:" + id }
-    public func post(_ hash: String) -> String { prefix + "post:" + hash }
-    public func activityToken(_ token: String) -> String { prefix + "acttok:" + token }
-    public func idempotency(_ id: String) -> String { prefix + "idem:" + id }
-    public func rateLimit(_ key: String, window: Int) -> String { prefix + "rl:" + key + ":" + String(window) }
+    public func subscription(_ id: String) -> String { key("sub:", id) }
+    public func channel(_ name: String) -> String { key("ch:", name) }
+    public func device(_ token: String) -> String { key("dev:", token) }
+    public func registration(_ id: String) -> String { key("act:", id) }
+    public func post(_ hash: String) -> String { key("post:", hash) }
+    public func activityToken(_ token: String) -> String { key("acttok:", token) }
+    public func idempotency(_ id: String) -> String { key("idem:", id) }
+    public func rateLimit(_ key: String, window: Int) -> String { self.key("rl:", key, suffix: ":" + String(window)) }
 
-    /// A stable 24-hex-digit id from the parts that make a record unique.
+    /// `prefix + kind + name + suffix` in one allocation: chained `+` builds a string per step, and every request
+    /// of the hot endpoints builds four or five keys.
+    private func key(_ kind: String, _ name: String, suffix: String = "") -> String {
+        var text = ""
+        text.reserveCapacity(prefix.utf8.count + kind.utf8.count + name.utf8.count + suffix.utf8.count)
+        text += prefix
+        text += kind
+        text += name
+        text += suffix
+        return text
+    }
+
+    /// A stable 24-hex-digit id from the parts that make a record unique: the first 12 bytes, in hex, of the
+    /// SHA-256 of the parts joined by newlines. Built in one byte buffer and hexed straight from the digest (no
+    /// joined string, full-length hex or prefix copy: this runs for every subscription and registration).
     static func identifier(_ parts: String...) -> String {
-        String(Hex.encode(SHA256.hash(parts.joined(separator: "\n"))).prefix(24))
+        var text: [UInt8] = []
+        text.reserveCapacity(parts.reduce(parts.count) { $0 + $1.utf8.count })
+        for (index, part) in parts.enumerated() {
+            if index > 0 { text.append(UInt8(ascii: "\n")) }
+            text += part.utf8
+        }
+        return Hex.encode(SHA256.hash(text).prefix(12))
     }
 }

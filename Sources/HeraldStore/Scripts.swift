@@ -3,10 +3,14 @@ import HeraldRedis
 /// The Lua scripts of the data model. ARGV[1] is always the app's key prefix (`herald:{app}:`); index keys of
 /// records are derived from it and from stored fields, all in the app's hash slot.
 enum Scripts {
+    /// KEYS: subscription, channel index, device index, [previous token's index], [rate-limit counter].
     /// ARGV: prefix, id, channel, token, tokenType, environment, activityID, metadata, now (RFC 3339), now (ms),
     /// previousToken ("" for none), rate-limit counter ("" to count nothing), limit, counter TTL (s).
     /// Returns {created (0/1), createdAt, count}; {-1, "", count} when the count is over the limit, having
     /// changed nothing else.
+    ///
+    /// `createdAt` is read before the one HSET that writes the subscription (with it when new), so an update costs
+    /// no second read; the record's own keys come from KEYS rather than being concatenated again here.
     static let upsert = RedisScript(source: """
         local p, id, channel, token, ttype = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
         local previous, counter = ARGV[11], ARGV[12]
@@ -31,14 +35,15 @@ enum Scripts {
             end
           end
         end
-        local key = p .. 'sub:' .. id
-        local created = redis.call('HSETNX', key, 'createdAt', ARGV[9])
-        redis.call('HSET', key, 'id', id, 'channel', channel, 'deviceToken', token, 'tokenType', ttype,
-                   'environment', ARGV[6], 'activityID', ARGV[7], 'metadata', ARGV[8], 'updatedAt', ARGV[9],
-                   'updatedMs', ARGV[10])
-        redis.call('SADD', p .. 'ch:' .. channel, id)
-        redis.call('SADD', p .. 'dev:' .. token, id)
-        local createdAt = created == 1 and ARGV[9] or redis.call('HGET', key, 'createdAt')
+        local key = KEYS[1]
+        local createdAt = redis.call('HGET', key, 'createdAt')
+        local created = createdAt and 0 or 1
+        createdAt = createdAt or ARGV[9]
+        redis.call('HSET', key, 'createdAt', createdAt, 'id', id, 'channel', channel, 'deviceToken', token,
+                   'tokenType', ttype, 'environment', ARGV[6], 'activityID', ARGV[7], 'metadata', ARGV[8],
+                   'updatedAt', ARGV[9], 'updatedMs', ARGV[10])
+        redis.call('SADD', KEYS[2], id)
+        redis.call('SADD', KEYS[3], id)
         return {created, createdAt, count}
         """)
 

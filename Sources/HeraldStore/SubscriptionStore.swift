@@ -44,7 +44,7 @@ public struct SubscriptionStore: Sendable {
         let keys = RedisKeys(app: app)
         let id = RedisKeys.identifier(input.deviceToken, input.tokenType.rawValue, input.channel)
         let stamp = Timestamp.rfc3339(now)
-        let metadata = input.metadata.map { String(decoding: $0.encoded(), as: UTF8.self) } ?? ""
+        let metadata = input.encodedMetadata.map { String(decoding: $0, as: UTF8.self) } ?? ""
         let previous = input.previousToken.flatMap { $0 == input.deviceToken ? nil : $0 } ?? ""
         var touched = [keys.subscription(id), keys.channel(input.channel), keys.device(input.deviceToken)]
         if !previous.isEmpty { touched.append(keys.device(previous)) }

@@ -49,6 +49,18 @@ struct AppsFixture {
         #expect(fixture.directory.app(forIssuer: "https://auth.example.com")?.id == "shop")
     }
 
+    /// An app owns its bundle id and `<bundleId>.<anything>`, nothing else (compared byte by byte).
+    @Test func anAppOwnsItsBundleIdAndItsExtensionsOnly() throws {
+        let shop = try #require(try AppsFixture().directory.apps["shop"])
+        for owned in ["com.example.shop", "com.example.shop.widget", "com.example.shop.a.b", "com.example.shop."] {
+            #expect(shop.owns(bundleID: owned), "\(owned)")
+        }
+        for other in ["com.example.shopping", "com.example.sho", "com.example", "", "com.example.news",
+                      "xcom.example.shop", "com.example.shop-x", "COM.EXAMPLE.SHOP"] {
+            #expect(!shop.owns(bundleID: other), "\(other)")
+        }
+    }
+
     @Test func newKeysHaveTheirKindPrefixAndMatchTheirHash() {
         let key = NewAPIKey.generate(kind: .secret)
         #expect(key.key.hasPrefix("hrd_sec_") && key.key.count > 30)

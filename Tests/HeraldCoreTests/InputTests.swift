@@ -18,6 +18,28 @@ let token = String(repeating: "a1", count: 32)
         #expect(input.metadata == json(#"{"locale": "en_US"}"#))
     }
 
+    /// The metadata is encoded once, when checked, and that encoding is what Redis and the response get: it must
+    /// stay the value's own encoding (compact, keys sorted), also after the metadata is changed.
+    @Test func encodedMetadataIsTheMetadataEncodingAndFollowsChanges() throws {
+        var input = try SubscriptionInput(json("""
+            {"channel": "c", "deviceToken": "\(token)", "tokenType": "alert", "metadata": {"z": [1, 2.5], "a": "é\\n"}}
+            """))
+        #expect(input.encodedMetadata.map { String(decoding: $0, as: UTF8.self) } == #"{"a":"é\n","z":[1,2.5]}"#)
+        #expect(input.encodedMetadata == input.metadata?.encoded())
+        input.metadata = json(#"{"b": true}"#)
+        #expect(input.encodedMetadata.map { String(decoding: $0, as: UTF8.self) } == #"{"b":true}"#)
+        input.metadata = nil
+        #expect(input.encodedMetadata == nil)
+        let bare = try SubscriptionInput(json(#"{"channel": "c", "deviceToken": "\#(token)", "tokenType": "alert"}"#))
+        #expect(bare.encodedMetadata == nil)
+    }
+
+    /// Of several unknown fields, the first in sorted order is reported, whatever order the body had.
+    @Test func theFirstUnknownFieldInSortedOrderIsReported() {
+        let body = #"{"zeta": 1, "channel": "c", "beta": 2, "deviceToken": "\#(token)", "tokenType": "alert", "mu": 3}"#
+        #expect { try SubscriptionInput(json(body)) } throws: { ($0 as? ValidationError)?.field == "beta" }
+    }
+
     @Test(arguments: [
         (#"{"channel": "\#(String(repeating: "c", count: 256))", "deviceToken": "\#(token)", "tokenType": "alert"}"#, "channel"),
         (#"{"channel": "a\u0007b", "deviceToken": "\#(token)", "tokenType": "alert"}"#, "channel"),

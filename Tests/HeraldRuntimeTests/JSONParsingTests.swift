@@ -43,6 +43,22 @@ import Testing
         #expect(JSONValue(parsing: Array((String(repeating: "[", count: depth + 1) + String(repeating: "]", count: depth + 1)).utf8)) == nil)
     }
 
+    /// Text with nothing to escape is copied as is; anything with a quote, backslash or control character takes
+    /// the escaping path, and both agree with `JSONDecoder` on the way back.
+    @Test func quotesPlainTextAsIsAndEscapesTheRest() throws {
+        let cases: [(String, String)] = [
+            ("", #""""#), ("order:42:status", #""order:42:status""#), ("é日本😀 ~", #""é日本😀 ~""#),
+            ("a\"b", #""a\"b""#), ("back\\slash", #""back\\slash""#), ("tab\tnl\ncr\r", #""tab\tnl\ncr\r""#),
+            ("\u{1}\u{1f}", #""\u0001\u001f""#), ("end\u{7f}", "\"end\u{7f}\""),
+        ]
+        for (text, expected) in cases {
+            var out: [UInt8] = Array("x".utf8)
+            JSONValue.appendQuoted(text, to: &out)
+            #expect(String(decoding: out.dropFirst(), as: UTF8.self) == expected, "\(text)")
+            #expect(try JSONDecoder().decode(String.self, from: Data(out.dropFirst())) == text)
+        }
+    }
+
     @Test func serialisesCompactlyWithSortedKeysAndRoundTrips() {
         let value = JSONValue.object(["b": .array([.number(1), .number(2.5), .null, .bool(true)]),
                                       "a": .string("line\nquote\" \u{1} é"), "c": .object([:])])

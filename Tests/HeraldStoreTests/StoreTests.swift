@@ -42,6 +42,20 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(listed.first?.updatedAt == second.subscription.updatedAt && listed.first?.metadata == nil)
     }
 
+    /// Ids are the first 24 hex digits of the SHA-256 of their parts joined by newlines (README, key layout):
+    /// stored ids must not change when the way they are computed does.
+    @Test func idsAreTheDocumentedDigestPrefixes() async throws {
+        let redis = try TestRedis()
+        let device = token()
+        let stored = try await SubscriptionStore(redis: redis.client)
+            .upsert(app: redis.app, try subscription("order:é:status", device, "liveactivity-start"))
+        #expect(stored.subscription.id == String(SHA256.hex(device + "\nliveactivity-start\norder:é:status").prefix(24)))
+        let app = try ActivityStoreTests.app(), push = token()
+        let registered = try await ActivityStore(redis: redis.client).register(
+            app: redis.app, user: "u", try ActivityStoreTests.input(app, post: "0123abcd", token: push))
+        #expect(registered.registration.id == String(SHA256.hex("\(redis.app)\nu\n0123abcd\n\(push)").prefix(24)))
+    }
+
     @Test func rotationRemovesOnlySameTypeSubscriptionsOfTheOldToken() async throws {
         let redis = try TestRedis()
         let store = SubscriptionStore(redis: redis.client)
@@ -119,8 +133,12 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
 }
 
 @Suite struct ActivityStoreTests {
-    func input(_ app: App, post: String, token: String) throws -> ActivityRegistrationInput {
+    static func input(_ app: App, post: String, token: String) throws -> ActivityRegistrationInput {
         try ActivityRegistrationInput(json(#"{"push_token": "\#(token)", "post_id_hash": "\#(post)", "bundle_id": "\#(app.apns.bundleId)"}"#), app: app)
+    }
+
+    func input(_ app: App, post: String, token: String) throws -> ActivityRegistrationInput {
+        try Self.input(app, post: post, token: token)
     }
 
     static func app() throws -> App {
@@ -156,6 +174,42 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         try await Task.sleep(for: .milliseconds(3300))
         #expect(try await store.postBatch(app: redis.app, postIDHash: "feedbeef", cursor: "0").registrations.isEmpty)
         #expect(try await redis.client.command(["EXISTS", "herald:{\(redis.app)}:post:feedbeef"]).int == 0)
+    }
+
+    /// The registration script prunes expired members of an existing index, gives a new (or TTL-less) index
+    /// `ttl` plus a sixtieth, renews an index's TTL only once it has fallen below `ttl`, and never shortens it.
+    @Test func indexesArePrunedAndKeepATTLNoShorterThanTheirNewestMember() async throws {
+        let redis = try TestRedis()
+        let store = ActivityStore(redis: redis.client, ttl: .seconds(3600))
+        let app = try Self.app(), keys = "herald:{\(redis.app)}:"
+        let (ttl, slack) = (3_600_000, 60_000)
+        func pttl(_ key: String) async throws -> Int { Int(try await redis.client.command(["PTTL", keys + key]).int ?? -3) }
+
+        let first = token()
+        _ = try await store.register(app: redis.app, user: "u", try input(app, post: "abcdef01", token: first))
+        for index in ["post:abcdef01", "acttok:\(first)"] {
+            let left = try await pttl(index)
+            #expect(left > ttl && left <= ttl + slack, "\(index): a new index gets ttl + ttl/60, got \(left)")
+        }
+
+        // An expired member is pruned by the next registration; a TTL above `ttl` is left alone (never shortened).
+        let nowMs = Int64(Date().timeIntervalSince1970 * 1000)
+        _ = try await redis.client.command(["ZADD", keys + "post:abcdef01", String(nowMs - 1), "gone"])
+        _ = try await redis.client.command(["PEXPIRE", keys + "post:abcdef01", String(3 * ttl)])
+        _ = try await store.register(app: redis.app, user: "u", try input(app, post: "abcdef01", token: token()))
+        #expect(try await redis.client.command(["ZSCORE", keys + "post:abcdef01", "gone"]).string == nil)
+        #expect(try await redis.client.command(["ZCARD", keys + "post:abcdef01"]).int == 2)
+        #expect(try await pttl("post:abcdef01") > 2 * ttl)
+
+        // Below `ttl` (or without a TTL at all) it is raised again to ttl + ttl/60.
+        _ = try await redis.client.command(["PEXPIRE", keys + "post:abcdef01", "1000"])
+        _ = try await redis.client.command(["PERSIST", keys + "acttok:\(first)"])
+        let renewed = try await store.register(app: redis.app, user: "u", try input(app, post: "abcdef01", token: first))
+        #expect(renewed.renewed)
+        for index in ["post:abcdef01", "acttok:\(first)"] {
+            let left = try await pttl(index)
+            #expect(left > ttl && left <= ttl + slack, "\(index): renewed to ttl + ttl/60, got \(left)")
+        }
     }
 
     @Test func finalUpdateAndInvalidTokenRemoval() async throws {
