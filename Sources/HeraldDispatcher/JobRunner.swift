@@ -97,6 +97,8 @@ struct JobRunner: Sendable {
             metrics.resumedFanOuts.increment()
             logger.info("resuming a fan-out from its saved cursor", ["job.id": context.plan.job.id, "cursor": start])
         }
+        // The whole target list in one batch (every small job): nothing to read ahead or save, so no group either.
+        if let first, first.cursor == "0" { return await send(first.pushes, context: context) }
         var saved = start != "0"
         let completed = await withTaskGroup(of: FanOutEvent.self) { group -> Bool in
             var cursors: [String] = [] // the scan cursor after each batch read, by batch number
