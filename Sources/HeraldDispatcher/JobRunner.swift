@@ -53,16 +53,16 @@ struct JobRunner: Sendable {
         case .channel:
             let channel = plan.job.target.channel ?? ""
             settled = await fanOut(context) { cursor in
-                let batch = try await subscriptions.channelBatch(app: plan.app.id, channel: channel, cursor: cursor,
-                                                                 count: batchSize)
-                return (batch.cursor, batch.targets.compactMap(plan.push(for:)))
+                try await subscriptions.channelIDs(app: plan.app.id, channel: channel, cursor: cursor, count: batchSize)
+            } load: { ids in
+                try await subscriptions.channelTargets(app: plan.app.id, ids: ids).compactMap(plan.push(for:))
             }
         case .post:
             let post = plan.job.target.postIdHash ?? ""
             settled = await fanOut(context) { cursor in
-                let batch = try await activities.postBatch(app: plan.app.id, postIDHash: post, cursor: cursor,
-                                                           count: batchSize)
-                return (batch.cursor, batch.registrations.compactMap(plan.push(for:)))
+                try await activities.postIDs(app: plan.app.id, postIDHash: post, cursor: cursor, count: batchSize)
+            } load: { ids in
+                try await activities.registrations(app: plan.app.id, ids: ids).compactMap(plan.push(for:))
             }
             if settled, plan.job.isFinal {
                 guard await removePost(app: plan.app.id, post: post) else { return false }
@@ -74,80 +74,155 @@ struct JobRunner: Sendable {
 
     /// Streams the targets batch by batch (bounded memory whatever their number), keeps up to
     /// `maxBatchesInFlight` batches sending at once, and records the cursor up to which every push is settled.
+    ///
+    /// Reading runs ahead of sending: the next `readAhead` batches are scanned and loaded from Redis while the
+    /// ones before them are sending, each batch's load (HMGET/HGETALL round) beside the next scan, and progress is
+    /// saved in a child task. Reading a batch only once a slot freed, and waiting for each save, left the pushes
+    /// in flight to drain (to none at times) during every Redis round trip. A batch read but not launched sends
+    /// nothing, and launching stops `maxBatchesInFlight + 1` batches past the last saved cursor, so the
+    /// duplicates a crash can cause keep their bound.
     private func fanOut(_ context: JobContext,
-                        scan: @escaping @Sendable (String) async throws -> (cursor: String, pushes: [Push])) async -> Bool {
+                        scan: @escaping @Sendable (String) async throws -> (cursor: String, ids: [String]),
+                        load: @escaping @Sendable ([String]) async throws -> [Push]) async -> Bool {
         let source = context.source
         // The first batch is read while the saved progress is looked up: nearly every fan-out has none (one
         // Redis round trip saved on the latency of every small job); a resumed one discards that batch.
-        async let fromStart = try? scan("0")
+        async let fromStart = try? Self.read(from: "0", scan: scan, load: load)
         let start: String
         do { start = try await retrying("load fan-out progress") { try await progress.load(source) } ?? "0" } catch {
             return false
         }
-        var prefetched = start == "0" ? await fromStart : nil
+        let first = start == "0" ? await fromStart : nil
         if start != "0" {
             metrics.resumedFanOuts.increment()
             logger.info("resuming a fan-out from its saved cursor", ["job.id": context.plan.job.id, "cursor": start])
         }
+        // The whole target list in one batch (every small job): nothing to read ahead or save, so no group either.
+        if let first, first.cursor == "0" { return await send(first.pushes, context: context) }
         var saved = start != "0"
-        let completed = await withTaskGroup(of: (Int, Bool).self) { group -> Bool in
-            var cursor = start
-            var cursors: [String] = [] // the scan cursor after each launched batch
-            var settled: [Int: Bool] = [:]
+        let completed = await withTaskGroup(of: FanOutEvent.self) { group -> Bool in
+            var cursors: [String] = [] // the scan cursor after each batch read, by batch number
+            var loaded: [Int: [Push]] = [:] // batches read and not launched yet
+            var scanning = false
+            var scanDone = false
+            var nextToLaunch = 0
             var nextToSettle = 0
-            var scanning = true
-            while scanning || nextToSettle < cursors.count {
-                if scanning, cursors.count - nextToSettle < maxBatchesInFlight {
-                    let batch: (cursor: String, pushes: [Push])
-                    do {
-                        let from = cursor
-                        if let first = prefetched {
-                            batch = first
-                            prefetched = nil
-                        } else {
-                            batch = try await retrying("scan targets") { try await scan(from) }
-                        }
-                    } catch {
-                        group.cancelAll()
-                        return false
-                    }
-                    let index = cursors.count
-                    cursors.append(batch.cursor)
-                    cursor = batch.cursor
-                    scanning = batch.cursor != "0"
-                    group.addTask { (index, await send(batch.pushes, context: context)) }
-                    continue
-                }
-                guard let (index, ok) = await group.next() else { break }
-                settled[index] = ok
-                guard ok else {
-                    group.cancelAll()
-                    return false
-                }
-                var advanced = false
-                while settled[nextToSettle] == true {
-                    settled[nextToSettle] = nil
-                    nextToSettle += 1
-                    advanced = true
-                }
-                // Everything before this cursor is settled; only worth recording when more remains.
-                if advanced, cursors[nextToSettle - 1] != "0" {
-                    let position = cursors[nextToSettle - 1]
-                    do {
-                        try await progress.save(source, cursor: position)
-                        saved = true
-                    } catch {
-                        logger.warning("cannot save fan-out progress", ["error": "\(error)", "job.id": context.plan.job.id])
+            var settled: [Int: Bool] = [:]
+            var savedUpTo = 0 // batches before this one are recorded (or their save was attempted)
+            var saving = false
+            var toSave: Int?
+            if let first {
+                cursors.append(first.cursor)
+                loaded[0] = first.pushes
+                scanDone = first.cursor == "0"
+            }
+            func startScan() {
+                let cursor = cursors.last ?? start
+                scanning = true
+                group.addTask {
+                    do { return .scanned(try await retrying("scan targets") { try await scan(cursor) }) } catch {
+                        return .cancelled
                     }
                 }
             }
-            return true
+            func startSave(upTo count: Int) {
+                let position = cursors[count - 1]
+                saving = true
+                saved = true
+                group.addTask {
+                    do { try await progress.save(source, cursor: position) } catch {
+                        logger.warning("cannot save fan-out progress", ["error": "\(error)", "job.id": context.plan.job.id])
+                    }
+                    return .saved(count)
+                }
+            }
+            while true {
+                while let pushes = loaded[nextToLaunch], nextToLaunch - nextToSettle < maxBatchesInFlight,
+                      nextToLaunch - savedUpTo <= maxBatchesInFlight {
+                    loaded[nextToLaunch] = nil
+                    let index = nextToLaunch
+                    nextToLaunch += 1
+                    group.addTask { .sent(index, await send(pushes, context: context)) }
+                }
+                if !scanning, !scanDone, cursors.count - nextToLaunch < Self.readAhead { startScan() }
+                if scanDone, !scanning, nextToSettle == cursors.count, !saving { return true }
+                switch await group.next() {
+                case .scanned(let batch)?:
+                    scanning = false
+                    let index = cursors.count
+                    cursors.append(batch.cursor)
+                    scanDone = batch.cursor == "0"
+                    if batch.ids.isEmpty {
+                        loaded[index] = []
+                    } else {
+                        let ids = batch.ids
+                        group.addTask {
+                            do { return .loaded(index, try await retrying("load targets") { try await load(ids) }) } catch {
+                                return .cancelled
+                            }
+                        }
+                    }
+                case .loaded(let index, let pushes)?:
+                    loaded[index] = pushes
+                case .sent(let index, let ok)?:
+                    settled[index] = ok
+                    guard ok else {
+                        group.cancelAll()
+                        return false
+                    }
+                    let before = nextToSettle
+                    while settled[nextToSettle] == true {
+                        settled[nextToSettle] = nil
+                        nextToSettle += 1
+                    }
+                    // Everything before this cursor is settled; only worth recording when more remains.
+                    guard nextToSettle > before else { break }
+                    if cursors[nextToSettle - 1] == "0" {
+                        if !saving { savedUpTo = nextToSettle }
+                    } else if saving {
+                        toSave = nextToSettle
+                    } else {
+                        startSave(upTo: nextToSettle)
+                    }
+                case .saved(let count)?:
+                    saving = false
+                    savedUpTo = max(savedUpTo, count)
+                    if let next = toSave {
+                        toSave = nil
+                        startSave(upTo: next)
+                    }
+                case .cancelled?, nil:
+                    group.cancelAll()
+                    return false
+                }
+            }
         }
         guard completed else { return false }
         if saved {
             do { try await retrying("clear fan-out progress") { try await progress.clear(source) } } catch { return false }
         }
         return true
+    }
+
+    /// Batches read from Redis ahead of the one sending next (each up to `batchSize` targets in memory).
+    static let readAhead = 2
+
+    private static func read(from cursor: String,
+                             scan: @Sendable (String) async throws -> (cursor: String, ids: [String]),
+                             load: @Sendable ([String]) async throws -> [Push]) async throws -> (cursor: String, pushes: [Push]) {
+        let batch = try await scan(cursor)
+        return (batch.cursor, batch.ids.isEmpty ? [] : try await load(batch.ids))
+    }
+
+    /// What a fan-out's child tasks report.
+    private enum FanOutEvent: Sendable {
+        case scanned((cursor: String, ids: [String]))
+        case loaded(Int, [Push])
+        case sent(Int, Bool)
+        /// Progress up to this batch number was saved (or the attempt failed and was logged).
+        case saved(Int)
+        /// A read gave up because the fan-out was cancelled.
+        case cancelled
     }
 
     /// Sends one batch, each push holding a slot of the shared limit while in flight. Pushes go to the APNs client

@@ -85,9 +85,16 @@ public struct ActivityStore: Sendable {
     /// has expired is never returned. Memory stays bounded by `count`.
     public func postBatch(app: String, postIDHash: String, cursor: String, count: Int = 500,
                           now: Date = Date()) async throws -> (cursor: String, registrations: [ActivityRegistration]) {
-        let keys = RedisKeys(app: app)
+        let batch = try await postIDs(app: app, postIDHash: postIDHash, cursor: cursor, count: count, now: now)
+        return (batch.cursor, try await registrations(app: app, ids: batch.ids))
+    }
+
+    /// The first half of `postBatch`: the ids of the post's next live registrations (ZSCAN from `cursor`, expired
+    /// ones skipped; a scan from "0" first drops the expired ones) and the next cursor.
+    public func postIDs(app: String, postIDHash: String, cursor: String, count: Int = 500,
+                        now: Date = Date()) async throws -> (cursor: String, ids: [String]) {
         let nowMs = Double(Int64(now.timeIntervalSince1970 * 1000))
-        let index = keys.post(postIDHash)
+        let index = RedisKeys(app: app).post(postIDHash)
         if cursor == "0" { _ = try await redis.command(["ZREMRANGEBYSCORE", index, "-inf", String(Int64(nowMs))]) }
         let reply = try await redis.command(["ZSCAN", index, cursor, "COUNT", String(count)])
         guard let parts = reply.array, parts.count == 2, let next = parts[0].string, let flat = parts[1].strings,
@@ -95,9 +102,16 @@ public struct ActivityStore: Sendable {
         let ids = stride(from: 0, to: flat.count, by: 2).compactMap { i in
             (Double(flat[i + 1]) ?? 0) > nowMs ? flat[i] : nil
         }
-        guard !ids.isEmpty else { return (next, []) }
+        return (next, ids)
+    }
+
+    /// The second half of `postBatch`: these registrations, in one pipelined HGETALL round; ids whose
+    /// registration is gone are skipped.
+    public func registrations(app: String, ids: [String]) async throws -> [ActivityRegistration] {
+        guard !ids.isEmpty else { return [] }
+        let keys = RedisKeys(app: app)
         let hashes = try await redis.pipeline(ids.map { ["HGETALL", keys.registration($0)] })
-        return (next, hashes.compactMap { $0.fieldValues.flatMap(Self.decode) })
+        return hashes.compactMap { $0.fieldValues.flatMap(Self.decode) }
     }
 
     /// Removes every registration of a post (after its final update was sent); returns how many.

@@ -101,16 +101,30 @@ public struct SubscriptionStore: Sendable {
     /// A subscription removed between the SSCAN and the HMGET is skipped.
     public func channelBatch(app: String, channel: String, cursor: String, count: Int = 500) async throws
         -> (cursor: String, targets: [ChannelTarget]) {
-        let keys = RedisKeys(app: app)
-        let reply = try await redis.command(["SSCAN", keys.channel(channel), cursor, "COUNT", String(count)])
+        let batch = try await channelIDs(app: app, channel: channel, cursor: cursor, count: count)
+        return (batch.cursor, try await channelTargets(app: app, ids: batch.ids))
+    }
+
+    /// The first half of `channelBatch`: the ids of the next subscriptions (SSCAN from `cursor`) and the next
+    /// cursor. A fan-out scans on while the targets of the ids it already has are loaded.
+    public func channelIDs(app: String, channel: String, cursor: String, count: Int = 500) async throws
+        -> (cursor: String, ids: [String]) {
+        let reply = try await redis.command(["SSCAN", RedisKeys(app: app).channel(channel), cursor, "COUNT", String(count)])
         guard let parts = reply.array, parts.count == 2, let next = parts[0].string, let ids = parts[1].strings else {
             throw StoreError.unexpectedReply("SSCAN")
         }
-        guard !ids.isEmpty else { return (next, []) }
+        return (next, ids)
+    }
+
+    /// The second half of `channelBatch`: what a push needs of each of these subscriptions, in one pipelined
+    /// HMGET round; ids whose subscription is gone are skipped.
+    public func channelTargets(app: String, ids: [String]) async throws -> [ChannelTarget] {
+        guard !ids.isEmpty else { return [] }
+        let keys = RedisKeys(app: app)
         let replies = try await redis.pipeline(ids.map {
             ["HMGET", keys.subscription($0), "deviceToken", "tokenType", "environment", "activityID"]
         })
-        return (next, replies.compactMap(ChannelTarget.init(hmget:)))
+        return replies.compactMap(ChannelTarget.init(hmget:))
     }
 
     private func load(keys: RedisKeys, ids: [String]) async throws -> [Subscription] {

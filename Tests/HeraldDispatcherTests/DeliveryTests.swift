@@ -76,6 +76,39 @@ struct DeliveryTests {
         await harness.stop()
     }
 
+    @Test("a fan-out of many small batches, read ahead and saved in the background, reaches every subscriber once and leaves no progress record")
+    func manySmallBatches() async throws {
+        // Tiny batches, window and limit: dozens of reads, saves and launches, each limit reached many times.
+        let harness = try await DispatcherHarness.start { configuration in
+            configuration.batchSize = 7
+            configuration.maxBatchesInFlightPerJob = 2
+            configuration.maxInFlightPushes = 5
+        }
+        let app = harness.apps.apps[0]
+        let channel = "news:\(SecureRandom.hex(4))"
+        let tokens = (0..<300).map { _ in deviceToken() }
+        for (index, token) in tokens.enumerated() {
+            try await harness.subscribe(app, channel: channel, token: token, environment: index % 5 == 0 ? .sandbox : .production)
+        }
+        var job = PushJob(id: "many-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+        job.alert = .object(["aps": .object(["alert": .string("read ahead")])])
+        try await harness.produce(job)
+
+        try await eventually("every subscriber got the push", timeout: .seconds(60)) {
+            harness.simulators.accepted().count + harness.simulators.accepted(sandbox: true).count >= tokens.count
+        }
+        try await eventually("the job completed") { harness.metric("herald_dispatcher_jobs_completed_total") == 1 }
+        try await Task.sleep(for: .milliseconds(300))
+        let received = (harness.simulators.accepted() + harness.simulators.accepted(sandbox: true))
+            .compactMap { $0["token"]?.stringValue }
+        #expect(received.count == tokens.count, "\(received.count - tokens.count) duplicates")
+        #expect(Set(received) == Set(tokens))
+        // A save still running when the last batch settled must not land after the clear.
+        let progress = try await harness.redis.command(["KEYS", "herald:progress:{\(harness.topics.group)}:*"])
+        #expect(progress.array?.isEmpty == true, "a progress record was left behind")
+        await harness.stop()
+    }
+
     @Test("a post's update then end: Live Activity pushes on each registration's bundle, then no registrations left")
     func postUpdateThenEnd() async throws {
         let harness = try await DispatcherHarness.start()

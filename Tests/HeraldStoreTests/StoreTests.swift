@@ -130,6 +130,18 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         } while cursor != "0"
         #expect(Set(seen) == tokens && batches > 1)
     }
+
+    @Test func channelTargetsSkipASubscriptionRemovedAfterTheScan() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client)
+        let kept = token(), removed = token()
+        for device in [kept, removed] { _ = try await store.upsert(app: redis.app, try subscription("split", device)) }
+        let scanned = try await store.channelIDs(app: redis.app, channel: "split", cursor: "0")
+        #expect(scanned.cursor == "0" && scanned.ids.count == 2)
+        #expect(try await store.removeInvalidToken(app: redis.app, deviceToken: removed) == 1)
+        let targets = try await store.channelTargets(app: redis.app, ids: scanned.ids)
+        #expect(targets.map(\.deviceToken) == [kept])
+    }
 }
 
 @Suite struct ActivityStoreTests {
