@@ -24,13 +24,17 @@ public final class RawHTTPClient {
     private let fd: Int32
     private var buffer: [UInt8] = []
 
-    /// Connects to 127.0.0.1:`port`; every read and write times out after `timeout` seconds.
-    public init(port: UInt16, timeout: Int = 5) throws {
+    /// Connects to 127.0.0.1:`port`; every read and write times out after `timeout` seconds. `receiveBuffer`
+    /// shrinks the socket's receive buffer (a slow reader, for the server's partial writes).
+    public init(port: UInt16, timeout: Int = 5, receiveBuffer: Int32? = nil) throws {
         fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw Failure(description: "socket: \(errno)") }
         var time = timeval(tv_sec: timeout, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &time, socklen_t(MemoryLayout<timeval>.size))
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &time, socklen_t(MemoryLayout<timeval>.size))
+        if var size = receiveBuffer {
+            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        }
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)
         address.sin_port = port.bigEndian
@@ -95,6 +99,24 @@ public final class RawHTTPClient {
         return Response(status: status, headers: headers, body: buffer)
     }
 
+    /// Raw bytes, for what the response framing does not cover (interim responses, slow reading): everything up
+    /// to and including the first `marker`, as text; what follows stays buffered.
+    public func read(until marker: String) throws -> String {
+        let pattern = Array(marker.utf8)
+        let start = try readUntil(pattern)
+        let end = start + pattern.count
+        defer { buffer.removeFirst(end) }
+        return String(decoding: buffer[..<end], as: UTF8.self)
+    }
+
+    /// Up to `max` raw bytes: what is buffered first, else one read from the socket; empty at end of stream.
+    public func receive(max: Int) throws -> [UInt8] {
+        if buffer.isEmpty, try !fill() { return [] }
+        let count = min(max, buffer.count)
+        defer { buffer.removeFirst(count) }
+        return Array(buffer[..<count])
+    }
+
     /// True when the server has closed the connection (EOF before any byte).
     public func isClosedByServer() -> Bool {
         (try? fill()) == false
@@ -107,7 +129,9 @@ public final class RawHTTPClient {
                     return start
                 }
             }
-            guard try fill() else { throw Failure(description: "connection closed before a response") }
+            guard try fill() else {
+                throw Failure(description: "connection closed before \(String(decoding: marker, as: UTF8.self))")
+            }
         }
     }
 

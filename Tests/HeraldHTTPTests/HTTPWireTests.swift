@@ -54,7 +54,7 @@ struct HTTPWireTests {
     @Test func expect100ContinueIsAnsweredBeforeTheBodyIsSent() async throws {
         try await withServer(router()) { port in
             let (interim, response) = try await onThread {
-                let socket = try WireSocket(port: port)
+                let socket = try RawHTTPClient(port: port)
                 try socket.send("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
                 let interim = try socket.read(until: "\r\n\r\n")
                 try socket.send("hello")
@@ -127,13 +127,13 @@ struct HTTPWireTests {
         _ = Self.bigBody.count  // built before the clock of the client's read timeout starts
         try await withServer(router()) { port in
             let body = try await onThread {
-                let socket = try WireSocket(port: port, receiveBuffer: 8192)
+                let socket = try RawHTTPClient(port: port, receiveBuffer: 8192)
                 try socket.send("GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
                 // Not reading for a while: the server's send runs into EAGAIN and must wait for EPOLLOUT.
                 Thread.sleep(forTimeInterval: 0.3)
                 let head = try socket.read(until: "\r\n\r\n")
                 #expect(head.contains("Content-Length: \(4 << 20)\r\n"))
-                var body = socket.takeBuffered()
+                var body: [UInt8] = []
                 while body.count < 4 << 20 {
                     let chunk = try socket.receive(max: 65_536)
                     guard !chunk.isEmpty else { break }
@@ -153,93 +153,12 @@ struct HTTPWireTests {
         router.get("/after") { _ in .text("after") }
         try await withServer(router) { port in
             let text = try await onThread {
-                let socket = try WireSocket(port: port)
+                let socket = try RawHTTPClient(port: port)
                 try socket.send("HEAD /thing HTTP/1.1\r\nHost: x\r\n\r\nGET /after HTTP/1.1\r\nHost: x\r\n\r\n")
                 return try socket.read(until: "after")
             }
             #expect(text.contains("Content-Length: 12\r\n"))
             #expect(!text.contains("twelve bytes"))
         }
-    }
-}
-
-struct WireError: Error, CustomStringConvertible {
-    var description: String
-    init(_ description: String) { self.description = description }
-}
-
-/// A blocking loopback socket reading raw bytes (for interim responses and slow reading, which RawHTTPClient's
-/// response framing does not cover).
-final class WireSocket {
-    private let fd: Int32
-    private var buffer: [UInt8] = []
-
-    init(port: UInt16, receiveBuffer: Int32? = nil) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw WireError("socket: \(errno)") }
-        var time = timeval(tv_sec: 5, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &time, socklen_t(MemoryLayout<timeval>.size))
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &time, socklen_t(MemoryLayout<timeval>.size))
-        if var size = receiveBuffer {
-            setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
-        }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = port.bigEndian
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-            }
-        }
-        guard connected == 0 else {
-            Foundation.close(fd)
-            throw WireError("connect: \(errno)")
-        }
-    }
-
-    deinit { Foundation.close(fd) }
-
-    func send(_ text: String) throws {
-        let bytes = Array(text.utf8)
-        var offset = 0
-        while offset < bytes.count {
-            let written = bytes[offset...].withUnsafeBytes {
-                Foundation.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL))
-            }
-            guard written > 0 else { throw WireError("send: \(errno)") }
-            offset += written
-        }
-    }
-
-    /// Up to `max` bytes from the socket; empty at end of stream.
-    func receive(max: Int) throws -> [UInt8] {
-        var chunk = [UInt8](repeating: 0, count: max)
-        let count = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-        guard count >= 0 else { throw WireError("recv: \(errno)") }
-        return Array(chunk[..<count])
-    }
-
-    /// Everything up to and including the first `marker`, as text; what follows stays buffered.
-    func read(until marker: String) throws -> String {
-        let pattern = Array(marker.utf8)
-        while true {
-            if buffer.count >= pattern.count,
-               let start = (0...(buffer.count - pattern.count)).first(where: {
-                   buffer[$0..<($0 + pattern.count)].elementsEqual(pattern)
-               }) {
-                let end = start + pattern.count
-                defer { buffer.removeFirst(end) }
-                return String(decoding: buffer[..<end], as: UTF8.self)
-            }
-            let chunk = try receive(max: 16_384)
-            guard !chunk.isEmpty else { throw WireError("closed before \(marker)") }
-            buffer += chunk
-        }
-    }
-
-    func takeBuffered() -> [UInt8] {
-        defer { buffer = [] }
-        return buffer
     }
 }
