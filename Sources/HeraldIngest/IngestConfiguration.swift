@@ -15,7 +15,8 @@ public struct IngestConfiguration: Sendable {
     public var jobsTopic = "herald.jobs"
     /// How long a producer request waits for the broker's acknowledgement before answering 503.
     public var publishTimeout: Duration = .seconds(5)
-    /// HTTP worker threads.
+    /// `HERALD_HTTP_THREADS`: HTTP worker loops, each a thread with its own epoll set and Redis connection; about
+    /// one per core the process may use.
     public var threads = 2
     /// `HERALD_HTTP_IDLE_TIMEOUT_SECONDS`: a connection with no traffic either way for this long is closed.
     public var idleTimeout: Duration = .seconds(30)

@@ -22,6 +22,7 @@ let usage = """
       HERALD_ACTIVITY_TTL_SECONDS   Live Activity registration lifetime [3600]
       HERALD_MAX_BODY_BYTES         largest request body [65536]
       HERALD_PUBLISH_TIMEOUT_SECONDS  wait for the broker's ack before answering 503 [5]
+      HERALD_HTTP_THREADS           HTTP worker loops (threads), one per core to use [2]
       HERALD_HTTP_IDLE_TIMEOUT_SECONDS  close a connection with no traffic for this long [30]
       HERALD_HTTP_READ_TIMEOUT_SECONDS  a whole request must arrive within this long [30]
       HERALD_HTTP_MAX_CONNECTIONS   open connections; more wait in the accept queue [1024]
@@ -43,6 +44,7 @@ struct IngestSettings {
         configuration.maxBodyBytes = try env.int("HERALD_MAX_BODY_BYTES", default: 65_536, range: 1024...16 << 20)
         configuration.jobsTopic = env.string("HERALD_TOPIC_JOBS", default: "herald.jobs")
         configuration.publishTimeout = try env.seconds("HERALD_PUBLISH_TIMEOUT_SECONDS", default: .seconds(5))
+        configuration.threads = try env.int("HERALD_HTTP_THREADS", default: 2, range: 1...64)
         configuration.idleTimeout = try env.seconds("HERALD_HTTP_IDLE_TIMEOUT_SECONDS", default: .seconds(30))
         configuration.readTimeout = try env.seconds("HERALD_HTTP_READ_TIMEOUT_SECONDS", default: .seconds(30))
         configuration.maxConnections = try env.int("HERALD_HTTP_MAX_CONNECTIONS", default: 1024, range: 1...1_000_000)
