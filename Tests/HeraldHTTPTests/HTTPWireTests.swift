@@ -8,24 +8,10 @@ import Testing
 /// HTTP/1.0, malformed and oversized requests, and a response larger than the socket buffers to a slow reader.
 @Suite("HTTP server wire protocol")
 struct HTTPWireTests {
-    static let logger = Logger(label: "http-wire-test", minimumLevel: .warning)
-
+    /// `HTTPServerTests.withServer` (a real server on a free port, always stopped) for bodies that need the port only.
     func withServer(_ router: Router, configure: (inout HTTPServerConfiguration) -> Void = { _ in },
                     _ body: (UInt16) async throws -> Void) async throws {
-        var configuration = HTTPServerConfiguration(address: HostPort(host: "127.0.0.1", port: 0))
-        configure(&configuration)
-        let server = try HTTPServer(configuration: configuration, router: router, logger: Self.logger,
-                                    metrics: MetricsRegistry())
-        let running = Task { try await server.run() }
-        do {
-            try await body(server.localAddress.port)
-        } catch {
-            running.cancel()
-            _ = try? await running.value
-            throw error
-        }
-        running.cancel()
-        try await running.value
+        try await HTTPServerTests().withServer(router, configure: configure) { _, port in try await body(port) }
     }
 
     /// 4 MiB of a varied pattern (so a lost or repeated piece shows), built through a pointer: a `map` over 4 Mi
