@@ -67,8 +67,9 @@ struct TestTopics: Sendable {
     let group: String
     let brokers: String
 
-    static func make(partitions: Int = 2) async throws -> TestTopics {
-        let brokers = try TestEnvironment.kafkaBrokers()
+    /// On `brokers`, or on the broker of `scripts/test` when nil.
+    static func make(partitions: Int = 2, brokers: String? = nil) async throws -> TestTopics {
+        let brokers = try brokers ?? TestEnvironment.kafkaBrokers()
         let suffix = SecureRandom.hex(5)
         let topics = TestTopics(jobs: "herald.jobs.disp-\(suffix)", deadLetters: "herald.dlq.disp-\(suffix)",
                                 group: "herald-dispatcher-\(suffix)", brokers: brokers)
@@ -93,11 +94,11 @@ final class DispatcherHarness: Sendable {
     let port: UInt16
     private let task: Task<Void, any Error>
 
-    static func start(maxAttempts: Int = 5, configure: (inout DispatcherConfiguration) -> Void = { _ in })
-        async throws -> DispatcherHarness {
+    static func start(maxAttempts: Int = 5, brokers: String? = nil,
+                      configure: (inout DispatcherConfiguration) -> Void = { _ in }) async throws -> DispatcherHarness {
         let apps = try TestApps()
         let simulators = try SimulatorPair(apps: apps)
-        let topics = try await TestTopics.make()
+        let topics = try await TestTopics.make(brokers: brokers)
         let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
             kafka: KafkaConfiguration(brokerList: topics.brokers)), logger: testLogger)

@@ -252,8 +252,9 @@ import Testing
     /// storage) has lost every topic and producer id. Ingest is never restarted.
     @Test func brokerDownAnswers503InTimeAndPublishingResumesWithoutRestart() async throws {
         let bound = Duration.seconds(2)
-        let broker = try await OwnBroker.start()
-        defer { broker.stop() }
+        let directory = try scratchDirectory("herald-events-broker-")
+        let broker = try await TansuBroker.started(directory: directory)
+        defer { Task { await broker.crash() } }
         let ingest = try await IngestHarness.start(rateLimit: 10_000, publishTimeout: bound, brokers: broker.address)
         defer { Task { await ingest.stop() } }
         let app = ingest.apps.apps[0]
@@ -263,7 +264,7 @@ import Testing
         let before = try await ingest.request("POST", "/v1/apps/\(app.id)/events", key: app.secretKey, json: event + "}")
         #expect(before.status == 202, "\(before.text)")
 
-        try await broker.kill()
+        await broker.crash()
         let clock = ContinuousClock()
         for attempt in 0..<2 {
             let started = clock.now
@@ -278,7 +279,7 @@ import Testing
         #expect(notReady.status == 503)
         #expect((try notReady.json()["checks"] as? [String: String])?["kafka"] == "unreachable", "\(notReady.text)")
 
-        try await broker.restart()
+        try await broker.start()
         try await broker.createTopic(ingest.topic)
         // librdkafka reconnects with a backoff; every attempt meanwhile must still answer within the bound.
         let deadline = clock.now + .seconds(40)
@@ -319,7 +320,7 @@ import Testing
         let admin = try KafkaAdmin(configuration: KafkaConfiguration(brokerList: brokers), logger: IngestHarness.logger)
         try await admin.createTopic(topic, partitions: 2)
         admin.close()
-        let python = OwnBroker.deps.appendingPathComponent("venv/bin/python").path
+        let python = heraldDependencies.appendingPathComponent("venv/bin/python").path
         let script = TestEnvironment.repositoryRoot.appendingPathComponent("examples/produce_job.py").path
         let output = try await onThread {
             try runTool(python, [script, "--brokers", brokers, "--topic", topic, "--app", "shop",
@@ -426,70 +427,10 @@ extension KafkaRecord {
 
 // MARK: - A broker of the test's own
 
-struct BrokerFailure: Error, CustomStringConvertible {
-    var description: String
-}
-
-/// A Tansu broker (memory storage) on a spare port that a test can kill and start again on the same port.
-final class OwnBroker {
-    static var deps: URL {
-        if let path = ProcessInfo.processInfo.environment["HERALD_DEPS"], !path.isEmpty { return URL(fileURLWithPath: path) }
-        return FileManager.default.homeDirectoryForCurrentUser.appendingPathComponent(".cache/herald")
-    }
-
-    let port: UInt16
-    private var process: Process?
-    var address: String { "127.0.0.1:\(port)" }
-
-    private init(port: UInt16) { self.port = port }
-
-    static func start() async throws -> OwnBroker {
-        let broker = OwnBroker(port: try freePort())
-        try await broker.restart()
-        return broker
-    }
-
-    /// Starts a fresh broker on the port and waits until it answers (up to 10 s).
-    func restart() async throws {
-        let process = Process()
-        process.executableURL = Self.deps.appendingPathComponent("venv/bin/tansu")
-        let url = "tcp://\(address)"
-        process.arguments = ["broker", "--listener-url", url, "--advertised-listener-url", url,
-                             "--storage-engine", "memory://tansu/"]
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        self.process = process
-        let tansu = process.executableURL!.path
-        try await onThread {
-            for _ in 0..<200 {
-                if (try? runTool(tansu, ["topic", "list", "--broker", url])) != nil { return }
-                Thread.sleep(forTimeInterval: 0.05)
-            }
-            throw BrokerFailure(description: "tansu on \(url) did not start")
-        }
-    }
-
+extension TansuBroker {
     func createTopic(_ topic: String) async throws {
         let admin = try KafkaAdmin(configuration: KafkaConfiguration(brokerList: address), logger: IngestHarness.logger)
         defer { admin.close() }
         try await admin.createTopic(topic, partitions: 2)
-    }
-
-    /// SIGKILL, as a crash: connections drop without goodbye.
-    func kill() async throws {
-        guard let process else { return }
-        self.process = nil
-        Foundation.kill(process.processIdentifier, SIGKILL)
-        while process.isRunning { try await Task.sleep(for: .milliseconds(10)) }
-    }
-
-    /// SIGKILL too: a child can inherit an ignored SIGTERM from the test process (services under test set
-    /// SIGTERM to SIG_IGN while they watch it), and a memory-storage broker has nothing to flush.
-    func stop() {
-        guard let process else { return }
-        self.process = nil
-        Foundation.kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
     }
 }

@@ -21,8 +21,7 @@ struct FaultBrokerOutageTests {
         let apps = try TestApps(count: 1)
         defer { apps.remove() }
         let redisURL = try TestEnvironment.redisURL()
-        let broker = try TansuBroker(directory: directory)
-        try await broker.start()
+        let broker = try await TansuBroker.started(directory: directory)
         let topics = FaultTopics(brokers: broker.address)
         let perChannel = 3
         let stack = try await FaultStack.start(apps: apps, redisURL: redisURL, topics: topics, directory: directory,

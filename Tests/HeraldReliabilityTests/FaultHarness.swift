@@ -10,12 +10,6 @@ import Testing
 
 let faultLogger = Logger(label: "fault-test", minimumLevel: .warning)
 
-/// Where the project's dependencies live (Tansu in the venv), as scripts/setup installs them.
-var dependencies: URL {
-    if let path = ProcessInfo.processInfo.environment["HERALD_DEPS"], !path.isEmpty { return URL(fileURLWithPath: path) }
-    return FileManager.default.homeDirectoryForCurrentUser.appendingPathComponent(".cache/herald")
-}
-
 /// Sends SIGKILL and waits for the exit (a crash: no goodbye to clients, nothing flushed).
 func crash(_ child: ChildProcess) async {
     child.signal(SIGKILL)
@@ -50,39 +44,6 @@ final class RedisServer: Sendable {
         let port = self.port
         try await eventually("redis-server answers on \(port)", timeout: .seconds(10)) {
             (try? runTool("redis-cli", ["-p", "\(port)", "ping"]))?.contains("PONG") == true
-        }
-    }
-
-    func crash() async {
-        guard let child = process.withLock({ p -> ChildProcess? in defer { p = nil }; return p }) else { return }
-        await HeraldReliabilityTests.crash(child)
-    }
-}
-
-/// A Tansu broker of the test's own on a free port (memory storage: a restart starts empty).
-final class TansuBroker: Sendable {
-    let port: UInt16
-    private let logPath: String
-    private let process = Lock<ChildProcess?>(nil)
-
-    init(directory: String) throws {
-        port = try freePort()
-        logPath = directory + "/tansu.log"
-    }
-
-    var address: String { "127.0.0.1:\(port)" }
-    private var tansu: String { dependencies.appendingPathComponent("venv/bin/tansu").path }
-
-    /// Starts a fresh broker on the port and waits until it lists topics.
-    func start() async throws {
-        let url = "tcp://\(address)"
-        let child = try ChildProcess("tansu", executable: tansu, arguments: [
-            "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/",
-        ], environment: [:], logPath: logPath)
-        process.withLock { $0 = child }
-        let tansu = self.tansu
-        try await eventually("tansu answers on \(url)", timeout: .seconds(10)) {
-            (try? runTool(tansu, ["topic", "list", "--broker", url])) != nil
         }
     }
 
