@@ -16,8 +16,9 @@ public struct ActivityRegistration: Sendable, Equatable {
 
 /// Live Activity push-token registrations in Redis. Each registration is a hash with a TTL that every re-post
 /// renews; the post's index is a sorted set scored by expiry, so readers skip expired members. Expired members
-/// are pruned by every registration and every batch read of their index, and an index outlives its newest
-/// member by at most a sixtieth of the TTL (its own TTL), so nothing is kept once a post goes quiet.
+/// are pruned whenever a registration renews the index's own TTL (once per sixtieth of the TTL on a busy post)
+/// and by every batch read of their index, and an index outlives its newest member by at most a sixtieth of the
+/// TTL (its own TTL), so nothing is kept once a post goes quiet.
 public struct ActivityStore: Sendable {
     let redis: RedisClient
     public let ttl: Duration
@@ -146,20 +147,23 @@ extension Scripts {
     /// a Lua number would be formatted with `%.17g` and parsed back per call (~8 % of Redis's CPU here).
     /// Returns {existed (0/1), createdAt, count}, or {-1, '', count} over the limit (nothing stored).
     ///
-    /// Each index drops its expired members (so a busy post's index holds live registrations only) and keeps a TTL
-    /// no shorter than its newest member's: it never expires under registrations that still live, even when `ttl`
-    /// is lowered. The TTL is set to `ttl` plus a sixtieth of it (a minute for an hour), and renewed only once it
-    /// has fallen below `ttl`: a busy post's index is re-expired once a minute rather than by every registration,
-    /// and outlives its last registration by at most that minute.
+    /// Each index keeps a TTL no shorter than its newest member's: it never expires under registrations that still
+    /// live, even when `ttl` is lowered. The TTL is set to `ttl` plus a sixtieth of it (a minute for an hour), and
+    /// renewed only once it has fallen below `ttl`; that renewal is also when the index drops its expired members.
+    /// So a busy post's index is re-expired and pruned once a minute rather than by every registration, holds at
+    /// most a minute's worth of expired members (readers skip them by score), and outlives its last registration
+    /// by at most that minute.
     ///
-    /// Redis calls, for the CPU they cost per registration (ten for a new token, nine for a renewal): the hash's
-    /// `createdAt` is read first, so one HSET writes a new registration and a renewal needs no second read; an
-    /// index's PTTL is read before its ZADD, so a new index (the usual case for a token's) skips the pruning it
-    /// cannot need, and ZADD goes before ZREMRANGEBYSCORE so the index never vanishes between the two (its new
-    /// member is live).
+    /// Redis calls, for the CPU each costs per registration (eight for a new token on a known post and for a
+    /// renewal, nine when the post is new too, plus two per index once a minute): the hash's `createdAt` is read first, so one HSET writes a new
+    /// registration and a renewal rewrites only the fields a re-post can change (the id is derived from user,
+    /// post and token). The post index is usually known, so its PTTL is read before its ZADD. A new registration's
+    /// token index is usually new, so its ZADD goes first and `PEXPIRE … NX` (Redis 7.0) both gives a new index
+    /// its TTL and tells whether the index was new; only a known one needs its PTTL read. ZADD goes before
+    /// ZREMRANGEBYSCORE so the index never vanishes between the two (its new member is live).
     static let register = RedisScript(source: """
         local reg, post, tok = KEYS[1], KEYS[2], KEYS[3]
-        local now, nowMs, ttl = ARGV[7], ARGV[8], ARGV[9]
+        local id, now, nowMs, ttl = ARGV[1], ARGV[7], ARGV[8], tonumber(ARGV[9])
         local counter, count = ARGV[10], 0
         if counter ~= '' then
           count = redis.call('INCR', counter)
@@ -167,21 +171,38 @@ extension Scripts {
           if count == 1 then redis.call('EXPIRE', counter, ARGV[12]) end
           if count > tonumber(ARGV[11]) then return {-1, '', count} end
         end
-        -- One write (the id is derived from user, post and token, so rewriting them on a renewal stores the same
-        -- values); createdAt is kept from the first registration.
         local createdAt = redis.call('HGET', reg, 'createdAt')
         local existed = createdAt and 1 or 0
-        createdAt = createdAt or now
-        redis.call('HSET', reg, 'createdAt', createdAt, 'id', ARGV[1], 'user', ARGV[2], 'postIdHash', ARGV[3],
-                   'pushToken', ARGV[4], 'environment', ARGV[5], 'bundleId', ARGV[6], 'lastSeenAt', now,
-                   'lastSeenMs', nowMs)
-        redis.call('PEXPIRE', reg, ttl)
-        for _, index in ipairs({post, tok}) do
-          local left = redis.call('PTTL', index)
-          redis.call('ZADD', index, ARGV[13], ARGV[1])
-          -- -2: the index did not exist, so it holds the new member only.
-          if left ~= -2 then redis.call('ZREMRANGEBYSCORE', index, '-inf', nowMs) end
-          if left < tonumber(ttl) then redis.call('PEXPIRE', index, ARGV[14]) end
+        if createdAt then
+          redis.call('HSET', reg, 'environment', ARGV[5], 'bundleId', ARGV[6], 'lastSeenAt', now, 'lastSeenMs', nowMs)
+        else
+          createdAt = now
+          redis.call('HSET', reg, 'createdAt', now, 'id', id, 'user', ARGV[2], 'postIdHash', ARGV[3],
+                     'pushToken', ARGV[4], 'environment', ARGV[5], 'bundleId', ARGV[6], 'lastSeenAt', now,
+                     'lastSeenMs', nowMs)
+        end
+        redis.call('PEXPIRE', reg, ARGV[9])
+        -- An existing index is renewed and pruned once its TTL falls below `ttl` (-1: none). Written out per index:
+        -- a Lua function would be a closure built by every call (~2 % of the script's instructions).
+        local left = redis.call('PTTL', post)
+        redis.call('ZADD', post, ARGV[13], id)
+        if left == -2 then
+          redis.call('PEXPIRE', post, ARGV[14])
+        elseif left < ttl then
+          redis.call('ZREMRANGEBYSCORE', post, '-inf', nowMs)
+          redis.call('PEXPIRE', post, ARGV[14])
+        end
+        if existed == 1 then
+          left = redis.call('PTTL', tok)
+          redis.call('ZADD', tok, ARGV[13], id)
+        else
+          redis.call('ZADD', tok, ARGV[13], id)
+          -- 1: the index is new and now has its TTL (so nothing to renew); 0: it existed, with a TTL.
+          left = redis.call('PEXPIRE', tok, ARGV[14], 'NX') == 1 and ttl or redis.call('PTTL', tok)
+        end
+        if left < ttl then
+          redis.call('ZREMRANGEBYSCORE', tok, '-inf', nowMs)
+          redis.call('PEXPIRE', tok, ARGV[14])
         end
         return {existed, createdAt, count}
         """)

@@ -118,7 +118,8 @@ import Testing
             try await Task.sleep(for: .milliseconds(2_500))
 
             // ~4.5 s: the stale registration is gone. A new registration prunes it from the index before any reader
-            // comes (a busy post's index keeps live members only), and the dispatcher's read does not see it.
+            // comes (it renews the index's TTL, which has fallen below the 4 s `ttl`, and prunes then), and the
+            // dispatcher's read does not see it.
             #expect(try await ingest.redis.command(["EXISTS", keys.registration(staleID)]).int == 0)
             let lateID = try await register(late)
             #expect(try await ingest.redis.command(["ZSCORE", keys.post(post), staleID]).string == nil)

@@ -188,8 +188,8 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await redis.client.command(["EXISTS", "herald:{\(redis.app)}:post:feedbeef"]).int == 0)
     }
 
-    /// The registration script prunes expired members of an existing index, gives a new (or TTL-less) index
-    /// `ttl` plus a sixtieth, renews an index's TTL only once it has fallen below `ttl`, and never shortens it.
+    /// The registration script gives a new (or TTL-less) index `ttl` plus a sixtieth, renews an index's TTL only
+    /// once it has fallen below `ttl` and prunes its expired members then, and never shortens it.
     @Test func indexesArePrunedAndKeepATTLNoShorterThanTheirNewestMember() async throws {
         let redis = try TestRedis()
         let store = ActivityStore(redis: redis.client, ttl: .seconds(3600))
@@ -204,24 +204,37 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
             #expect(left > ttl && left <= ttl + slack, "\(index): a new index gets ttl + ttl/60, got \(left)")
         }
 
-        // An expired member is pruned by the next registration; a TTL above `ttl` is left alone (never shortened).
+        // A TTL above `ttl` is left alone (never shortened), and so is an expired member until the TTL is renewed.
         let nowMs = Int64(Date().timeIntervalSince1970 * 1000)
         _ = try await redis.client.command(["ZADD", keys + "post:abcdef01", String(nowMs - 1), "gone"])
         _ = try await redis.client.command(["PEXPIRE", keys + "post:abcdef01", String(3 * ttl)])
         _ = try await store.register(app: redis.app, user: "u", try input(app, post: "abcdef01", token: token()))
-        #expect(try await redis.client.command(["ZSCORE", keys + "post:abcdef01", "gone"]).string == nil)
-        #expect(try await redis.client.command(["ZCARD", keys + "post:abcdef01"]).int == 2)
+        #expect(try await redis.client.command(["ZCARD", keys + "post:abcdef01"]).int == 3)
         #expect(try await pttl("post:abcdef01") > 2 * ttl)
+        #expect(try await store.postBatch(app: redis.app, postIDHash: "abcdef01", cursor: "0").registrations.count == 2)
 
-        // Below `ttl` (or without a TTL at all) it is raised again to ttl + ttl/60.
+        // Below `ttl` (or without a TTL at all) it is raised again to ttl + ttl/60, and its expired members go.
+        _ = try await redis.client.command(["ZADD", keys + "post:abcdef01", String(nowMs - 1), "gone"])
+        _ = try await redis.client.command(["ZADD", keys + "acttok:\(first)", String(nowMs - 1), "gone"])
         _ = try await redis.client.command(["PEXPIRE", keys + "post:abcdef01", "1000"])
         _ = try await redis.client.command(["PERSIST", keys + "acttok:\(first)"])
         let renewed = try await store.register(app: redis.app, user: "u", try input(app, post: "abcdef01", token: first))
         #expect(renewed.renewed)
+        #expect(try await redis.client.command(["ZCARD", keys + "post:abcdef01"]).int == 2)
+        #expect(try await redis.client.command(["ZCARD", keys + "acttok:\(first)"]).int == 1)
         for index in ["post:abcdef01", "acttok:\(first)"] {
             let left = try await pttl(index)
             #expect(left > ttl && left <= ttl + slack, "\(index): renewed to ttl + ttl/60, got \(left)")
         }
+
+        // A new registration whose token index exists (the token on another post) renews and prunes it alike.
+        _ = try await redis.client.command(["ZADD", keys + "acttok:\(first)", String(nowMs - 1), "gone"])
+        _ = try await redis.client.command(["PEXPIRE", keys + "acttok:\(first)", "1000"])
+        let other = try await store.register(app: redis.app, user: "u", try input(app, post: "abcdef02", token: first))
+        #expect(!other.renewed)
+        #expect(try await redis.client.command(["ZCARD", keys + "acttok:\(first)"]).int == 2)
+        let left = try await pttl("acttok:\(first)")
+        #expect(left > ttl && left <= ttl + slack, "a known token index is renewed to ttl + ttl/60, got \(left)")
     }
 
     @Test func finalUpdateAndInvalidTokenRemoval() async throws {
