@@ -155,9 +155,9 @@ extension Scripts {
     /// by at most that minute.
     ///
     /// Redis calls, for the CPU each costs per registration (eight for a new token on a known post and for a
-    /// renewal, nine when the post is new too, plus two per index once a minute): the hash's `createdAt` is read first, so one HSET writes a new
-    /// registration and a renewal rewrites only the fields a re-post can change (the id is derived from user,
-    /// post and token). The post index is usually known, so its PTTL is read before its ZADD. A new registration's
+    /// renewal, nine when the post is new too, plus two per index once a minute): the hash's `createdAt` is read
+    /// first, so one HSET writes a new registration and a renewal rewrites only the fields a re-post can change
+    /// (the id is derived from user, post and token). The post index is usually known, so its PTTL is read before its ZADD. A new registration's
     /// token index is usually new, so its ZADD goes first and `PEXPIRE … NX` (Redis 7.0) both gives a new index
     /// its TTL and tells whether the index was new; only a known one needs its PTTL read. ZADD goes before
     /// ZREMRANGEBYSCORE so the index never vanishes between the two (its new member is live).
