@@ -63,7 +63,9 @@ public struct HTTPHeaders: Sendable, Sequence, ExpressibleByDictionaryLiteral, C
     public var description: String { fields.map { "\($0.name): \($0.value)" }.joined(separator: ", ") }
 
     /// ASCII case-insensitive comparison without allocating (header names are ASCII tokens).
+    /// Names of different lengths (most pairs a lookup meets) are told apart without reading a byte.
     static func sameName(_ a: String, _ b: String) -> Bool {
+        guard a.utf8.count == b.utf8.count else { return false }
         var left = a.utf8.makeIterator()
         var right = b.utf8.makeIterator()
         while true {

@@ -418,9 +418,22 @@ extension WorkerLoop {
     private func finishRequest(_ connection: HTTPConnection, completed: Bool) {
         guard let context = connection.request else { return }
         connection.request = nil
-        engine.requestFinished(method: context.method, route: context.routeLabel, status: context.status,
+        let route = context.routeLabel
+        let methodLabel = HTTPMethod(rawValue: context.method).metricLabel
+        let series = context.status > 0 ? series(route: route, methodLabel: methodLabel, status: context.status) : nil
+        engine.requestFinished(methodLabel: methodLabel, route: route, status: context.status, series: series,
                                started: context.started, requestID: context.requestID, bytesIn: context.received,
                                bytesOut: context.bytesOut, completed: completed)
+    }
+
+    /// The metric series for a finished request, from this loop's own table (no lock): the families are asked
+    /// only the first time a loop sees a route, method and status.
+    private func series(route: String, methodLabel: String, status: Int) -> RequestEngine.Series {
+        let key = SeriesKey(route: route, methodLabel: methodLabel, status: status)
+        if let known = seriesCache[key] { return known }
+        let found = engine.series(route: route, methodLabel: methodLabel, status: status)
+        seriesCache[key] = found
+        return found
     }
 
     /// Closes the socket (which also leaves the epoll set); a request still open is recorded as aborted.
