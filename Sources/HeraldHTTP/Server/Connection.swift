@@ -58,6 +58,8 @@ final class HTTPConnection {
     var lastActivity: ContinuousClock.Instant
 
     static let initialCapacity = 4096
+    /// The largest output buffer kept between responses.
+    static let keptOutputCapacity = 16 * 1024
 
     init(fd: Int32, address: String?, countedAddress: Bool, now: ContinuousClock.Instant,
          readDeadline: ContinuousClock.Instant) {
@@ -379,7 +381,13 @@ extension WorkerLoop {
             closeConnection(connection)
             return
         }
-        connection.output = []
+        // The buffer is kept for the connection's next response (one allocation less per request), unless a large
+        // response grew it.
+        if connection.output.capacity > HTTPConnection.keptOutputCapacity {
+            connection.output = []
+        } else {
+            connection.output.removeAll(keepingCapacity: true)
+        }
         connection.outputOffset = 0
         guard case .writing = connection.phase else { return }  // a 100 Continue: the body is still to come
         finishRequest(connection, completed: true)
