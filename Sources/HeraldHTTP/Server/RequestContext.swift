@@ -50,15 +50,14 @@ final class RequestContext: @unchecked Sendable {
         self.path = path
         self.requestID = requestID
         self.match = match
-        headOnly = method == "HEAD"
-    }
-
-    /// The route pattern for logs and metrics.
-    var routeLabel: String {
-        switch match {
+        routeLabel = switch match {
         case .found(let route, _): route.pattern
         case .methodNotAllowed(let pattern, _): pattern
         case .notFound: RequestEngine.unmatchedRoute
         }
+        headOnly = method == "HEAD"
     }
+
+    /// The route pattern for logs and metrics (set once: reading it out of `match` copied the whole match).
+    let routeLabel: String
 }
