@@ -22,7 +22,10 @@ public enum DeviceToken {
     /// The token in lowercase, or a validation error naming `field`.
     public static func normalized(_ raw: String, field: String) throws(ValidationError) -> String {
         guard !raw.isEmpty else { throw .missing(field) }
-        guard raw.utf8.allSatisfy(\.isHexDigit) else {
+        // One pass over the bytes as a buffer (every subscribe checks a token or two): hex digits, and whether any
+        // is uppercase.
+        let scan = raw.utf8.withContiguousStorageIfAvailable(Self.scan) ?? Self.scan(raw.utf8)
+        guard scan.hex else {
             throw .invalid(field, "\(field) must be hexadecimal")
         }
         guard raw.utf8.count % 2 == 0 else { throw .invalid(field, "\(field) must have an even number of hex digits") }
@@ -30,7 +33,16 @@ public enum DeviceToken {
             throw .invalid(field, "\(field) must be \(hexLengths.lowerBound)–\(hexLengths.upperBound) hex digits")
         }
         // Tokens nearly always arrive in lowercase already: no new string for them.
-        return raw.utf8.contains(where: { (0x41...0x46).contains($0) }) ? raw.lowercased() : raw
+        return scan.uppercase ? raw.lowercased() : raw
+    }
+
+    private static func scan(_ bytes: some Sequence<UInt8>) -> (hex: Bool, uppercase: Bool) {
+        var uppercase = false
+        for byte in bytes {
+            guard byte.isHexDigit else { return (false, false) }
+            if byte >= 0x41, byte <= 0x46 { uppercase = true }
+        }
+        return (true, uppercase)
     }
 }
 

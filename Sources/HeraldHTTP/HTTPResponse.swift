@@ -21,8 +21,9 @@ public struct HTTPResponse: Sendable {
 
     /// A body that is already JSON text.
     public static func json(bytes: [UInt8], status: Int = 200) -> HTTPResponse {
-        var headers = HTTPHeaders()
-        headers["Content-Type"] = "application/json"
+        // Room for the few headers a handler adds (the rate-limit ones on every device request) without regrowing.
+        var headers = HTTPHeaders(capacity: 4)
+        headers.add("Content-Type", "application/json")
         return HTTPResponse(status: status, headers: headers, body: bytes)
     }
 

@@ -32,6 +32,12 @@ public struct HTTPHeaders: Sendable, Sequence, ExpressibleByDictionaryLiteral, C
 
     public init() { fields = [] }
 
+    /// No fields yet, with room for `capacity` of them.
+    init(capacity: Int) {
+        fields = []
+        fields.reserveCapacity(capacity)
+    }
+
     public init(dictionaryLiteral elements: (String, String)...) {
         fields = elements.map { (name: $0.0, value: $0.1) }
     }
@@ -63,7 +69,9 @@ public struct HTTPHeaders: Sendable, Sequence, ExpressibleByDictionaryLiteral, C
     public var description: String { fields.map { "\($0.name): \($0.value)" }.joined(separator: ", ") }
 
     /// ASCII case-insensitive comparison without allocating (header names are ASCII tokens).
+    /// Names of different lengths (most pairs a lookup meets) are told apart without reading a byte.
     static func sameName(_ a: String, _ b: String) -> Bool {
+        guard a.utf8.count == b.utf8.count else { return false }
         var left = a.utf8.makeIterator()
         var right = b.utf8.makeIterator()
         while true {

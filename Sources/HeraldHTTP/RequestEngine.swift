@@ -52,17 +52,28 @@ final class RequestEngine: Sendable {
         }
     }
 
+    /// The metric series of one route, method label and status: the loops look each up in the families (a lock
+    /// and a dictionary keyed by the label values) once and keep it (`WorkerLoop.series`).
+    struct Series {
+        let requests: Counter
+        let durations: Histogram
+    }
+
+    func series(route: String, methodLabel: String, status: Int) -> Series {
+        Series(requests: requests.labels(route, methodLabel, String(status)), durations: durations.labels(route))
+    }
+
     /// One access-log line and the metrics of a finished request. `status` is 0 when no response was queued
-    /// (the client went away while sending).
-    func requestFinished(method: String, route: String, status: Int, started: ContinuousClock.Instant,
-                         requestID: String, bytesIn: Int, bytesOut: Int, completed: Bool) {
+    /// (the client went away while sending); `series` is the request's metric series, nil when `status` is 0.
+    func requestFinished(methodLabel: String, route: String, status: Int, series: Series?,
+                         started: ContinuousClock.Instant, requestID: String, bytesIn: Int, bytesOut: Int,
+                         completed: Bool) {
         active.subtract(1, ordering: .relaxed)
         let elapsed = ContinuousClock.now - started
         let micros = elapsed.components.seconds * 1_000_000 + elapsed.components.attoseconds / 1_000_000_000_000
-        let methodLabel = HTTPMethod(rawValue: method).metricLabel
-        if status > 0 {
-            requests.labels(route, methodLabel, String(status)).increment()
-            durations.labels(route).observe(Double(micros) / 1_000_000)
+        if let series {
+            series.requests.increment()
+            series.durations.observe(Double(micros) / 1_000_000)
         }
         guard logger.minimumLevel <= .info else { return }
         var fields = ["http.method": methodLabel, "http.route": route, "http.status": String(status),
@@ -81,7 +92,21 @@ final class RequestEngine: Sendable {
         // A process-random prefix and a mixed counter: unique and unguessable enough for correlation, without a
         // getrandom(2) call per request.
         let sequence = idCounter.wrappingAdd(1, ordering: .relaxed).newValue
-        return hex(idPrefix) + hex(mix(sequence))
+        let (prefix, suffix) = (idPrefix, mix(sequence))
+        // 32 hex digits written straight into the string's storage: no intermediate strings per request.
+        return String(unsafeUninitializedCapacity: 32) { text in
+            for index in 0..<16 {
+                text[index] = hexDigit(prefix >> UInt64(60 - 4 * index))
+                text[16 + index] = hexDigit(suffix >> UInt64(60 - 4 * index))
+            }
+            return 32
+        }
+    }
+
+    @inline(__always)
+    private static func hexDigit(_ value: UInt64) -> UInt8 {
+        let nibble = UInt8(truncatingIfNeeded: value & 0xF)
+        return nibble < 10 ? UInt8(ascii: "0") + nibble : UInt8(ascii: "a") + nibble - 10
     }
 
     private static let idPrefix = UInt64.random(in: .min ... .max)
@@ -111,11 +136,6 @@ final class RequestEngine: Sendable {
         return mediaType.elementsEqual("application/json".utf8) { byte, expected in
             (byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "Z") ? byte | 0x20 : byte) == expected
         }
-    }
-
-    private static func hex(_ value: UInt64) -> String {
-        let digits = String(value, radix: 16)
-        return String(repeating: "0", count: 16 - digits.count) + digits
     }
 
     /// `1.234` from microseconds, without Foundation's formatter on the hot path.

@@ -77,11 +77,17 @@ public struct Router: Sendable {
     /// (bad escape, not UTF-8) or is empty does not match.
     func match(method: HTTPMethod, path: String) -> Match {
         guard path.first == "/" else { return .notFound }
-        let parts = path.utf8.dropFirst().split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false)
+        // Walked in place over the path's bytes: no array of its segments per request (every request routes).
+        var path = path
+        return path.withUTF8 { bytes in match(method: method, bytes: bytes) }
+    }
+
+    private func match(method: HTTPMethod, bytes: UnsafeBufferPointer<UInt8>) -> Match {
+        let segmentCount = bytes.reduce(0) { $1 == UInt8(ascii: "/") ? $0 + 1 : $0 }
         var allowed: [HTTPMethod] = []
         var allowedPattern = ""
-        for route in routes where route.segments.count == parts.count {
-            guard let parameters = Self.bind(route.segments, parts) else { continue }
+        for route in routes where route.segments.count == segmentCount {
+            guard let parameters = Self.bind(route.segments, bytes) else { continue }
             if route.method == method { return .found(route, parameters: parameters) }
             if !allowed.contains(route.method) { allowed.append(route.method) }
             if allowedPattern.isEmpty { allowedPattern = route.pattern }
@@ -89,20 +95,39 @@ public struct Router: Sendable {
         return allowed.isEmpty ? .notFound : .methodNotAllowed(pattern: allowedPattern, allowed: allowed)
     }
 
-    private static func bind(_ segments: [Segment], _ parts: [Substring.UTF8View.SubSequence]) -> [String: String]? {
+    /// Calls `body` with each segment of `path` (its bytes after the leading `/`, split at every `/`, empty ones
+    /// kept) beside the pattern's segment in the same place, while `body` returns true; true if it always did.
+    /// The caller has checked that there are as many of one as of the other.
+    private static func forEachSegment(_ segments: [Segment], _ path: UnsafeBufferPointer<UInt8>,
+                                       _ body: (Segment, UnsafeBufferPointer<UInt8>) -> Bool) -> Bool {
+        var start = 1
+        for segment in segments {
+            var end = start
+            while end < path.count, path[end] != UInt8(ascii: "/") { end += 1 }
+            guard body(segment, UnsafeBufferPointer(rebasing: path[start..<end])) else { return false }
+            start = end + 1
+        }
+        return true
+    }
+
+    private static func bind(_ segments: [Segment], _ path: UnsafeBufferPointer<UInt8>) -> [String: String]? {
         // Literals first: most routes tried fail on one, before any parameter is decoded or stored.
-        for (segment, part) in zip(segments, parts) {
-            if case .literal(let literal) = segment, !part.elementsEqual(literal.utf8) { return nil }
+        let literalsMatch = forEachSegment(segments, path) { segment, part in
+            guard case .literal(let literal) = segment else { return true }
+            return literal.utf8.withContiguousStorageIfAvailable { part.elementsEqual($0) }
+                ?? part.elementsEqual(literal.utf8)
         }
+        guard literalsMatch else { return nil }
         var parameters: [String: String] = [:]
-        for (segment, part) in zip(segments, parts) {
-            guard case .parameter(let name) = segment else { continue }
-            guard !part.isEmpty, let value = PercentDecoding.decode(Substring(part)), !value.isEmpty else {
-                return nil
-            }
+        let decoded = forEachSegment(segments, path) { segment, part in
+            guard case .parameter(let name) = segment else { return true }
+            // A slice of a String's UTF-8 at `/` boundaries is valid UTF-8: `decoding` repairs nothing here.
+            guard !part.isEmpty, let value = PercentDecoding.decode(Substring(String(decoding: part, as: UTF8.self))),
+                  !value.isEmpty else { return false }
             parameters[name] = value
+            return true
         }
-        return parameters
+        return decoded ? parameters : nil
     }
 
     static func parse(_ pattern: String) -> [Segment] {

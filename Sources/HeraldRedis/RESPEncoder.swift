@@ -31,7 +31,10 @@ struct RESPEncoder {
     private mutating func bulk(_ argument: String) {
         let utf8 = argument.utf8
         header(UInt8(ascii: "$"), utf8.count)
-        bytes.append(contentsOf: utf8)
+        // A native string's bytes are copied as one buffer (a script call has two dozen arguments).
+        if utf8.withContiguousStorageIfAvailable({ bytes.append(contentsOf: $0) }) == nil {
+            bytes.append(contentsOf: utf8)
+        }
         bytes.append(13)
         bytes.append(10)
     }
@@ -51,6 +54,12 @@ struct RESPEncoder {
     /// `<marker><decimal>\r\n` without going through String formatting.
     private mutating func header(_ marker: UInt8, _ value: Int) {
         bytes.append(marker)
+        if value < 10 {  // most argument counts and many lengths: no division loop
+            bytes.append(UInt8(ascii: "0") + UInt8(value))
+            bytes.append(13)
+            bytes.append(10)
+            return
+        }
         var divisor = 1
         while divisor <= value / 10 { divisor *= 10 }
         var remaining = value

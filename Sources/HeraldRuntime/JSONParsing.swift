@@ -69,8 +69,14 @@ extension JSONValue {
     /// one append rather than byte by byte.
     public static func appendQuoted(_ text: String, to out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
-        if !text.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
-            out += text.utf8
+        // Native strings (all of Herald's) are scanned and copied as one buffer, not byte by byte through the
+        // UTF-8 view's iterator (which also handles bridged strings).
+        let plain = text.utf8.withContiguousStorageIfAvailable { bytes -> Bool in
+            guard !bytes.contains(where: needsEscape) else { return false }
+            out.append(contentsOf: bytes)
+            return true
+        } ?? false
+        if plain {
             out.append(UInt8(ascii: "\""))
             return
         }
@@ -89,6 +95,11 @@ extension JSONValue {
             }
         }
         out.append(UInt8(ascii: "\""))
+    }
+
+    @inline(__always)
+    private static func needsEscape(_ byte: UInt8) -> Bool {
+        byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\")
     }
 
     private static let hexDigits = Array("0123456789abcdef".utf8)

@@ -385,6 +385,31 @@ struct HTTPServerTests {
         }
     }
 
+    /// Each loop keeps the series it has seen (`WorkerLoop.series`): repeated requests, from several connections
+    /// (spread over the loops), still add up in the one exposed series per route, method and status.
+    @Test func metricsAddUpAcrossRequestsConnectionsAndLoops() async throws {
+        let metrics = MetricsRegistry()
+        var router = standardRouter()
+        router.addMetrics(registry: metrics)
+        try await withServer(router, metrics: metrics) { _, port in
+            let exposition = try await onThread {
+                for _ in 0..<4 {
+                    let client = try RawHTTPClient(port: port)
+                    for _ in 0..<3 {
+                        _ = try client.request("POST", "/v1/apps/a/subscriptions",
+                                               headers: ["Content-Type": "application/json"],
+                                               body: #"{"channel":"a","count":1}"#)
+                    }
+                    _ = try client.request("GET", "/v1/apps/a/subscriptions")
+                }
+                return try RawHTTPClient(port: port).request("GET", "/metrics")
+            }
+            let text = exposition.text
+            #expect(text.contains(#"herald_http_requests_total{route="/v1/apps/{appID}/subscriptions",method="POST",status="201"} 12"#))
+            #expect(text.contains(#"herald_http_request_duration_seconds_count{route="/v1/apps/{appID}/subscriptions"} 16"#))
+        }
+    }
+
     @Test func aTakenPortFailsAtInit() throws {
         let first = try HTTPServer(configuration: HTTPServerConfiguration(address: HostPort(host: "127.0.0.1", port: 0)),
                                    router: Router(), logger: Self.logger, metrics: MetricsRegistry())

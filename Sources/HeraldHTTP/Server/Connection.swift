@@ -58,6 +58,8 @@ final class HTTPConnection {
     var lastActivity: ContinuousClock.Instant
 
     static let initialCapacity = 4096
+    /// The largest output buffer kept between responses.
+    static let keptOutputCapacity = 16 * 1024
 
     init(fd: Int32, address: String?, countedAddress: Bool, now: ContinuousClock.Instant,
          readDeadline: ContinuousClock.Instant) {
@@ -379,7 +381,13 @@ extension WorkerLoop {
             closeConnection(connection)
             return
         }
-        connection.output = []
+        // The buffer is kept for the connection's next response (one allocation less per request), unless a large
+        // response grew it.
+        if connection.output.capacity > HTTPConnection.keptOutputCapacity {
+            connection.output = []
+        } else {
+            connection.output.removeAll(keepingCapacity: true)
+        }
         connection.outputOffset = 0
         guard case .writing = connection.phase else { return }  // a 100 Continue: the body is still to come
         finishRequest(connection, completed: true)
@@ -418,9 +426,22 @@ extension WorkerLoop {
     private func finishRequest(_ connection: HTTPConnection, completed: Bool) {
         guard let context = connection.request else { return }
         connection.request = nil
-        engine.requestFinished(method: context.method, route: context.routeLabel, status: context.status,
+        let route = context.routeLabel
+        let methodLabel = HTTPMethod(rawValue: context.method).metricLabel
+        let series = context.status > 0 ? series(route: route, methodLabel: methodLabel, status: context.status) : nil
+        engine.requestFinished(methodLabel: methodLabel, route: route, status: context.status, series: series,
                                started: context.started, requestID: context.requestID, bytesIn: context.received,
                                bytesOut: context.bytesOut, completed: completed)
+    }
+
+    /// The metric series for a finished request, from this loop's own table (no lock): the families are asked
+    /// only the first time a loop sees a route, method and status.
+    private func series(route: String, methodLabel: String, status: Int) -> RequestEngine.Series {
+        let key = SeriesKey(route: route, methodLabel: methodLabel, status: status)
+        if let known = seriesCache[key] { return known }
+        let found = engine.series(route: route, methodLabel: methodLabel, status: status)
+        seriesCache[key] = found
+        return found
     }
 
     /// Closes the socket (which also leaves the epoll set); a request still open is recorded as aborted.

@@ -139,7 +139,7 @@ public enum HTTPRequestParser {
         let query = question.map { string(bytes, ($0 + 1)..<target.upperBound) }
         let method = string(bytes, start..<firstSpace)
 
-        var headers = HTTPHeaders()
+        var headers = HTTPHeaders(capacity: 8)  // most clients send fewer: no regrowing the array field by field
         var contentLength: Int?
         var lengthInvalid = false
         var transferEncoding: String?

@@ -34,7 +34,8 @@ final class ParkedRequests: Sendable {
     /// the shard lock shutdown takes, so every parked request is one shutdown can see.
     func park(_ context: RequestContext, request: HTTPRequest, handler: @escaping HTTPHandler) -> Bool {
         let deadline = ContinuousClock.now + engine.requestDeadline
-        let accepted = shard(context).state.withLock { shard -> Bool in
+        let lock = shard(context).state
+        let accepted = lock.withLock { shard -> Bool in
             guard !shard.closed else { return false }
             shard.entries[ObjectIdentifier(context)] = (context, deadline)
             return true
@@ -44,7 +45,7 @@ final class ParkedRequests: Sendable {
             let response = await engine.respond(to: request, with: handler)
             self.complete(context, with: response)
         }
-        context.handlerTask.withLock { $0 = task }
+        lock.withLock { _ in context.handlerTask = task }
         return true
     }
 
@@ -58,17 +59,19 @@ final class ParkedRequests: Sendable {
     /// Answers 503 to parked requests past their deadline and cancels their handlers.
     func expireOverdue(now: ContinuousClock.Instant = .now) {
         var expired: [RequestContext] = []
+        var handlers: [Task<Void, Never>] = []
         for shard in shards {
             shard.state.withLock { shard in
                 for (key, entry) in shard.entries where entry.deadline <= now {
                     shard.entries[key] = nil
                     if answer(entry.context, with: HTTPError.unavailable("the request took too long")) {
                         expired.append(entry.context)
+                        if let task = entry.context.handlerTask { handlers.append(task) }
                     }
                 }
             }
         }
-        for context in expired { context.handlerTask.withLock { $0 }?.cancel() }
+        for task in handlers { task.cancel() }
         if !expired.isEmpty {
             engine.logger.warning("handlers past the request deadline answered 503", ["http.count": "\(expired.count)"])
         }
@@ -77,19 +80,21 @@ final class ParkedRequests: Sendable {
     /// Shutdown: answers 503 to every parked request, cancels their handlers, and refuses to park new ones.
     /// Returns how many were answered.
     func failParked() -> Int {
-        var answered: [RequestContext] = []
+        var answered = 0
+        var handlers: [Task<Void, Never>] = []
         for shard in shards {
             shard.state.withLock { shard in
                 shard.closed = true
                 for entry in shard.entries.values
                 where answer(entry.context, with: HTTPError.unavailable("the server is shutting down")) {
-                    answered.append(entry.context)
+                    answered += 1
+                    if let task = entry.context.handlerTask { handlers.append(task) }
                 }
                 shard.entries = [:]
             }
         }
-        for context in answered { context.handlerTask.withLock { $0 }?.cancel() }
-        return answered.count
+        for task in handlers { task.cancel() }
+        return answered
     }
 
     /// Claims a parked request for an error answer and hands it to the loop. False if its handler won.

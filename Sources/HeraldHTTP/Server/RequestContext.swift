@@ -7,7 +7,8 @@ import Synchronization
 /// sweep and shutdown hold references too, so a context outlives a client that disconnects mid-handler. Whoever
 /// answers a parked request first claims it and hands the response to the connection's loop.
 // @unchecked: `connection` and the receive-side vars are only touched on the connection's loop thread (the loop
-// reads the request and writes the response); what other threads touch is the atomic claim and the locked `shared`.
+// reads the request and writes the response); other threads touch the atomic claim and `handlerTask`, which is
+// only read or written under the lock of the context's `ParkedRequests` shard.
 final class RequestContext: @unchecked Sendable {
     let loop: WorkerLoop
     let connection: HTTPConnection
@@ -31,8 +32,9 @@ final class RequestContext: @unchecked Sendable {
     /// Set by whoever answers a parked request first (its handler, the deadline sweep, shutdown); only the winner
     /// hands a response to the loop.
     let claimed = Atomic<Bool>(false)
-    /// The handler task of a parked request, cancelled when the deadline sweep or shutdown answers for it.
-    let handlerTask = Lock<Task<Void, Never>?>(nil)
+    /// The handler task of a parked request, cancelled when the deadline sweep or shutdown answers for it. Guarded
+    /// by the context's `ParkedRequests` shard lock (not a lock of its own: two allocations less per request).
+    var handlerTask: Task<Void, Never>?
 
     /// Claims the right to answer a parked request. True exactly once.
     func claim() -> Bool {
@@ -48,15 +50,14 @@ final class RequestContext: @unchecked Sendable {
         self.path = path
         self.requestID = requestID
         self.match = match
-        headOnly = method == "HEAD"
-    }
-
-    /// The route pattern for logs and metrics.
-    var routeLabel: String {
-        switch match {
+        routeLabel = switch match {
         case .found(let route, _): route.pattern
         case .methodNotAllowed(let pattern, _): pattern
         case .notFound: RequestEngine.unmatchedRoute
         }
+        headOnly = method == "HEAD"
     }
+
+    /// The route pattern for logs and metrics (set once: reading it out of `match` copied the whole match).
+    let routeLabel: String
 }

@@ -45,9 +45,17 @@ final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
     private static let readyCapacity: Int32 = 64
     private let readyDescriptors = UnsafeMutablePointer<Int32>.allocate(capacity: Int(readyCapacity))
     private let readyEvents = UnsafeMutablePointer<UInt32>.allocate(capacity: Int(readyCapacity))
+    /// Metric series of finished requests, by route, method label and status (bounded: labels are). Loop thread only.
+    var seriesCache: [SeriesKey: RequestEngine.Series] = [:]
     /// The Date header line of the current second, rebuilt when the second changes.
     var dateLine: [UInt8] = []
     var dateSecond = -1
+
+    struct SeriesKey: Hashable {
+        var route: String
+        var methodLabel: String
+        var status: Int
+    }
 
     private struct LoopState {
         var jobs: [UnownedJob] = []
