@@ -135,6 +135,13 @@ public final class ChildProcess: @unchecked Sendable { // `process` is only touc
         return process.isRunning ? nil : process.terminationStatus
     }
 
+    /// SIGKILL, then waits up to 10 s for the exit: a crash (no goodbye to clients, nothing flushed). Also the way
+    /// to stop a child that may have inherited an ignored SIGTERM from the test process.
+    public func crash() async {
+        signal(SIGKILL)
+        _ = await waitForExit(timeout: .seconds(10))
+    }
+
     /// SIGTERM, then SIGKILL if it has not exited 30 s later.
     public func stop() async {
         guard process.isRunning else { return }

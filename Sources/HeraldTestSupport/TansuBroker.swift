@@ -46,12 +46,10 @@ public final class TansuBroker: Sendable {
         }
     }
 
-    /// SIGKILL, as a crash: connections drop without goodbye. Also the way to stop it: a child can inherit an
-    /// ignored SIGTERM from the test process (services under test ignore SIGTERM while they watch for it), and a
+    /// A crash (`ChildProcess.crash`): connections drop without goodbye. Also the way to stop it, as a
     /// memory-storage broker has nothing to flush.
     public func crash() async {
         guard let child = process.withLock({ p -> ChildProcess? in defer { p = nil }; return p }) else { return }
-        child.signal(SIGKILL)
-        _ = await child.waitForExit(timeout: .seconds(10))
+        await child.crash()
     }
 }

@@ -30,7 +30,7 @@ struct FaultDispatcherKillTests {
         var rejoins: [Duration] = []
         for kill in 1...kills {
             try await Task.sleep(for: .seconds(1))
-            await crash(dispatcher.child)
+            await dispatcher.child.crash()
             try await Task.sleep(for: .milliseconds(300))
             let restartedAt = ContinuousClock.now
             dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, redisURL: redisURL,

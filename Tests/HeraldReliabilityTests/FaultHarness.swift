@@ -10,12 +10,6 @@ import Testing
 
 let faultLogger = Logger(label: "fault-test", minimumLevel: .warning)
 
-/// Sends SIGKILL and waits for the exit (a crash: no goodbye to clients, nothing flushed).
-func crash(_ child: ChildProcess) async {
-    child.signal(SIGKILL)
-    _ = await child.waitForExit(timeout: .seconds(10))
-}
-
 /// A redis-server of the test's own on a free port, which the test can crash and start again.
 ///
 /// It runs with an append-only file fsynced before every reply (`appendfsync always`) in a folder kept across
@@ -49,7 +43,7 @@ final class RedisServer: Sendable {
 
     func crash() async {
         guard let child = process.withLock({ p -> ChildProcess? in defer { p = nil }; return p }) else { return }
-        await HeraldReliabilityTests.crash(child)
+        await child.crash()
     }
 }
 
