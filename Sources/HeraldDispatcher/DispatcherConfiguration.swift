@@ -40,7 +40,7 @@ public struct DispatcherConfiguration: Sendable {
     public var maxInFlightPushes = 1000
     /// Jobs started and not yet settled, across all partitions (more are not fetched meanwhile).
     public var maxInFlightJobs = 512
-    /// Subscriptions or registrations read from Redis per batch (SSCAN/ZSCAN `COUNT`).
+    /// Subscriptions or registrations read from Redis per batch (HSCAN/ZSCAN `COUNT`).
     public var batchSize = 500
     /// Batches of one fan-out being sent at once; with `batchSize` it bounds how far a fan-out runs ahead of its
     /// saved progress, hence the duplicates after a crash.

@@ -52,15 +52,20 @@ struct JobRunner: Sendable {
             settled = await deliverer.deliver(push, context: context)
         case .channel:
             let channel = plan.job.target.channel ?? ""
+            // The channel index holds the targets themselves: a scan is the whole read, nothing to load after it.
             settled = await fanOut(context) { cursor in
-                try await subscriptions.channelIDs(app: plan.app.id, channel: channel, cursor: cursor, count: batchSize)
-            } load: { ids in
-                try await subscriptions.channelTargets(app: plan.app.id, ids: ids).compactMap(plan.push(for:))
+                let batch = try await subscriptions.channelBatch(app: plan.app.id, channel: channel, cursor: cursor,
+                                                                 count: batchSize)
+                return (batch.cursor, batch.targets)
+            } load: { targets in
+                targets.compactMap(plan.push(for:))
             }
         case .post:
             let post = plan.job.target.postIdHash ?? ""
             settled = await fanOut(context) { cursor in
-                try await activities.postIDs(app: plan.app.id, postIDHash: post, cursor: cursor, count: batchSize)
+                let batch = try await activities.postIDs(app: plan.app.id, postIDHash: post, cursor: cursor,
+                                                         count: batchSize)
+                return (batch.cursor, batch.ids)
             } load: { ids in
                 try await activities.registrations(app: plan.app.id, ids: ids).compactMap(plan.push(for:))
             }
@@ -76,14 +81,16 @@ struct JobRunner: Sendable {
     /// `maxBatchesInFlight` batches sending at once, and records the cursor up to which every push is settled.
     ///
     /// Reading runs ahead of sending: the next `readAhead` batches are scanned and loaded from Redis while the
-    /// ones before them are sending, each batch's load (HMGET/HGETALL round) beside the next scan, and progress is
+    /// ones before them are sending, each batch's load (a post's HGETALL round) beside the next scan, and progress is
     /// saved in a child task. Reading a batch only once a slot freed, and waiting for each save, left the pushes
     /// in flight to drain (to none at times) during every Redis round trip. A batch read but not launched sends
     /// nothing, and launching stops `maxBatchesInFlight + 1` batches past the last saved cursor, so the
     /// duplicates a crash can cause keep their bound.
-    private func fanOut(_ context: JobContext,
-                        scan: @escaping @Sendable (String) async throws -> (cursor: String, ids: [String]),
-                        load: @escaping @Sendable ([String]) async throws -> [Push]) async -> Bool {
+    /// `scan` reads a batch of items (a channel's targets, a post's registration ids) and `load` turns them into
+    /// pushes.
+    private func fanOut<Item: Sendable>(_ context: JobContext,
+                        scan: @escaping @Sendable (String) async throws -> (cursor: String, items: [Item]),
+                        load: @escaping @Sendable ([Item]) async throws -> [Push]) async -> Bool {
         let source = context.source
         // The first batch is read while the saved progress is looked up: nearly every fan-out has none (one
         // Redis round trip saved on the latency of every small job); a resumed one discards that batch.
@@ -100,7 +107,7 @@ struct JobRunner: Sendable {
         // The whole target list in one batch (every small job): nothing to read ahead or save, so no group either.
         if let first, first.cursor == "0" { return await send(first.pushes, context: context) }
         var saved = start != "0"
-        let completed = await withTaskGroup(of: FanOutEvent.self) { group -> Bool in
+        let completed = await withTaskGroup(of: FanOutEvent<Item>.self) { group -> Bool in
             var cursors: [String] = [] // the scan cursor after each batch read, by batch number
             var loaded: [Int: [Push]] = [:] // batches read and not launched yet
             var scanning = false
@@ -152,12 +159,12 @@ struct JobRunner: Sendable {
                     let index = cursors.count
                     cursors.append(batch.cursor)
                     scanDone = batch.cursor == "0"
-                    if batch.ids.isEmpty {
+                    if batch.items.isEmpty {
                         loaded[index] = []
                     } else {
-                        let ids = batch.ids
+                        let items = batch.items
                         group.addTask {
-                            do { return .loaded(index, try await retrying("load targets") { try await load(ids) }) } catch {
+                            do { return .loaded(index, try await retrying("load targets") { try await load(items) }) } catch {
                                 return .cancelled
                             }
                         }
@@ -207,16 +214,16 @@ struct JobRunner: Sendable {
     /// Batches read from Redis ahead of the one sending next (each up to `batchSize` targets in memory).
     static let readAhead = 2
 
-    private static func read(from cursor: String,
-                             scan: @Sendable (String) async throws -> (cursor: String, ids: [String]),
-                             load: @Sendable ([String]) async throws -> [Push]) async throws -> (cursor: String, pushes: [Push]) {
+    private static func read<Item: Sendable>(from cursor: String,
+                             scan: @Sendable (String) async throws -> (cursor: String, items: [Item]),
+                             load: @Sendable ([Item]) async throws -> [Push]) async throws -> (cursor: String, pushes: [Push]) {
         let batch = try await scan(cursor)
-        return (batch.cursor, batch.ids.isEmpty ? [] : try await load(batch.ids))
+        return (batch.cursor, batch.items.isEmpty ? [] : try await load(batch.items))
     }
 
     /// What a fan-out's child tasks report.
-    private enum FanOutEvent: Sendable {
-        case scanned((cursor: String, ids: [String]))
+    private enum FanOutEvent<Item: Sendable>: Sendable {
+        case scanned((cursor: String, items: [Item]))
         case loaded(Int, [Push])
         case sent(Int, Bool)
         /// Progress up to this batch number was saved (or the attempt failed and was logged).

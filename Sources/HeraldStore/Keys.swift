@@ -6,7 +6,7 @@ import HeraldCrypto
 /// | key | type | what |
 /// | --- | --- | --- |
 /// | `herald:{app}:sub:<id>` | hash | one subscription |
-/// | `herald:{app}:ch:<channel>` | set | ids of the channel's subscriptions |
+/// | `herald:{app}:ch:<channel>` | hash | subscription id → what a push needs of it (`ChannelTarget.encoded`) |
 /// | `herald:{app}:dev:<token>` | set | ids of the token's subscriptions |
 /// | `herald:{app}:act:<id>` | hash, TTL | one Live Activity registration |
 /// | `herald:{app}:post:<hash>` | zset, TTL | registration ids of a post, scored by expiry (ms) |

@@ -5,7 +5,8 @@ import HeraldRedis
 enum Scripts {
     /// KEYS: subscription, channel index, device index, [previous token's index], [rate-limit counter].
     /// ARGV: prefix, id, channel, token, tokenType, environment, activityID, metadata, now (RFC 3339), now (ms),
-    /// previousToken ("" for none), rate-limit counter ("" to count nothing), limit, counter TTL (s).
+    /// previousToken ("" for none), rate-limit counter ("" to count nothing), limit, counter TTL (s), channel target
+    /// (`ChannelTarget.encoded`: the channel index's value for this subscription).
     /// Returns {created (0/1), createdAt, count}; {-1, "", count} when the count is over the limit, having
     /// changed nothing else.
     ///
@@ -29,7 +30,7 @@ enum Scripts {
             if f[1] == ttype then
               redis.call('DEL', sk)
               redis.call('SREM', prevDev, sid)
-              redis.call('SREM', p .. 'ch:' .. f[2], sid)
+              redis.call('HDEL', p .. 'ch:' .. f[2], sid)
             elseif not f[1] then
               redis.call('SREM', prevDev, sid)
             end
@@ -42,7 +43,8 @@ enum Scripts {
         redis.call('HSET', key, 'createdAt', createdAt, 'id', id, 'channel', channel, 'deviceToken', token,
                    'tokenType', ttype, 'environment', ARGV[6], 'activityID', ARGV[7], 'metadata', ARGV[8],
                    'updatedAt', ARGV[9], 'updatedMs', ARGV[10])
-        redis.call('SADD', KEYS[2], id)
+        -- Always rewritten: an update may change the environment or activityID a push needs.
+        redis.call('HSET', KEYS[2], id, ARGV[15])
         redis.call('SADD', KEYS[3], id)
         return {created, createdAt, count}
         """)
@@ -61,7 +63,7 @@ enum Scripts {
           if f[1] and f[3] == token and not (keepAfter and tonumber(f[2]) > keepAfter) then
             redis.call('DEL', sk)
             redis.call('SREM', dev, sid)
-            redis.call('SREM', p .. 'ch:' .. f[1], sid)
+            redis.call('HDEL', p .. 'ch:' .. f[1], sid)
             removed = removed + 1
           elseif not f[1] then
             redis.call('SREM', dev, sid)

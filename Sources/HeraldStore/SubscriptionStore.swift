@@ -5,7 +5,8 @@ import HeraldRuntime
 
 /// Device subscriptions in Redis: upsert with rotation, list and removal for ingest; batched channel reads and
 /// token removal for the dispatcher. Each change is one Lua script, so a subscription and its indexes never
-/// disagree.
+/// disagree: the channel index holds each subscription's push target (`ChannelTarget.encoded`) beside its id, and
+/// every script that writes or removes a subscription writes or removes that entry too.
 public struct SubscriptionStore: Sendable {
     let redis: RedisClient
 
@@ -53,7 +54,9 @@ public struct SubscriptionStore: Sendable {
             args: [keys.prefix, id, input.channel, input.deviceToken, input.tokenType.rawValue,
                    input.environment.rawValue, input.activityID ?? "", metadata, stamp,
                    String(Int64(now.timeIntervalSince1970 * 1000)), previous, window?.redisKey ?? "",
-                   String(window?.limit ?? 0), String(window?.ttlSeconds ?? 0)])
+                   String(window?.limit ?? 0), String(window?.ttlSeconds ?? 0),
+                   ChannelTarget(deviceToken: input.deviceToken, tokenType: input.tokenType,
+                                 environment: input.environment, activityID: input.activityID).encoded])
         guard let parts = reply.array, parts.count == 3, let created = parts[0].int, let createdAt = parts[1].string,
               let count = parts[2].int else {
             throw StoreError.unexpectedReply("upsert")
@@ -94,37 +97,31 @@ public struct SubscriptionStore: Sendable {
         return Int(reply.int ?? 0)
     }
 
-    /// One batch of a channel's subscribers, as much of each as a push needs: SSCAN from `cursor` ("0" to start);
-    /// the next cursor is "0" when the channel is done. Memory stays bounded by `count` whatever the channel's
-    /// size. Each subscription is read with HMGET of the four fields a push uses, not HGETALL: a fan-out reads one
-    /// per subscriber, and the whole hash (nine fields, metadata JSON) was most of the dispatcher's Redis work.
-    /// A subscription removed between the SSCAN and the HMGET is skipped.
+    /// One batch of a channel's subscribers, as much of each as a push needs: `HSCAN` of the channel index from
+    /// `cursor` ("0" to start), whose values are the targets themselves (see `ChannelTarget`), so a batch is one
+    /// command whatever its size, with no read per subscriber. The next cursor is "0" when the channel is done;
+    /// memory stays bounded by `count` whatever the channel's size (a small index, which Redis keeps as a
+    /// listpack, comes whole in one reply).
     public func channelBatch(app: String, channel: String, cursor: String, count: Int = 500) async throws
         -> (cursor: String, targets: [ChannelTarget]) {
-        let batch = try await channelIDs(app: app, channel: channel, cursor: cursor, count: count)
-        return (batch.cursor, try await channelTargets(app: app, ids: batch.ids))
-    }
-
-    /// The first half of `channelBatch`: the ids of the next subscriptions (SSCAN from `cursor`) and the next
-    /// cursor. A fan-out scans on while the targets of the ids it already has are loaded.
-    public func channelIDs(app: String, channel: String, cursor: String, count: Int = 500) async throws
-        -> (cursor: String, ids: [String]) {
-        let reply = try await redis.command(["SSCAN", RedisKeys(app: app).channel(channel), cursor, "COUNT", String(count)])
-        guard let parts = reply.array, parts.count == 2, let next = parts[0].string, let ids = parts[1].strings else {
-            throw StoreError.unexpectedReply("SSCAN")
+        let reply = try await redis.command(["HSCAN", RedisKeys(app: app).channel(channel), cursor, "COUNT", String(count)])
+        // Read straight from the reply's bytes: the ids are not needed, and a String per field would be most of
+        // a fan-out's cost here.
+        guard case .array(let parts) = reply, parts.count == 2, let next = parts[0].string,
+              case .array(let fields) = parts[1], fields.count % 2 == 0 else {
+            throw StoreError.unexpectedReply("HSCAN")
         }
-        return (next, ids)
-    }
-
-    /// The second half of `channelBatch`: what a push needs of each of these subscriptions, in one pipelined
-    /// HMGET round; ids whose subscription is gone are skipped.
-    public func channelTargets(app: String, ids: [String]) async throws -> [ChannelTarget] {
-        guard !ids.isEmpty else { return [] }
-        let keys = RedisKeys(app: app)
-        let replies = try await redis.pipeline(ids.map {
-            ["HMGET", keys.subscription($0), "deviceToken", "tokenType", "environment", "activityID"]
-        })
-        return replies.compactMap(ChannelTarget.init(hmget:))
+        var targets: [ChannelTarget] = []
+        targets.reserveCapacity(fields.count / 2)
+        var index = 1
+        while index < fields.count {
+            guard case .bulk(let bytes) = fields[index], let target = ChannelTarget(encoded: bytes) else {
+                throw StoreError.unexpectedReply("HSCAN")
+            }
+            targets.append(target)
+            index += 2
+        }
+        return (next, targets)
     }
 
     private func load(keys: RedisKeys, ids: [String]) async throws -> [Subscription] {
@@ -159,15 +156,53 @@ public struct ChannelTarget: Sendable, Equatable {
             (deviceToken, tokenType, environment, activityID)
     }
 
-    /// From `HMGET <subscription> deviceToken tokenType environment activityID`; nil when the subscription is gone
-    /// (all nil) or a field is not what the upsert script writes.
-    init?(hmget reply: RedisValue) {
-        guard let fields = reply.array, fields.count == 4, let token = fields[0].string,
-              let tokenType = fields[1].string.flatMap(TokenType.init(rawValue:)),
-              let environment = fields[2].string.flatMap(APNsEnvironment.init(rawValue:)) else { return nil }
-        let activityID = fields[3].string
-        self.init(deviceToken: token, tokenType: tokenType, environment: environment,
-                  activityID: activityID?.isEmpty == false ? activityID : nil)
+    /// The channel index's value for this subscription: one letter for the token type (`a` alert, `s`
+    /// liveactivity-start, `u` liveactivity-update), one for the environment (`p` production, `s` sandbox), the
+    /// token (hex), then `:` and the activityID when there is one. The token is hex, so the first `:` ends it and
+    /// the activityID (any text) is the rest, whatever it holds.
+    var encoded: String {
+        var text = ""
+        text.reserveCapacity(3 + deviceToken.utf8.count + (activityID?.utf8.count ?? 0))
+        text.unicodeScalars.append(Unicode.Scalar(Self.code(of: tokenType)))
+        text.unicodeScalars.append(Unicode.Scalar(environment == .production ? UInt8(ascii: "p") : UInt8(ascii: "s")))
+        text += deviceToken
+        if let activityID {
+            text += ":"
+            text += activityID
+        }
+        return text
+    }
+
+    /// From `encoded`'s bytes; nil when they are not in that form.
+    init?(encoded bytes: [UInt8]) {
+        guard bytes.count > 2 else { return nil }
+        let tokenType: TokenType
+        switch bytes[0] {
+        case UInt8(ascii: "a"): tokenType = .alert
+        case UInt8(ascii: "s"): tokenType = .liveActivityStart
+        case UInt8(ascii: "u"): tokenType = .liveActivityUpdate
+        default: return nil
+        }
+        let environment: APNsEnvironment
+        switch bytes[1] {
+        case UInt8(ascii: "p"): environment = .production
+        case UInt8(ascii: "s"): environment = .sandbox
+        default: return nil
+        }
+        let separator = bytes[2...].firstIndex(of: UInt8(ascii: ":")) ?? bytes.endIndex
+        guard separator > 2 else { return nil }
+        let activityID = separator + 1 < bytes.endIndex
+            ? String(decoding: bytes[(separator + 1)...], as: UTF8.self) : nil
+        self.init(deviceToken: String(decoding: bytes[2..<separator], as: UTF8.self), tokenType: tokenType,
+                  environment: environment, activityID: activityID)
+    }
+
+    private static func code(of tokenType: TokenType) -> UInt8 {
+        switch tokenType {
+        case .alert: UInt8(ascii: "a")
+        case .liveActivityStart: UInt8(ascii: "s")
+        case .liveActivityUpdate: UInt8(ascii: "u")
+        }
     }
 }
 

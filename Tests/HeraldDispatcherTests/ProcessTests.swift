@@ -115,7 +115,7 @@ struct ProcessTests {
         let accepted = simulator.accepted().compactMap { $0["token"]?.stringValue }
         #expect(Set(accepted) == Set(tokens))
         let duplicates = accepted.count - count
-        // README: duplicates ≤ (maxBatchesInFlightPerJob + 1) × batch size = 4 × 200 here (SSCAN may overshoot
+        // README: duplicates ≤ (maxBatchesInFlightPerJob + 1) × batch size = 4 × 200 here (HSCAN may overshoot
         // its COUNT by a few entries per call).
         #expect(duplicates <= 4 * 200 + 40, "\(duplicates) duplicates")
         print("kill -9 fan-out: \(beforeRestart) delivered before the kill, \(duplicates) duplicates after the restart")

@@ -31,6 +31,8 @@ import Testing
         #expect(created.headers["ratelimit-limit"] == "240")
         #expect(created.headers["ratelimit-remaining"] == "239")
         #expect(created.headers["x-request-id"]?.isEmpty == false)
+        let keys = StoredKeys(app: app.id)
+        #expect(try await targets(ingest.redis, keys.channel("order:42:status")) == [id: "as" + token])
 
         // The same (token, tokenType, channel), in another letter case and with new fields: an update.
         let updated = try await ingest.request("POST", path, key: app.publicKey, json: body([
@@ -43,9 +45,9 @@ import Testing
         #expect(second["environment"] as? String == "production", "the default when not given")
         #expect((second["metadata"] as? [String: Any])?["locale"] as? String == "fr_FR")
 
-        let keys = StoredKeys(app: app.id)
         #expect(try await ingest.redis.command(["KEYS", keys.prefix + "sub:*"]).strings == [keys.subscription(id)])
-        #expect(try await members(ingest.redis, keys.channel("order:42:status")) == [id])
+        // The update rewrote the channel index's target: the environment went back to production.
+        #expect(try await targets(ingest.redis, keys.channel("order:42:status")) == [id: "ap" + token])
         #expect(try await members(ingest.redis, keys.device(token)) == [id])
         let stored = try #require(try await ingest.redis.command(["HGETALL", keys.subscription(id)]).fieldValues)
         #expect(stored["deviceToken"] == token)
@@ -96,6 +98,25 @@ import Testing
         #expect((try none.json()["subscriptions"] as? [Any])?.isEmpty == true)
     }
 
+    /// The channel index holds what a push needs: an update that changes the environment or the activityID
+    /// rewrites it, and an activityID with the separator, spaces and non-ASCII text in it is stored as given.
+    @Test func channelIndexFollowsEnvironmentAndActivityChanges() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        let token = deviceToken()
+        let keys = StoredKeys(app: app.id)
+        let id = try await subscribe(ingest, app, token, "match", type: "liveactivity-update", activityID: "match-7")
+        #expect(try await targets(ingest.redis, keys.channel("match")) == [id: "up" + token + ":match-7"])
+        let odd = "m:8 é/\\\"🙂:"
+        let response = try await ingest.request("POST", "/v1/apps/\(app.id)/subscriptions", key: app.publicKey, json: body([
+            "channel": "match", "deviceToken": token, "tokenType": "liveactivity-update", "activityID": odd,
+            "environment": "sandbox",
+        ]))
+        #expect(response.status == 200, "\(response.text)")
+        #expect(try await targets(ingest.redis, keys.channel("match")) == [id: "us" + token + ":" + odd])
+    }
+
     @Test func removesOneSubscription() async throws {
         let ingest = try await IngestHarness.start()
         defer { Task { await ingest.stop() } }
@@ -113,7 +134,7 @@ import Testing
 
         let keys = StoredKeys(app: app.id)
         #expect(try await ingest.redis.command(["EXISTS", keys.subscription(newsID)]).int == 0)
-        #expect(try await members(ingest.redis, keys.channel("news")) == [liveID])
+        #expect(try await targets(ingest.redis, keys.channel("news")) == [liveID: "sp" + token])
         #expect(try await members(ingest.redis, keys.device(token)) == [liveID, sportsID].sorted())
 
         let again = try await ingest.request("DELETE", path, key: app.publicKey,
@@ -139,7 +160,7 @@ import Testing
         let keys = StoredKeys(app: app.id)
         #expect(try await ingest.redis.command(["KEYS", keys.prefix + "sub:*"]).strings == [keys.subscription(kept)])
         #expect(try await ingest.redis.command(["EXISTS", keys.device(token), keys.channel("b"), keys.channel("c")]).int == 0)
-        #expect(try await members(ingest.redis, keys.channel("a")) == [kept])
+        #expect(try await targets(ingest.redis, keys.channel("a")) == [kept: "ap" + other])
 
         let again = try await ingest.request("DELETE", path, key: app.publicKey, json: body(["deviceToken": token]))
         #expect(try again.json()["removed"] as? Int == 0)
@@ -164,7 +185,7 @@ import Testing
         #expect(try await list(ingest, app, old).map(\.id) == [start])
         #expect(try await list(ingest, app, new).map(\.id) == [newID])
         let keys = StoredKeys(app: app.id)
-        #expect(try await members(ingest.redis, keys.channel("news")) == [newID, start].sorted())
+        #expect(try await targets(ingest.redis, keys.channel("news")) == [newID: "ap" + new, start: "sp" + old])
         #expect(try await ingest.redis.command(["EXISTS", keys.channel("sports")]).int == 0)
         #expect(try await members(ingest.redis, keys.device(old)) == [start])
         #expect(try await list(ingest, otherApp, old).map(\.id) == [elsewhere], "another app's subscriptions stay")
@@ -493,6 +514,11 @@ private struct StoredKeys {
     func subscription(_ id: String) -> String { prefix + "sub:" + id }
     func channel(_ name: String) -> String { prefix + "ch:" + name }
     func device(_ token: String) -> String { prefix + "dev:" + token }
+}
+
+/// A channel index: subscription id → stored push target.
+private func targets(_ redis: RedisClient, _ key: String) async throws -> [String: String] {
+    try #require(try await redis.command(["HGETALL", key]).fieldValues)
 }
 
 /// A set's members, sorted.

@@ -110,37 +110,66 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
                                                          keepUpdatedAfter: Date(timeIntervalSince1970: 2_000))
         #expect(removed == 1)
         #expect(try await store.list(app: redis.app, deviceToken: device).map(\.channel) == ["new"])
+        let keys = RedisKeys(app: redis.app)
+        #expect(try await redis.client.command(["EXISTS", keys.channel("old")]).int == 0)
+        #expect(try await redis.client.command(["HLEN", keys.channel("new")]).int == 1)
     }
 
-    @Test func channelBatchesStreamEverySubscriberOnce() async throws {
+    /// A channel larger than one HSCAN batch returns exactly its live subscriptions' targets, each once, after
+    /// creates, updates (environment, activityID), rotations and removals, whatever the activityID holds.
+    @Test func channelBatchesReturnExactlyTheLiveTargets() async throws {
         let redis = try TestRedis()
         let store = SubscriptionStore(redis: redis.client)
-        var tokens = Set<String>()
-        for _ in 0..<1_200 {
-            let device = token()
-            tokens.insert(device)
-            _ = try await store.upsert(app: redis.app, try subscription("big", device))
+        let odd = "a:b c é/\\\"🙂:"
+        var expected: [String: ChannelTarget] = [:] // by token
+        func add(_ device: String, _ type: String, activity: String? = nil, sandbox: Bool = false) async throws {
+            var input = try subscription("big", device, type, extra: sandbox ? #", "environment": "sandbox""# : "")
+            if let activity { input.activityID = activity }
+            _ = try await store.upsert(app: redis.app, input)
+            expected[device] = ChannelTarget(deviceToken: device, tokenType: input.tokenType,
+                                             environment: input.environment, activityID: input.activityID)
         }
-        var seen: [String] = [], cursor = "0", batches = 0
+        var devices: [String] = []
+        for index in 0..<1_200 {
+            let device = token()
+            devices.append(device)
+            switch index % 4 {
+            case 0: try await add(device, "alert")
+            case 1: try await add(device, "alert", sandbox: true)
+            case 2: try await add(device, "liveactivity-start")
+            default: try await add(device, "liveactivity-update", activity: index % 8 == 3 ? odd : "act-\(index)")
+            }
+        }
+        for device in devices[0..<50] {
+            #expect(try await store.removeInvalidToken(app: redis.app, deviceToken: device) == 1)
+            expected[device] = nil
+        }
+        for device in devices[50..<100] {
+            let one = try SubscriptionRemoval(json(#"{"deviceToken": "\#(device)", "channel": "big", "tokenType": "\#(expected[device]!.tokenType.rawValue)"}"#))
+            #expect(try await store.remove(app: redis.app, one) == 1)
+            expected[device] = nil
+        }
+        for (offset, device) in devices[100..<200].enumerated() where expected[device]?.tokenType == .liveActivityUpdate {
+            try await add(device, "liveactivity-update", activity: offset % 2 == 0 ? odd : "moved", sandbox: true)
+        }
+        for device in devices[200..<250] where expected[device]?.tokenType == .alert {
+            let rotated = token()
+            _ = try await store.upsert(app: redis.app, try subscription("big", rotated, extra: #", "previousToken": "\#(device)""#))
+            expected[rotated] = ChannelTarget(deviceToken: rotated, tokenType: .alert, environment: .production,
+                                              activityID: nil)
+            expected[device] = nil
+        }
+        #expect(expected.values.contains { $0.activityID == odd })
+        var seen: [ChannelTarget] = [], cursor = "0", batches = 0
         repeat {
-            let batch = try await store.channelBatch(app: redis.app, channel: "big", cursor: cursor, count: 200)
-            seen += batch.targets.map(\.deviceToken)
+            let batch = try await store.channelBatch(app: redis.app, channel: "big", cursor: cursor, count: 500)
+            seen += batch.targets
             cursor = batch.cursor
             batches += 1
         } while cursor != "0"
-        #expect(Set(seen) == tokens && batches > 1)
-    }
-
-    @Test func channelTargetsSkipASubscriptionRemovedAfterTheScan() async throws {
-        let redis = try TestRedis()
-        let store = SubscriptionStore(redis: redis.client)
-        let kept = token(), removed = token()
-        for device in [kept, removed] { _ = try await store.upsert(app: redis.app, try subscription("split", device)) }
-        let scanned = try await store.channelIDs(app: redis.app, channel: "split", cursor: "0")
-        #expect(scanned.cursor == "0" && scanned.ids.count == 2)
-        #expect(try await store.removeInvalidToken(app: redis.app, deviceToken: removed) == 1)
-        let targets = try await store.channelTargets(app: redis.app, ids: scanned.ids)
-        #expect(targets.map(\.deviceToken) == [kept])
+        #expect(batches > 1)
+        #expect(seen.count == expected.count)
+        #expect(Dictionary(seen.map { ($0.deviceToken, $0) }, uniquingKeysWith: { first, _ in first }) == expected)
     }
 }
 
