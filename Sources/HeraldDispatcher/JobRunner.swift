@@ -88,9 +88,10 @@ struct JobRunner: Sendable {
     /// duplicates a crash can cause keep their bound.
     /// `scan` reads a batch of items (a channel's targets, a post's registration ids) and `load` turns them into
     /// pushes.
-    private func fanOut<Item: Sendable>(_ context: JobContext,
-                        scan: @escaping @Sendable (String) async throws -> (cursor: String, items: [Item]),
-                        load: @escaping @Sendable ([Item]) async throws -> [Push]) async -> Bool {
+    private func fanOut<Item: Sendable>(
+        _ context: JobContext, scan: @escaping @Sendable (String) async throws -> (cursor: String, items: [Item]),
+        load: @escaping @Sendable ([Item]) async throws -> [Push]
+    ) async -> Bool {
         let source = context.source
         // The first batch is read while the saved progress is looked up: nearly every fan-out has none (one
         // Redis round trip saved on the latency of every small job); a resumed one discards that batch.
@@ -214,9 +215,10 @@ struct JobRunner: Sendable {
     /// Batches read from Redis ahead of the one sending next (each up to `batchSize` targets in memory).
     static let readAhead = 2
 
-    private static func read<Item: Sendable>(from cursor: String,
-                             scan: @Sendable (String) async throws -> (cursor: String, items: [Item]),
-                             load: @Sendable ([Item]) async throws -> [Push]) async throws -> (cursor: String, pushes: [Push]) {
+    private static func read<Item: Sendable>(
+        from cursor: String, scan: @Sendable (String) async throws -> (cursor: String, items: [Item]),
+        load: @Sendable ([Item]) async throws -> [Push]
+    ) async throws -> (cursor: String, pushes: [Push]) {
         let batch = try await scan(cursor)
         return (batch.cursor, batch.items.isEmpty ? [] : try await load(batch.items))
     }
