@@ -352,8 +352,20 @@ public enum Timestamp {
         guard whole >= 0, whole < 253_402_300_800 else { // 1970-01-01 ... 9999-12-31
             return foundationRFC3339(date)
         }
-        let seconds = Int64(whole)
-        let millis = min(999, Int((interval - whole) * 1000))
+        return format(seconds: Int64(whole), millis: min(999, Int((interval - whole) * 1000)))
+    }
+
+    /// `rfc3339` of a time in whole milliseconds since 1970, exact (no trip through a `Double`'s fraction): a
+    /// registration stores its last-seen time in milliseconds and readers format it from them.
+    public static func rfc3339(milliseconds: Int64) -> String {
+        guard milliseconds >= 0, milliseconds < 253_402_300_800_000 else {
+            return foundationRFC3339(Date(timeIntervalSince1970: Double(milliseconds) / 1000))
+        }
+        return format(seconds: milliseconds / 1000, millis: Int(milliseconds % 1000))
+    }
+
+    /// `YYYY-MM-DDTHH:MM:SS.sssZ` of a time in 1970–9999.
+    private static func format(seconds: Int64, millis: Int) -> String {
         let (days, secondOfDay) = (seconds / 86_400, Int(seconds % 86_400))
         let (year, month, day) = civil(fromDays: days)
         return String(unsafeUninitializedCapacity: 24) { buffer in

@@ -10,8 +10,13 @@ struct ActivitiesAPI: Sendable {
     let store: ActivityStore
     let gate: Gatekeeper
     let logger: Logger
-    let registrations = MetricsRegistry.shared.counter("herald_ingest_activity_registrations_total",
-                                                       help: "Live Activity registrations by outcome.", labels: ["outcome"])
+    /// The two series of `herald_ingest_activity_registrations_total`, looked up once: `labels(_:)` per request
+    /// builds an array and takes the family's lock.
+    let registrations: (new: Counter, renewed: Counter) = {
+        let family = MetricsRegistry.shared.counter("herald_ingest_activity_registrations_total",
+                                                    help: "Live Activity registrations by outcome.", labels: ["outcome"])
+        return (family.labels("new"), family.labels("renewed"))
+    }()
 
     func register(on router: inout Router) {
         // The rate-limit count rides in the registration script: one Redis round trip per registration.
@@ -32,7 +37,7 @@ struct ActivitiesAPI: Sendable {
             meter.record(decision)
             (registration, renewed) = (stored, wasRenewed)
         }
-        registrations.labels(renewed ? "renewed" : "new").increment()
+        (renewed ? registrations.renewed : registrations.new).increment()
         if logger.minimumLevel <= .info {
             logger.info(renewed ? "activity registration renewed" : "activity registered",
                         ["app": admission.app.id, "token": Redaction.tag(input.pushToken), "post": input.postIDHash,

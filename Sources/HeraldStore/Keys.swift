@@ -8,7 +8,7 @@ import HeraldCrypto
 /// | `herald:{app}:sub:<id>` | hash | one subscription |
 /// | `herald:{app}:ch:<channel>` | hash | subscription id → what a push needs of it (`ChannelTarget.encoded`) |
 /// | `herald:{app}:dev:<token>` | set | ids of the token's subscriptions |
-/// | `herald:{app}:act:<id>` | hash, TTL | one Live Activity registration |
+/// | `herald:{app}:act:<id>` | hash, TTL | one Live Activity registration: createdAt, user, postIdHash, pushToken, environment, bundleId, lastSeenMs |
 /// | `herald:{app}:post:<hash>` | zset, TTL | registration ids of a post, scored by expiry (ms) |
 /// | `herald:{app}:acttok:<token>` | zset, TTL | registration ids of a push token, scored by expiry (ms) |
 /// | `herald:{app}:idem:<id>` | string, 24 h | idempotency marker of a producer request |

@@ -149,6 +149,19 @@ import Testing
         }
     }
 
+    /// Whole milliseconds format exactly: no millisecond lost to a `Double`'s fraction (`x.123` is `x.12299…`).
+    @Test func millisecondTimestampsAreExact() {
+        var generator = SystemRandomNumberGenerator()
+        let edges: [Int64] = [0, 999, 1_000, 1_764_460_800_123, 1_764_460_800_999, 253_402_300_799_999]
+        for ms in edges + (0..<2000).map({ _ in Int64.random(in: 0..<253_402_300_800_000, using: &generator) }) {
+            let text = Timestamp.rfc3339(milliseconds: ms)
+            let fraction = String(format: "%03d", Int(ms % 1000))
+            #expect(text.dropFirst(20).prefix(3) == Substring(fraction), "\(ms)")
+            #expect(text.prefix(19) == Timestamp.rfc3339(Date(timeIntervalSince1970: Double(ms / 1000))).prefix(19), "\(ms)")
+        }
+        #expect(Timestamp.rfc3339(milliseconds: -1500) == Timestamp.foundationRFC3339(Date(timeIntervalSince1970: -1.5)))
+    }
+
     @Test func canonicalTimestampsAreOnesFoundationParses() {
         var generator = SystemRandomNumberGenerator()
         for _ in 0..<500 {

@@ -206,6 +206,30 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(!other.renewed && other.registration.id != first.registration.id)
     }
 
+    /// The hash stores no `id` (the key's suffix) and no `lastSeenAt` (formatted from `lastSeenMs`); readers give
+    /// back what `register` returned, and still read hashes written with both fields.
+    @Test func registrationsReadBackFromTheFieldsStored() async throws {
+        let redis = try TestRedis()
+        let store = ActivityStore(redis: redis.client, ttl: .seconds(3600))
+        let app = try Self.app(), push = token(), keys = RedisKeys(app: redis.app)
+        let stored = try await store.register(app: redis.app, user: "u", try input(app, post: "0badcafe", token: push),
+                                              now: Date(timeIntervalSince1970: 1_764_460_800.123))
+        #expect(stored.registration.createdAt == "2025-11-30T00:00:00.123Z" && stored.registration.lastSeenAt == stored.registration.createdAt)
+        let fields = try #require(try await redis.client.command(["HGETALL", keys.registration(stored.registration.id)]).fieldValues)
+        #expect(Set(fields.keys) == ["createdAt", "user", "postIdHash", "pushToken", "environment", "bundleId", "lastSeenMs"])
+        #expect(fields["lastSeenMs"] == "1764460800123")
+        #expect(try await store.registrations(app: redis.app, ids: [stored.registration.id]) == [stored.registration])
+
+        // A hash written by the earlier script (with `id` and `lastSeenAt`) reads the same way.
+        let old = "0123456789abcdef01234567"
+        _ = try await redis.client.command(["HSET", keys.registration(old), "createdAt", "2025-11-30T00:00:00.000Z",
+            "id", old, "user", "w", "postIdHash", "0badcafe", "pushToken", push, "environment", "sandbox",
+            "bundleId", "com.example.app", "lastSeenAt", "2025-11-30T00:00:01.000Z", "lastSeenMs", "1764460801000"])
+        let read = try await store.registrations(app: redis.app, ids: [old, "ffffffffffffffffffffffff"])
+        #expect(read.map(\.id) == [old] && read.map(\.user) == ["w"] && read.map(\.environment) == [.sandbox])
+        #expect(read.map(\.createdAt) == ["2025-11-30T00:00:00.000Z"] && read.map(\.lastSeenAt) == ["2025-11-30T00:00:01.000Z"])
+    }
+
     @Test func expiredRegistrationsLeaveThePostOnTheirOwn() async throws {
         let redis = try TestRedis()
         let store = ActivityStore(redis: redis.client, ttl: .seconds(3))
