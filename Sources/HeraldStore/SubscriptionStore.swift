@@ -111,14 +111,15 @@ public struct SubscriptionStore: Sendable {
               case .array(let fields) = parts[1], fields.count % 2 == 0 else {
             throw StoreError.unexpectedReply("HSCAN")
         }
+        // An entry not in `ChannelTarget.encoded`'s form (written by hand, say) is skipped rather than thrown: a
+        // throw here would have the fan-out retry the same batch forever and hold up its partition.
         var targets: [ChannelTarget] = []
         targets.reserveCapacity(fields.count / 2)
         var index = 1
         while index < fields.count {
-            guard case .bulk(let bytes) = fields[index], let target = ChannelTarget(encoded: bytes) else {
-                throw StoreError.unexpectedReply("HSCAN")
+            if case .bulk(let bytes) = fields[index], let target = ChannelTarget(encoded: bytes) {
+                targets.append(target)
             }
-            targets.append(target)
             index += 2
         }
         return (next, targets)

@@ -88,6 +88,18 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
             deviceToken: update, tokenType: .liveActivityUpdate, environment: .production, activityID: "act-1"))
     }
 
+    @Test func channelBatchSkipsEntriesNotWrittenByTheScripts() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client)
+        let kept = token()
+        _ = try await store.upsert(app: redis.app, try subscription("odd", kept))
+        let index = RedisKeys(app: redis.app).channel("odd")
+        _ = try await redis.client.command(["HSET", index, "x1", "", "x2", "zz" + token(), "x3", "ap"])
+        let (cursor, targets) = try await store.channelBatch(app: redis.app, channel: "odd", cursor: "0")
+        #expect(cursor == "0")
+        #expect(targets == [ChannelTarget(deviceToken: kept, tokenType: .alert, environment: .production, activityID: nil)])
+    }
+
     @Test func removesOneOrAllAndCounts() async throws {
         let redis = try TestRedis()
         let store = SubscriptionStore(redis: redis.client)
