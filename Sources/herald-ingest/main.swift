@@ -28,6 +28,7 @@ let usage = """
       HERALD_HTTP_MAX_CONNECTIONS   open connections; more wait in the accept queue [1024]
       HERALD_HTTP_MAX_CONNECTIONS_PER_IP  open connections per client address, 0 = unlimited [0]
       HERALD_LOG_LEVEL              debug | info | warning | error [info]
+      GLIBC_TUNABLES                when unset, set to glibc.malloc.tcache_count=64 (a larger malloc cache)
     """
 
 struct IngestSettings {
@@ -72,6 +73,7 @@ struct IngestSettings {
 
 func main() async {
     if CommandLineTool.helpRequested() { CommandLineTool.exitWithUsage(usage) }
+    MallocCache.enlargeByReexecuting()
     let settings: IngestSettings
     let apps: AppRegistry
     do {
