@@ -103,7 +103,12 @@ public final class RedisClient: Sendable {
     @discardableResult
     public func run(_ script: RedisScript, keys: [String], args: [String]) async throws -> RedisValue {
         let count = String(keys.count)
-        var encoder = RESPEncoder(capacity: 128 + 64 * (keys.count + args.count))
+        // The size give or take a few bytes (16 covers an argument's framing): a guess of 64 per argument reserved
+        // over 1 KiB for a registration, past the sizes glibc's per-thread cache serves.
+        var size = 64 + script.sha1.utf8.count
+        for argument in keys { size += argument.utf8.count + 16 }
+        for argument in args { size += argument.utf8.count + 16 }
+        var encoder = RESPEncoder(capacity: size)
         encoder.append(["EVALSHA", script.sha1, count], keys, args)
         do {
             return try checked(await single(encoder))
