@@ -103,17 +103,17 @@ public final class RedisClient: Sendable {
     @discardableResult
     public func run(_ script: RedisScript, keys: [String], args: [String]) async throws -> RedisValue {
         let count = String(keys.count)
-        // The size give or take a few bytes (16 covers an argument's framing): a guess of 64 per argument reserved
+        // The call's size up to a few bytes (16 covers an argument's framing). A guess of 64 per argument reserved
         // over 1 KiB for a registration, past the sizes glibc's per-thread cache serves.
-        var size = 64 + script.sha1.utf8.count
+        var size = 64
         for argument in keys { size += argument.utf8.count + 16 }
         for argument in args { size += argument.utf8.count + 16 }
-        var encoder = RESPEncoder(capacity: size)
+        var encoder = RESPEncoder(capacity: size + script.sha1.utf8.count)
         encoder.append(["EVALSHA", script.sha1, count], keys, args)
         do {
             return try checked(await single(encoder))
         } catch let error as RedisError where error.code == .noScript {
-            var retry = RESPEncoder(capacity: script.source.utf8.count + 64 * (keys.count + args.count))
+            var retry = RESPEncoder(capacity: size + script.source.utf8.count)
             retry.append(["EVAL", script.source, count], keys, args)
             return try checked(await single(retry))
         }
