@@ -24,7 +24,7 @@ public struct DispatcherConfiguration: Sendable {
     /// (Tansu); 10 ms keeps end-to-end latency low at the cost of a few idle fetches per second.
     public var fetchMaxWait: Duration = .milliseconds(10)
     /// `HERALD_KAFKA_FETCH_STALL_SECONDS`: a partition whose position has not moved for this long while the broker
-    /// reports more records counts as stalled; the consumer is then replaced by one with a 10× longer fetch wait
+    /// reports more records counts as stalled; the consumer is then replaced by one with a 4× longer fetch wait
     /// (Tansu answers fetches empty once looking up an offset takes longer than the fetch wait).
     public var fetchStallTimeout: Duration = .seconds(30)
     /// A member that does not poll for this long leaves the group (`max.poll.interval.ms`).

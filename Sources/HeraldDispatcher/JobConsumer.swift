@@ -10,17 +10,12 @@ import HeraldRuntime
 /// `maxInFlightJobs`. A revoked partition's jobs are cancelled (their fan-out progress stays in Redis for the
 /// next owner); their offsets are not committed.
 ///
-/// Stalled fetches (see `FetchWatchdog`): the consumer is replaced by one with a 10× longer fetch wait (up to
+/// Stalled fetches (see `FetchWatchdog`): the consumer is replaced by one with a 4× longer fetch wait (up to
 /// `maxFetchWait`), which leaves and rejoins the group; its partitions' unsettled jobs are handed back like on a
 /// rebalance.
 final class JobConsumer: Sendable {
     /// Longest fetch wait the watchdog escalates to.
     static let maxFetchWait: Duration = .seconds(2)
-    /// How much longer each replacement's fetch wait is. Between the waits at which Tansu's fetches all come back
-    /// empty and those at which they all return records lies a band where a few do: the consumer creeps on at
-    /// tens of records a second, its positions keep moving, and the watchdog sees no stall. A 4× step landed in
-    /// that band on a busy box (1 ms stalled, 4 ms crept); 10× leaves room for a box twice as slow.
-    static let fetchWaitStep = 10
 
     /// Replaced only by the fetch loop (`restartConsumer`); the committer and the drain read it.
     private let current: Lock<KafkaConsumer>
@@ -105,10 +100,9 @@ final class JobConsumer: Sendable {
         if let failure { throw failure }
     }
 
-    /// Replaces the consumer with one whose fetch wait is `fetchWaitStep` times longer (a fetch wait cannot change
-    /// on a live one).
+    /// Replaces the consumer with one whose fetch wait is 4× longer (a fetch wait cannot change on a live one).
     private func restartConsumer(stalled: [KafkaPartitionProgress], fetchWait: Duration) async throws -> Duration {
-        let longer = min(fetchWait * Self.fetchWaitStep, Self.maxFetchWait)
+        let longer = min(fetchWait * 4, Self.maxFetchWait)
         metrics.fetchStalls.increment()
         logger.warning("no records fetched although the broker has more; restarting the consumer with a longer fetch wait", [
             "kafka.partitions": stalled.isEmpty ? "none received since the last replacement"

@@ -32,7 +32,7 @@ let usage = """
       HERALD_KAFKA_SESSION_TIMEOUT_SECONDS  consumer-group session timeout [45]
       HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS  [300]
       HERALD_KAFKA_FETCH_MAX_WAIT_MS  how long the broker may hold an empty fetch (latency vs idle fetches) [10]
-      HERALD_KAFKA_FETCH_STALL_SECONDS  no records for this long with more on the broker: restart the consumer with a 10x fetch wait [30]
+      HERALD_KAFKA_FETCH_STALL_SECONDS  no records for this long with more on the broker: restart the consumer with a 4x fetch wait [30]
       HERALD_DRAIN_TIMEOUT_SECONDS    on SIGTERM, time in-flight jobs get to finish [15]
       HERALD_LOG_LEVEL                debug | info | warning | error [info]
     """

@@ -14,8 +14,7 @@ struct FetchStallTests {
     /// at the default 10 ms, after ~12,000–18,000 records per partition).
     ///
     /// The test has a broker of its own: the shared one holds every record of the run so far, which slows each
-    /// lookup so much that even a 4 ms fetch wait crawled (one CI run: 765 of 3,500 records in 150 s). On its own
-    /// broker a 4 ms wait still crept once on a busy CI box (the first step was 4× then; it is 10× now).
+    /// lookup so much that even a 4 ms fetch wait crawled (one CI run: 765 of 3,500 records in 150 s).
     @Test("a consumer whose fetches come back empty with records left is replaced with a longer fetch wait and consumes everything")
     func stalledFetchesRecover() async throws {
         let broker = try await TansuBroker.started(directory: try scratchDirectory("herald-fetch-stall-"))
@@ -43,7 +42,7 @@ struct FetchStallTests {
             }
             try await group.waitForAll()
         }
-        // Liveness, not speed: each escalation of the fetch wait (1 → 10 → 100 … ms) costs the stall timeout plus a
+        // Liveness, not speed: each escalation of the fetch wait (1 → 4 → 16 … ms) costs the stall timeout plus a
         // rejoin (on an idle box the whole test takes ~11 s).
         try await eventually("every job was consumed", timeout: .seconds(90)) {
             harness.metric("herald_dispatcher_jobs_completed_total") == Double(total)
