@@ -115,9 +115,16 @@ final class DispatcherHarness: Sendable {
         let service = try DispatcherService(configuration: configuration, apps: AppRegistry(apps.directory),
                                             redis: redis, producer: producer, apns: apns, logger: testLogger,
                                             metrics: metrics)
+        let task = Task {
+            // Logged here, or a consumer that gave up would show only as a test's timeout.
+            do { try await service.run() } catch {
+                testLogger.error("the dispatcher stopped with an error", ["error": "\(error)"])
+                throw error
+            }
+        }
         let harness = DispatcherHarness(apps: apps, simulators: simulators, topics: topics, redis: redis,
                                         producer: producer, apns: apns, metrics: metrics, port: service.address.port,
-                                        task: Task { try await service.run() })
+                                        task: task)
         try await harness.waitForAssignment()
         return harness
     }
