@@ -5,6 +5,9 @@ HERALD_DEPS=${HERALD_DEPS:-$HOME/.cache/herald}
 RDKAFKA_PREFIX=$HERALD_DEPS/librdkafka-forky
 export HERALD_DEPS PATH="$HERALD_DEPS/venv/bin:$PATH"
 export PKG_CONFIG_PATH="$RDKAFKA_PREFIX/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+# Every dispatcher the scripts start talks to Tansu, whose fetches can stall: turn the dispatcher's recovery on
+# (README, HERALD_KAFKA_FETCH_STALL_SECONDS).
+export HERALD_KAFKA_FETCH_STALL_SECONDS=${HERALD_KAFKA_FETCH_STALL_SECONDS:-30}
 
 # Unpacks Debian forky's librdkafka source (2.14 when written; ≥ 2.10 needed: 2.4–2.9 crash in the metadata cache
 # when a topic is recreated with a new id, librdkafka#4964, as a restarted Tansu does) into $1/build, configured to install into $2; further

@@ -23,10 +23,11 @@ public struct DispatcherConfiguration: Sendable {
     /// default adds up to that much latency on brokers that do not answer a waiting fetch when records arrive
     /// (Tansu); 10 ms keeps end-to-end latency low at the cost of a few idle fetches per second.
     public var fetchMaxWait: Duration = .milliseconds(10)
-    /// `HERALD_KAFKA_FETCH_STALL_SECONDS`: a partition whose position has not moved for this long while the broker
-    /// reports more records counts as stalled; the consumer is then replaced by one with a 4× longer fetch wait
-    /// (Tansu answers fetches empty once looking up an offset takes longer than the fetch wait).
-    public var fetchStallTimeout: Duration = .seconds(30)
+    /// `HERALD_KAFKA_FETCH_STALL_SECONDS`: replaces a consumer whose fetches come back empty with records left on
+    /// the broker (see `FetchStallRecovery`). Off by default: only the development broker needs it.
+    public var fetchStallRecovery: FetchStallRecovery?
+    /// Tests only: makes fetches come back empty, as a stalled broker's do.
+    var injectedFetchStall: InjectedFetchStall?
     /// A member that does not poll for this long leaves the group (`max.poll.interval.ms`).
     public var maxPollInterval: Duration = .seconds(300)
     /// `HERALD_RETRY_MAX_ATTEMPTS`: attempts per push, the first included, before a retryable failure is
@@ -60,9 +61,8 @@ public struct DispatcherConfiguration: Sendable {
     var consumer: KafkaConsumerConfiguration {
         let heartbeat = min(Duration.seconds(3), sessionTimeout / 10)
         var kafka = self.kafka
-        let wait = fetchMaxWait.components
         kafka.properties["fetch.wait.max.ms"] = kafka.properties["fetch.wait.max.ms"]
-            ?? String(max(1, wait.seconds * 1000 + wait.attoseconds / 1_000_000_000_000_000))
+            ?? String(max(1, fetchMaxWait.inMilliseconds))
         // librdkafka pre-fetches up to 64 MiB / 100,000 records by default; after a pause with a backlog that
         // would dwarf the dispatcher's own memory. 2 MiB (some thousands of jobs) keeps `maxInFlightJobs` fed.
         kafka.properties["queued.max.messages.kbytes"] = kafka.properties["queued.max.messages.kbytes"] ?? "2048"
@@ -70,5 +70,17 @@ public struct DispatcherConfiguration: Sendable {
         return KafkaConsumerConfiguration(kafka: kafka, groupID: consumerGroup, sessionTimeout: sessionTimeout,
                                           heartbeatInterval: heartbeat, maxPollInterval: maxPollInterval,
                                           offsetReset: .earliest)
+    }
+}
+
+/// A stall injected by a test: the fetch loop answers every poll empty, without asking the consumer, while the
+/// consumer's fetch wait is below `fetchWaitBelow` and it has received at least `afterRecords` records. That is
+/// what Tansu does by itself, but only now and then; injected, the recovery is exercised on every run.
+struct InjectedFetchStall: Sendable {
+    var fetchWaitBelow: Duration
+    var afterRecords: Int
+
+    func applies(fetchWait: Duration, received: Int) -> Bool {
+        fetchWait < fetchWaitBelow && received >= afterRecords
     }
 }

@@ -10,13 +10,10 @@ import HeraldRuntime
 /// `maxInFlightJobs`. A revoked partition's jobs are cancelled (their fan-out progress stays in Redis for the
 /// next owner); their offsets are not committed.
 ///
-/// Stalled fetches (see `FetchWatchdog`): the consumer is replaced by one with a 4× longer fetch wait (up to
-/// `maxFetchWait`), which leaves and rejoins the group; its partitions' unsettled jobs are handed back like on a
+/// With `fetchStallRecovery` configured, a stalled consumer (see `FetchWatchdog`) is replaced by one with a longer
+/// fetch wait, which leaves and rejoins the group; its partitions' unsettled jobs are handed back like on a
 /// rebalance.
 final class JobConsumer: Sendable {
-    /// Longest fetch wait the watchdog escalates to.
-    static let maxFetchWait: Duration = .seconds(2)
-
     /// Replaced only by the fetch loop (`restartConsumer`); the committer and the drain read it.
     private let current: Lock<KafkaConsumer>
     private var consumer: KafkaConsumer { current.withLock { $0 } }
@@ -59,9 +56,7 @@ final class JobConsumer: Sendable {
             }
         }
         var failure: (any Error)?
-        var watchdog = FetchWatchdog(stallTimeout: configuration.fetchStallTimeout)
-        var fetchWait = configuration.fetchMaxWait
-        var nextCheck = ContinuousClock.now + .seconds(1)
+        var fetch = FetchState(configuration: configuration)
         while !Task.isCancelled {
             do {
                 let room = configuration.maxInFlightJobs - book.inFlight
@@ -70,21 +65,17 @@ final class JobConsumer: Sendable {
                     await slotFreed.wait(upTo: .milliseconds(200))
                 }
                 book.beginPoll()
-                let records = try await consumer.poll(maxRecords: max(1, room), timeout: .milliseconds(100))
+                let records = try await poll(maxRecords: max(1, room), fetch: fetch)
                 let revoked = book.endPoll()
-                if !records.isEmpty { watchdog.recordsArrived() }
+                fetch.received(records.count)
                 // Records of a partition revoked during this poll belong to the old assignment: whoever owns the
                 // partition now reads them again from the committed offset.
                 for record in records where !revoked.contains(KafkaTopicPartition(topic: record.topic, partition: record.partition)) {
                     dispatch(record)
                 }
-                if ContinuousClock.now >= nextCheck {
-                    nextCheck = ContinuousClock.now + .seconds(1)
-                    let stalled = watchdog.stalled(try await consumer.progress(), now: .now)
-                    if !stalled.isEmpty || watchdog.silentSinceReplacement(now: .now) {
-                        fetchWait = try await restartConsumer(stalled: stalled, fetchWait: fetchWait)
-                        watchdog.replaced(at: .now)
-                    }
+                if fetch.checkDue(now: .now) {
+                    let stalled = fetch.stalled(try await consumer.progress(), now: .now)
+                    if let stalled { try await restartConsumer(stalled: stalled, fetch: &fetch) }
                 }
             } catch {
                 if Task.isCancelled { break }
@@ -100,15 +91,25 @@ final class JobConsumer: Sendable {
         if let failure { throw failure }
     }
 
-    /// Replaces the consumer with one whose fetch wait is 4× longer (a fetch wait cannot change on a live one).
-    private func restartConsumer(stalled: [KafkaPartitionProgress], fetchWait: Duration) async throws -> Duration {
-        let longer = min(fetchWait * 4, Self.maxFetchWait)
+    /// One poll of the consumer, or, while a test's injected stall applies, an empty answer after the poll's time.
+    private func poll(maxRecords: Int, fetch: FetchState) async throws -> [KafkaRecord] {
+        let timeout = Duration.milliseconds(100)
+        if let stall = configuration.injectedFetchStall, stall.applies(fetchWait: fetch.wait, received: fetch.receivedByConsumer) {
+            try await Task.sleep(for: timeout)
+            return []
+        }
+        return try await consumer.poll(maxRecords: maxRecords, timeout: timeout)
+    }
+
+    /// Replaces the consumer with one whose fetch wait is longer (a fetch wait cannot change on a live one).
+    private func restartConsumer(stalled: [KafkaPartitionProgress], fetch: inout FetchState) async throws {
+        let longer = fetch.recovery?.replacementFetchWait(after: fetch.wait) ?? fetch.wait
         metrics.fetchStalls.increment()
         logger.warning("no records fetched although the broker has more; restarting the consumer with a longer fetch wait", [
             "kafka.partitions": stalled.isEmpty ? "none received since the last replacement"
                 : stalled.map { "\($0.partition)@\($0.position)/\($0.highWatermark)" }.joined(separator: ","),
-            "kafka.fetch_wait_ms": "\(fetchWait.components.seconds * 1000 + fetchWait.components.attoseconds / 1_000_000_000_000_000)",
-            "kafka.new_fetch_wait_ms": "\(longer.components.seconds * 1000 + longer.components.attoseconds / 1_000_000_000_000_000)",
+            "kafka.fetch_wait_ms": "\(fetch.wait.inMilliseconds)",
+            "kafka.new_fetch_wait_ms": "\(longer.inMilliseconds)",
         ])
         // Jobs under way finish first, as on shutdown: leaving the group hands back what is unsettled, and its
         // next run repeats the pushes sent since its last saved progress.
@@ -119,7 +120,7 @@ final class JobConsumer: Sendable {
         let replacement = try Self.makeConsumer(configuration: configuration, fetchWait: longer, book: book, logger: logger)
         current.withLock { $0 = replacement }
         try await replacement.subscribe(topics: [configuration.jobsTopic])
-        return longer
+        fetch.replaced(fetchWait: longer, at: .now)
     }
 
     /// Waits until no job is in flight or `deadline` passes, committing what settles meanwhile.
@@ -171,6 +172,50 @@ final class JobConsumer: Sendable {
             metrics.commits.labels("failed").increment()
             logger.warning("offset commit failed; will retry", ["error": "\(error)"])
         }
+    }
+}
+
+/// The fetch loop's own state: the fetch wait of the consumer in use, what it received, and, with stall
+/// recovery configured, the watchdog's readings (taken once a second).
+private struct FetchState {
+    let recovery: FetchStallRecovery?
+    private(set) var wait: Duration
+    private(set) var receivedByConsumer = 0
+    private var watchdog: FetchWatchdog?
+    private var nextCheck = ContinuousClock.now + .seconds(1)
+
+    init(configuration: DispatcherConfiguration) {
+        recovery = configuration.fetchStallRecovery
+        wait = configuration.fetchMaxWait
+        watchdog = recovery.map { FetchWatchdog(stallTimeout: $0.stallTimeout) }
+    }
+
+    mutating func received(_ count: Int) {
+        guard count > 0 else { return }
+        receivedByConsumer += count
+        watchdog?.recordsArrived()
+    }
+
+    /// True once a second when stall recovery is on.
+    mutating func checkDue(now: ContinuousClock.Instant) -> Bool {
+        guard watchdog != nil, now >= nextCheck else { return false }
+        nextCheck = now + .seconds(1)
+        return true
+    }
+
+    /// The stalled partitions when the consumer must be replaced (empty when a replacement received nothing
+    /// yet), nil when it need not.
+    mutating func stalled(_ progress: [KafkaPartitionProgress], now: ContinuousClock.Instant) -> [KafkaPartitionProgress]? {
+        guard var watchdog else { return nil }
+        defer { self.watchdog = watchdog }
+        let stalled = watchdog.stalled(progress, now: now)
+        return !stalled.isEmpty || watchdog.silentSinceReplacement(now: now) ? stalled : nil
+    }
+
+    mutating func replaced(fetchWait: Duration, at now: ContinuousClock.Instant) {
+        wait = fetchWait
+        receivedByConsumer = 0
+        watchdog?.replaced(at: now)
     }
 }
 

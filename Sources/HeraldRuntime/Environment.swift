@@ -41,7 +41,12 @@ public struct EnvironmentReader: Sendable {
 
     /// A duration given in seconds (fractions allowed), e.g. `HERALD_…_TIMEOUT_SECONDS=2.5`.
     public func seconds(_ name: String, default fallback: Duration) throws -> Duration {
-        guard let raw = optionalString(name) else { return fallback }
+        try optionalSeconds(name) ?? fallback
+    }
+
+    /// A duration given in seconds, or nil when the variable is not set.
+    public func optionalSeconds(_ name: String) throws -> Duration? {
+        guard let raw = optionalString(name) else { return nil }
         guard let value = Double(raw), value >= 0, value.isFinite else {
             throw ConfigurationError(name, "expected a number of seconds, got \"\(raw)\"")
         }

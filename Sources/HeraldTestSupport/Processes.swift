@@ -232,6 +232,7 @@ public final class DispatcherProcess: Sendable {
             "HERALD_APNS_CA_FILE": simulator.caFile,
             "HERALD_KAFKA_SESSION_TIMEOUT_SECONDS": "6",
             "HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS": "10",
+            "HERALD_KAFKA_FETCH_STALL_SECONDS": "30",
             "HERALD_RETRY_INITIAL_DELAY_SECONDS": "0.05",
             "HERALD_LOG_LEVEL": "info",
         ].merging(extra) { _, new in new }

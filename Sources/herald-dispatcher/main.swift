@@ -32,7 +32,8 @@ let usage = """
       HERALD_KAFKA_SESSION_TIMEOUT_SECONDS  consumer-group session timeout [45]
       HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS  [300]
       HERALD_KAFKA_FETCH_MAX_WAIT_MS  how long the broker may hold an empty fetch (latency vs idle fetches) [10]
-      HERALD_KAFKA_FETCH_STALL_SECONDS  no records for this long with more on the broker: restart the consumer with a 4x fetch wait [30]
+      HERALD_KAFKA_FETCH_STALL_SECONDS  for the development broker (Tansu): no records for this long with more on
+                                      the broker restarts the consumer with a 4x fetch wait [unset: off]
       HERALD_DRAIN_TIMEOUT_SECONDS    on SIGTERM, time in-flight jobs get to finish [15]
       HERALD_LOG_LEVEL                debug | info | warning | error [info]
     """
@@ -58,7 +59,9 @@ struct DispatcherSettings {
         configuration.sessionTimeout = try env.seconds("HERALD_KAFKA_SESSION_TIMEOUT_SECONDS", default: .seconds(45))
         configuration.maxPollInterval = try env.seconds("HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS", default: .seconds(300))
         configuration.fetchMaxWait = .milliseconds(try env.int("HERALD_KAFKA_FETCH_MAX_WAIT_MS", default: 10, range: 1...5000))
-        configuration.fetchStallTimeout = try env.seconds("HERALD_KAFKA_FETCH_STALL_SECONDS", default: .seconds(30))
+        if let stallTimeout = try env.optionalSeconds("HERALD_KAFKA_FETCH_STALL_SECONDS"), stallTimeout > .zero {
+            configuration.fetchStallRecovery = FetchStallRecovery(stallTimeout: stallTimeout)
+        }
         configuration.drainTimeout = try env.seconds("HERALD_DRAIN_TIMEOUT_SECONDS", default: .seconds(15))
         let brokers = env.string("HERALD_KAFKA_BROKERS", default: "127.0.0.1:9092")
         configuration.kafka = KafkaConfiguration(brokerList: brokers, clientID: "herald-dispatcher")

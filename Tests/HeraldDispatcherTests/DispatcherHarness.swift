@@ -205,6 +205,7 @@ extension DispatcherConfiguration {
         configuration.kafka = KafkaConfiguration(brokerList: topics.brokers, clientID: "herald-dispatcher-test")
         configuration.sessionTimeout = .seconds(6)
         configuration.maxPollInterval = .seconds(10)
+        configuration.fetchStallRecovery = FetchStallRecovery(stallTimeout: .seconds(30))
         configuration.retryInitialDelay = .milliseconds(50)
         configuration.retryMaximumDelay = .milliseconds(400)
         configuration.infrastructureRetryDelay = .milliseconds(100)

@@ -8,36 +8,31 @@ import Testing
 
 @Suite("Fetch stalls", .serialized)
 struct FetchStallTests {
-    /// Tansu answers a fetch with no records once looking the offset up takes longer than the fetch wait, and the
-    /// lookup grows with the partition's length. With a 1 ms fetch wait that happens within a few thousand records
-    /// per partition; without the watchdog the dispatcher then stops consuming for good (the 30-minute soak's stall,
-    /// at the default 10 ms, after ~12,000–18,000 records per partition).
+    /// Tansu answers fetches empty, for good, once looking an offset up outlasts the fetch wait; it does so only
+    /// under some loads, so the test injects the stall instead: once the first consumer has received 200 records,
+    /// every poll it makes comes back empty, as a stalled broker's fetches do, while records stay on the broker.
+    /// Only the replacement, with a longer fetch wait, reads on.
     ///
-    /// The test has a broker of its own: the shared one holds every record of the run so far, which slows each
-    /// lookup so much that even a 4 ms fetch wait crawled (one CI run: 765 of 3,500 records in 150 s).
+    /// The test has a broker of its own, so the shared broker's load does not change its timing.
     @Test("a consumer whose fetches come back empty with records left is replaced with a longer fetch wait and reads every partition to its end")
     func stalledFetchesRecover() async throws {
         let broker = try await TansuBroker.started(directory: try scratchDirectory("herald-fetch-stall-"))
         let harness = try await DispatcherHarness.start(brokers: broker.address) { configuration in
-            configuration.fetchMaxWait = .milliseconds(1)
-            configuration.fetchStallTimeout = .seconds(2)
+            configuration.fetchMaxWait = .milliseconds(10)
+            configuration.fetchStallRecovery = FetchStallRecovery(stallTimeout: .seconds(2))
+            configuration.injectedFetchStall = InjectedFetchStall(fetchWaitBelow: .milliseconds(40), afterRecords: 200)
         }
         let app = harness.apps.apps[0]
         let channel = "empty-\(SecureRandom.hex(4))" // no subscribers: every job settles at once
-        // Tansu's lookup grows with the number of record batches, so every record is a batch of its own: each of
-        // 24 producers sends one record at a time (the ingest's pattern at low rates), each to its own channel.
-        let producers = 24, perProducer = 250, total = producers * perProducer
+        let producers = 8, perProducer = 250, total = producers * perProducer
         try await withThrowingTaskGroup(of: Void.self) { group in
             for sender in 0..<producers {
                 group.addTask {
-                    let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
-                        kafka: KafkaConfiguration(brokerList: harness.topics.brokers)), logger: testLogger)
                     for index in 0..<perProducer {
                         var job = PushJob(id: "stall-\(sender)-\(index)", appId: app.id, target: .channel("\(channel)-\(sender)"))
                         job.alert = .object(["aps": .object(["alert": .string("\(index)")])])
-                        _ = try await producer.send(topic: harness.topics.jobs, key: job.recordKey, value: job.encoded())
+                        try await harness.produce(job)
                     }
-                    await producer.close()
                 }
             }
             try await group.waitForAll()
@@ -47,11 +42,7 @@ struct FetchStallTests {
                                        timeout: .seconds(30))
         #expect(held.count == total)
         let ends = Dictionary(grouping: held, by: \.partition).mapValues { ($0.map(\.offset).max() ?? -1) + 1 }
-        // Liveness, not speed: each escalation of the fetch wait (1 → 4 → 16 … ms) costs the stall timeout plus a
-        // rejoin (on an idle box the whole test takes ~11 s). Done is the group's committed offsets at each
-        // partition's end, not a count of completed jobs: Tansu, read at its tail while 24 producers write,
-        // now and then hands the consumer a partition's records with one left out (offsets 2013, 2015 — a fresh
-        // reader afterwards gets 2014), so the dispatcher never sees that job (RELIABILITY.md).
+        // The stall timeout, a drain and a rejoin (the group forms in session.timeout/2): ~10 s on an idle box.
         let committed = try KafkaConsumer(configuration: KafkaConsumerConfiguration(
             kafka: KafkaConfiguration(brokerList: harness.topics.brokers), groupID: harness.topics.group),
             logger: testLogger)
@@ -62,12 +53,7 @@ struct FetchStallTests {
             return positions.allSatisfy { $0.offset == ends[$0.partition] }
         }
         try await committed.close()
-        let completed = harness.metric("herald_dispatcher_jobs_completed_total") ?? 0
-        if completed < Double(total) {
-            print("fetch stall test: \(total - Int(completed)) of \(total) jobs were never handed to the dispatcher")
-        }
-        // Tansu's gaps are single records now and then; more missing would be the dispatcher's own loss.
-        #expect(Double(total) - completed <= 10)
+        #expect((harness.metric("herald_dispatcher_jobs_completed_total") ?? 0) >= Double(total))
         #expect((harness.metric("herald_dispatcher_fetch_stalls_total") ?? 0) >= 1)
         await harness.stop()
         await broker.crash()
