@@ -1,4 +1,5 @@
 import Foundation
+import HeraldAPNsCore
 import HeraldCrypto
 import HeraldRuntime
 
@@ -28,7 +29,7 @@ public final class APNsClient: Sendable {
                 metrics: MetricsRegistry = .shared, now: @escaping @Sendable () -> Date = { Date() }) throws(APNsError) {
         production = try APNsEndpoint(url: configuration.productionURL)
         sandbox = try APNsEndpoint(url: configuration.sandboxURL)
-        requestTimeout = configuration.requestTimeout.nanoseconds
+        requestTimeout = UInt64(clamping: configuration.requestTimeout.inNanoseconds)
         self.logger = logger
         self.metrics = APNsMetrics(metrics)
         providerTokens = APNsProviderTokenCache(maximumAge: configuration.providerTokenMaximumAge,

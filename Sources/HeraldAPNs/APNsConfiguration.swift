@@ -1,11 +1,6 @@
 import Foundation
 import HeraldCrypto
 
-/// Apple's two APNs environments.
-public enum APNsEnvironment: String, Sendable, Hashable, CaseIterable {
-    case production, sandbox
-}
-
 /// An APNs server address parsed from `https://host[:port]`.
 public struct APNsEndpoint: Sendable, Hashable, CustomStringConvertible {
     public let host: String
@@ -108,11 +103,4 @@ public struct APNsConfiguration: Sendable {
     public var providerTokenMinimumInterval: Duration = .seconds(20 * 60)
 
     public init() {}
-}
-
-extension Duration {
-    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
-    var nanoseconds: UInt64 {
-        UInt64(max(0, components.seconds)) * 1_000_000_000 + UInt64(max(0, components.attoseconds) / 1_000_000_000)
-    }
 }

@@ -1,20 +1,5 @@
+@_exported import HeraldAPNsCore
 import Foundation
-
-/// The `apns-push-type` header. It must match the payload (e.g. `background` for content-available only).
-public enum APNsPushType: String, Sendable, CaseIterable {
-    case alert, background, location, voip, complication, fileprovider, mdm, liveactivity, pushtotalk, widgets,
-         controls
-}
-
-/// The `apns-priority` header.
-public enum APNsPriority: Int, Sendable, CaseIterable {
-    /// 10: deliver immediately (the default; not allowed for background pushes).
-    case immediate = 10
-    /// 5: deliver when power considerations allow (required for background pushes).
-    case powerConsiderate = 5
-    /// 1: prioritise the device's power over everything else.
-    case low = 1
-}
 
 /// Why a request was refused before it reached the network.
 public enum APNsRequestProblem: Sendable, Equatable, CustomStringConvertible {

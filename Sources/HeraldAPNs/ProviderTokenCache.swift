@@ -30,8 +30,8 @@ public final class APNsProviderTokenCache: Sendable {
     ///   - metrics: counts each signed token in `herald_apns_provider_token_refreshes_total`.
     public init(maximumAge: Duration = .seconds(50 * 60), minimumInterval: Duration = .seconds(20 * 60),
                 now: @escaping @Sendable () -> Date = { Date() }, metrics: MetricsRegistry = .shared) {
-        self.maximumAge = maximumAge.seconds
-        self.minimumInterval = minimumInterval.seconds
+        self.maximumAge = maximumAge.inSeconds
+        self.minimumInterval = minimumInterval.inSeconds
         self.now = now
         signed = metrics.counter("herald_apns_provider_token_refreshes_total",
                                  help: "APNs provider tokens (JWTs) signed").labels()

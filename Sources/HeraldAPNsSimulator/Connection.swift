@@ -1,3 +1,4 @@
+// Over 400 lines: the server side of one HTTP/2 connection (TLS, nghttp2 session, validation, delayed answers) is one state machine.
 import Foundation
 import HeraldCrypto
 import HeraldRuntime
@@ -97,7 +98,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         defer { scratch.deallocate() }
         while case let remaining = deadline - .now, remaining > .zero {
             var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
-            let ready = poll(&poller, 1, Int32(min(100, max(1, remaining.milliseconds))))
+            let ready = poll(&poller, 1, Int32(min(100, max(1, Int(remaining.inMilliseconds)))))
             if ready < 0, errno != EINTR { return }
             guard ready > 0 else { continue }
             let count = read(descriptor, scratch.baseAddress, scratch.count)
@@ -122,7 +123,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                     return false
                 }
                 var poller = pollfd(fd: descriptor, events: Int16(wantsWrite ? POLLOUT : POLLIN), revents: 0)
-                _ = poll(&poller, 1, Int32(min(100, max(1, remaining.milliseconds))))
+                _ = poll(&poller, 1, Int32(min(100, max(1, Int(remaining.inMilliseconds)))))
             }
         }
     }
@@ -193,7 +194,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
             }
 
             var timeout = 100
-            if let due = delayed.first?.due { timeout = min(timeout, max(0, (due - now).milliseconds + 1)) }
+            if let due = delayed.first?.due { timeout = min(timeout, max(0, Int((due - now).inMilliseconds) + 1)) }
             var poller = pollfd(fd: descriptor, events: Int16(POLLIN) | (pendingOutput ? Int16(POLLOUT) : 0), revents: 0)
             let ready = poll(&poller, 1, Int32(timeout))
             if ready < 0, errno != EINTR { return }
@@ -434,12 +435,6 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         if state.responseOffset == state.response.count { flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue }
         streams[streamID] = state
         return count
-    }
-}
-
-extension Duration {
-    var milliseconds: Int {
-        Int(components.seconds) * 1000 + Int(components.attoseconds / 1_000_000_000_000_000)
     }
 }
 

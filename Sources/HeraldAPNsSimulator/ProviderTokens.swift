@@ -73,8 +73,8 @@ final class ProviderTokenVerifier: Sendable {
         var byID: [String: ProviderKey] = [:]
         for key in keys { byID[key.teamID + "/" + key.keyID] = key }
         self.keys = byID
-        self.maximumAge = maximumAge.seconds
-        self.allowedSkew = allowedSkew.seconds
+        self.maximumAge = maximumAge.inSeconds
+        self.allowedSkew = allowedSkew.inSeconds
     }
 
     func verify(authorization: String?, now: Double) -> Result<VerifiedToken, APNsRejection> {
@@ -121,7 +121,7 @@ struct ProviderTokenTracker {
     var minimumInterval: Double
     private var current: [String: VerifiedToken] = [:]
 
-    init(minimumInterval: Duration) { self.minimumInterval = minimumInterval.seconds }
+    init(minimumInterval: Duration) { self.minimumInterval = minimumInterval.inSeconds }
 
     /// True when this token may be used on the connection now.
     mutating func accept(_ token: VerifiedToken) -> Bool {
@@ -134,11 +134,5 @@ struct ProviderTokenTracker {
         guard token.issuedAt - previous.issuedAt >= minimumInterval else { return false }
         current[key] = token
         return true
-    }
-}
-
-extension Duration {
-    var seconds: Double {
-        Double(components.seconds) + Double(components.attoseconds) / 1e18
     }
 }

@@ -27,7 +27,8 @@ public struct APNsRejection: Error, Sendable, Equatable, CustomStringConvertible
     public var description: String { "\(status) \(reason)" }
 }
 
-/// Apple's `apns-push-type` values and the topic suffix each one requires.
+/// Apple's `apns-push-type` values and the topic suffix each one requires. An independent copy of HeraldAPNsCore's
+/// on purpose: the stand-in checks what Apple documents, not what the client believes.
 public enum APNsPushType: String, Sendable, CaseIterable {
     case alert, background, location, voip, complication, fileprovider, mdm, liveactivity, pushtotalk, widgets,
          controls

@@ -1,3 +1,4 @@
+import HeraldAPNsCore
 import HeraldRuntime
 
 /// The body of `POST …/activities/register` as sent, reduced to its four string slots before any rule is checked.

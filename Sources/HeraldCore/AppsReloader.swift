@@ -2,7 +2,7 @@ import Foundation
 import HeraldRuntime
 
 /// Reloads the apps file on every SIGHUP; a bad file is refused with a log line and the old one kept.
-public struct AppsReloader: Sendable {
+public struct AppsReloader: Service {
     let apps: AppRegistry
     let path: String
     let logger: Logger

@@ -1,4 +1,5 @@
 import Foundation
+import HeraldAPNsCore
 import HeraldRuntime
 
 /// One record on `herald.dlq` (schemas/dead-letter.schema.json, version 1): one delivery that failed for good,

@@ -1,4 +1,5 @@
 import Foundation
+import HeraldAPNsCore
 import HeraldCrypto
 import HeraldRuntime
 
@@ -58,7 +59,7 @@ public enum EventIntake {
         var job = PushJob(id: try jobIdentifier(fields, jobID), appId: appID,
                           target: .device(token, tokenType: tokenType, environment: environment))
         job.payload = try fields.requiredObject("payload")
-        job.pushType = try fields.enumeration("pushType", PushType.self)?.rawValue
+        job.pushType = try fields.enumeration("pushType", APNsPushType.self)?.rawValue
         try common(fields, into: &job)
         try job.validate()
         return job

@@ -1,3 +1,4 @@
+import HeraldAPNsCore
 import HeraldRuntime
 
 /// `PushJob.decode` reads the record with HeraldRuntime's strict parser and takes the fields from the tree by

@@ -1,3 +1,4 @@
+import HeraldAPNsCore
 import HeraldRuntime
 
 /// A device's subscription to a channel, as stored and as the API returns it.

@@ -1,8 +1,4 @@
-/// Which APNs host a token belongs to.
-public enum APNsEnvironment: String, Sendable, Codable, CaseIterable {
-    case production
-    case sandbox
-}
+@_exported import HeraldAPNsCore
 
 /// What a device token is for (the subscription API's `tokenType`).
 public enum TokenType: String, Sendable, Codable, CaseIterable {

@@ -1,5 +1,6 @@
 import Foundation
 import HeraldCore
+import HeraldCrypto
 import HeraldKafka
 import HeraldRuntime
 
@@ -103,7 +104,7 @@ struct DeadLetterWriter: Sendable {
                     "dlq.reason": letter.reason.rawValue, "job.id": letter.jobId ?? "", "app": letter.appId ?? "",
                     "apns.status": letter.failure?.status.map(String.init) ?? "",
                     "apns.reason": letter.failure?.apnsReason ?? letter.failure?.error ?? "",
-                    "token": letter.push.map { TokenLabel.of($0.token) } ?? "",
+                    "token": letter.push.map { Redaction.tag($0.token) } ?? "",
                 ])
                 return true
             } catch {

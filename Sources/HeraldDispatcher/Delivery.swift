@@ -5,11 +5,6 @@ import HeraldCrypto
 import HeraldRuntime
 import HeraldStore
 
-/// A push token as logs show it: a short hash, never the token.
-enum TokenLabel {
-    static func of(_ token: String) -> String { String(SHA256.hex(token).prefix(12)) }
-}
-
 /// Exponential backoff with jitter between attempts of one push.
 struct RetryBackoff: Sendable {
     var initial: Duration
@@ -113,7 +108,7 @@ struct Deliverer: Sendable {
         var holding = holding
         defer { if holding { limit.release() } }
         let request = context.plan.request(for: push)
-        let environment = push.environment == .production ? HeraldAPNs.APNsEnvironment.production : .sandbox
+        let environment = push.environment
         var first = first
         var attempt = previous
         while true {
@@ -219,7 +214,7 @@ struct Deliverer: Sendable {
                                                                             keepSeenAfter: keepAfter)
                 metrics.tokensRemoved.labels("subscription").increment(by: UInt64(subscriptions))
                 metrics.tokensRemoved.labels("registration").increment(by: UInt64(registrations))
-                logger.info("removed an invalid token", ["token": TokenLabel.of(push.token), "app": app,
+                logger.info("removed an invalid token", ["token": Redaction.tag(push.token), "app": app,
                                                          "removed.subscriptions": "\(subscriptions)",
                                                          "removed.registrations": "\(registrations)"])
                 return true

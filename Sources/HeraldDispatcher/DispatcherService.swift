@@ -44,14 +44,10 @@ public final class DispatcherService: Service {
         consumer = try JobConsumer(configuration: configuration, runner: runner, metrics: counters, logger: logger)
         var router = Router()
         let jobsTopic = configuration.jobsTopic
-        router.get("/healthz") { _ in try .json(["status": "ok"]) }
-        router.get("/readyz") { _ in
-            async let redisOK: Bool = (try? await redis.command(["PING"])) != nil
-            async let kafkaOK: Bool = (try? await producer.partitionCount(topic: jobsTopic)) ?? 0 > 0
-            let checks = ["redis": await redisOK ? "ok" : "unreachable", "kafka": await kafkaOK ? "ok" : "unreachable"]
-            let ready = checks.values.allSatisfy { $0 == "ok" }
-            return try .json(Readiness(status: ready ? "ready" : "unavailable", checks: checks), status: ready ? 200 : 503)
-        }
+        router.addOperations(readiness: [
+            "redis": { (try? await redis.command(["PING"])) != nil },
+            "kafka": { (try? await producer.partitionCount(topic: jobsTopic)) ?? 0 > 0 },
+        ])
         router.addMetrics(registry: metrics)
         server = try HTTPServer(configuration: HTTPServerConfiguration(address: configuration.address, threads: 1,
                                                                        shutdownGracePeriod: .seconds(1)),
@@ -75,10 +71,5 @@ public final class DispatcherService: Service {
         }
         operations.cancel()
         _ = try? await operations.value
-    }
-
-    struct Readiness: Encodable {
-        var status: String
-        var checks: [String: String]
     }
 }

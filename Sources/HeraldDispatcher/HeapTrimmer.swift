@@ -1,20 +1,18 @@
-import CHeraldShims
 import Dispatch
+internal import CHeraldShims
 
 /// Gives the allocator's free memory back to the system every `interval`, from a timer on a dispatch queue of its
 /// own (a trim walks every free chunk: a few milliseconds of CPU, kept off Swift's cooperative pool).
 ///
 /// glibc keeps what a burst freed in its per-thread arenas: after the dispatcher catches up on a backlog (a
 /// consumer restart, a rebalance, a broker outage) with `maxInFlightJobs` jobs at once, its RSS would stay at that
-/// peak for good, hiding the memory actually in use. In a soak, trimming once took the dispatcher's anonymous RSS
-/// from 25.7 to 11.9 MiB.
+/// peak for good, hiding the memory actually in use.
 final class HeapTrimmer {
     private let timer: any DispatchSourceTimer
 
     /// Starts trimming; the first trim comes after one `interval`.
     init(interval: Duration = .seconds(30)) {
-        let (seconds, attoseconds) = interval.components
-        let nanoseconds = Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000)
+        let nanoseconds = Int(interval.inNanoseconds)
         timer = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "herald.heap-trimmer"))
         timer.schedule(deadline: .now() + .nanoseconds(nanoseconds), repeating: .nanoseconds(nanoseconds))
         timer.setEventHandler { _ = herald_malloc_trim() }

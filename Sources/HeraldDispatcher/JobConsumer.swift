@@ -353,8 +353,7 @@ final class SlotSignal: Sendable {
                 s.waiters[s.next] = continuation
                 return s.next
             }
-            let nanoseconds = timeout.components.seconds * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000
-            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(nanoseconds))) { [self] in
+            DispatchQueue.global().asyncAfter(deadline: .now() + .nanoseconds(Int(timeout.inNanoseconds))) { [self] in
                 // Still waiting unless a signal resumed it first.
                 state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
             }

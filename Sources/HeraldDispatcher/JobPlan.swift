@@ -8,7 +8,7 @@ import HeraldStore
 struct Push: Sendable {
     var token: String
     var tokenType: TokenType
-    var environment: HeraldCore.APNsEnvironment
+    var environment: APNsEnvironment
     var topic: String
     var pushType: APNsPushType
     /// The exact bytes sent (shared by every push of a fan-out: arrays are copy-on-write).
@@ -47,7 +47,7 @@ struct JobPlan: Sendable {
         liveActivityTopic = app.apns.bundleId + ".push-type.liveactivity"
         alertPayload = job.alert?.encoded()
         if var live = job.liveActivity {
-            // `final` on a post job sends an `end` event (design: "final: true … sends an end event").
+            // `final` on a post job ends the Live Activity.
             if job.target.kind == .post, job.isFinal { live.event = .end }
             liveActivityPayload = APNsPayload.liveActivity(live, timestamp: timestamp).encoded()
         } else {
@@ -93,7 +93,7 @@ struct JobPlan: Sendable {
     /// A device job's one push: its payload as given (Live Activity pushes get `aps.timestamp` when missing).
     func devicePush(timestamp: Int64) -> Push? {
         guard job.target.kind == .device, let token = job.target.deviceToken, var payload = job.payload else { return nil }
-        let pushType = APNsPushType(rawValue: job.resolvedPushType.rawValue) ?? .alert
+        let pushType = job.resolvedPushType
         if pushType == .liveactivity, case .object(var root) = payload, case .object(var aps)? = root["aps"],
            aps["timestamp"] == nil {
             aps["timestamp"] = .number(Double(timestamp))

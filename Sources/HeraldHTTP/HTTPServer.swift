@@ -139,6 +139,6 @@ public final class HTTPServer: Service {
         }
         daemon.stop()
         let elapsed = ContinuousClock.now - started
-        engine.logger.info("http server stopped", ["http.drain_ms": "\(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000)"])
+        engine.logger.info("http server stopped", ["http.drain_ms": "\(elapsed.inMilliseconds)"])
     }
 }

@@ -70,7 +70,7 @@ final class RequestEngine: Sendable {
                          completed: Bool) {
         active.subtract(1, ordering: .relaxed)
         let elapsed = ContinuousClock.now - started
-        let micros = elapsed.components.seconds * 1_000_000 + elapsed.components.attoseconds / 1_000_000_000_000
+        let micros = elapsed.inMicroseconds
         if let series {
             series.requests.increment()
             series.durations.observe(Double(micros) / 1_000_000)

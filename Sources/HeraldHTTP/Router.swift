@@ -1,7 +1,7 @@
 import HeraldRuntime
 
-/// Answers one request. Runs on Swift's concurrency pool; it may await I/O. Throw `HTTPError` to answer with an
-/// error body; anything else thrown becomes 500 `internal_error`.
+/// Answers one request. Runs with the worker loop that read the request as its preferred executor; it may await
+/// I/O. Throw `HTTPError` to answer with an error body; anything else thrown becomes 500 `internal_error`.
 public typealias HTTPHandler = @Sendable (HTTPRequest) async throws -> HTTPResponse
 
 /// What a route accepts as a body.
@@ -71,6 +71,28 @@ public struct Router: Sendable {
     /// `GET path` answering the registry in Prometheus text format, for services to mount next to their API.
     public mutating func addMetrics(at path: String = "/metrics", registry: MetricsRegistry = .shared) {
         get(path) { _ in .text(registry.render(), contentType: "text/plain; version=0.0.4; charset=utf-8") }
+    }
+
+    /// `/healthz` (the process is alive) and `/readyz`: 200 `{"status": "ready", "checks": {name: "ok"}}` when
+    /// every check passes, else 503 with status "unavailable" and the failing checks "unreachable". The checks
+    /// run concurrently; each must bound its own time.
+    public mutating func addOperations(readiness checks: [String: @Sendable () async -> Bool]) {
+        get("/healthz") { _ in try .json(["status": "ok"]) }
+        get("/readyz") { _ in
+            let results = await withTaskGroup(of: (String, Bool).self) { group in
+                for (name, check) in checks { group.addTask { (name, await check()) } }
+                var results: [String: String] = [:]
+                for await (name, ok) in group { results[name] = ok ? "ok" : "unreachable" }
+                return results
+            }
+            let ready = results.values.allSatisfy { $0 == "ok" }
+            return try .json(Readiness(status: ready ? "ready" : "unavailable", checks: results), status: ready ? 200 : 503)
+        }
+    }
+
+    private struct Readiness: Encodable {
+        var status: String
+        var checks: [String: String]
     }
 
     /// Finds the route for a raw (percent-encoded) path. Parameters are decoded; a parameter that does not decode

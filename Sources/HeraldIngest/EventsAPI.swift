@@ -13,7 +13,7 @@ struct EventsAPI: Sendable {
     /// How long a request waits for the broker's acknowledgement before answering 503.
     let publishTimeout: Duration
     /// Answers the requests still waiting at `publishTimeout`.
-    let deadlines: DeliveryDeadlines
+    let deadlines: PublishDeadlines
     let gate: Gatekeeper
     let logger: Logger
     let published = MetricsRegistry.shared.counter("herald_ingest_jobs_published_total",
@@ -63,7 +63,7 @@ struct EventsAPI: Sendable {
             }
         }
         let start = ContinuousClock.now
-        switch await deliver(job, settlesClaim: clientChoseID) {
+        switch await awaitAck(job, settlesClaim: clientChoseID) {
         case .acknowledged:
             publishLatency.observe(since: start)
             published.labels(job.target.kind.rawValue).increment()
@@ -82,17 +82,17 @@ struct EventsAPI: Sendable {
     }
 
     /// Queues the job and waits for the broker's answer, at most `publishTimeout`.
-    private func deliver(_ job: PushJob, settlesClaim: Bool) async -> Delivery {
+    private func awaitAck(_ job: PushJob, settlesClaim: Bool) async -> PublishOutcome {
         await withCheckedContinuation { continuation in
-            let waiter = DeliveryWaiter(continuation)
+            let waiter = PublishWaiter(continuation)
             do throws(KafkaError) {
                 try producer.send(topic: topic, key: Array(job.recordKey.utf8), value: job.encoded()) { result in
                     // Runs on the producer's thread: anything slow goes to a task.
-                    let delivery: Delivery = switch result {
+                    let outcome: PublishOutcome = switch result {
                     case .success: .acknowledged
                     case .failure(let error): .failed(error)
                     }
-                    if !waiter.resolve(delivery), settlesClaim { Task { await settleLate(job, delivery) } }
+                    if !waiter.resolve(outcome), settlesClaim { Task { await settleLate(job, outcome) } }
                 }
             } catch {
                 waiter.resolve(.failed(error))
@@ -103,8 +103,8 @@ struct EventsAPI: Sendable {
     }
 
     /// The broker answered after the request got its 503: settle the id's claim the way the answer says.
-    private func settleLate(_ job: PushJob, _ delivery: Delivery) async {
-        if case .acknowledged = delivery {
+    private func settleLate(_ job: PushJob, _ outcome: PublishOutcome) async {
+        if case .acknowledged = outcome {
             published.labels(job.target.kind.rawValue).increment()
             await markPublished(job)
         } else {
@@ -131,25 +131,25 @@ struct EventsAPI: Sendable {
 }
 
 /// How a publish ended for the request waiting on it.
-enum Delivery: Sendable {
+enum PublishOutcome: Sendable {
     case acknowledged
     case failed(KafkaError)
     case timedOut
 }
 
 /// Resumes a publishing request exactly once: with the broker's answer or the deadline's, whichever comes first.
-final class DeliveryWaiter: Sendable {
-    private let continuation: Lock<CheckedContinuation<Delivery, Never>?>
+final class PublishWaiter: Sendable {
+    private let continuation: Lock<CheckedContinuation<PublishOutcome, Never>?>
 
-    init(_ continuation: CheckedContinuation<Delivery, Never>) {
+    init(_ continuation: CheckedContinuation<PublishOutcome, Never>) {
         self.continuation = Lock(continuation)
     }
 
     /// Resumes the request unless something else already did; true when this call resumed it.
     @discardableResult
-    func resolve(_ delivery: Delivery) -> Bool {
+    func resolve(_ outcome: PublishOutcome) -> Bool {
         guard let continuation = continuation.withLock({ $0.take() }) else { return false }
-        continuation.resume(returning: delivery)
+        continuation.resume(returning: outcome)
         return true
     }
 }
@@ -160,12 +160,12 @@ final class DeliveryWaiter: Sendable {
 /// event. Every request waits the same `publishTimeout`, so adding in arrival order keeps the queue sorted by
 /// deadline and a sweep only looks at its front. Answered requests stay queued (a few words each) until their
 /// deadline passes: at most the publish rate times the timeout.
-final class DeliveryDeadlines: Sendable {
+final class PublishDeadlines: Sendable {
     /// How late a timed-out request may be answered past its deadline.
     static let sweepInterval: Duration = .milliseconds(20)
 
     private struct Queue {
-        var entries: [(deadline: ContinuousClock.Instant, waiter: DeliveryWaiter)] = []
+        var entries: [(deadline: ContinuousClock.Instant, waiter: PublishWaiter)] = []
         /// Entries before `head` are swept; compacted once they are the larger part.
         var head = 0
     }
@@ -176,7 +176,7 @@ final class DeliveryDeadlines: Sendable {
 
     /// Answers `waiter` with `.timedOut` at `deadline` if nothing answered it before. Deadlines must not decrease
     /// from one call to the next (one timeout for every request); one that does is answered at most a sweep late.
-    func add(_ waiter: DeliveryWaiter, at deadline: ContinuousClock.Instant) {
+    func add(_ waiter: PublishWaiter, at deadline: ContinuousClock.Instant) {
         queue.withLock { $0.entries.append((deadline, waiter)) }
     }
 

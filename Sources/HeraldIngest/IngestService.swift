@@ -8,7 +8,7 @@ import HeraldStore
 /// herald-ingest: the HTTP API in front of Redis (subscriptions, registrations, rate limits) and Kafka (jobs).
 public final class IngestService: Service {
     let server: HTTPServer
-    private let deadlines = DeliveryDeadlines()
+    private let deadlines = PublishDeadlines()
 
     /// Binds the listening socket (so a taken port fails here, and port 0 is resolved before `run()`).
     public init(configuration: IngestConfiguration, apps: AppRegistry, redis: RedisClient, producer: KafkaProducer,
@@ -45,20 +45,12 @@ struct Operations: Sendable {
     let topic: String
 
     func register(on router: inout Router) {
-        router.get("/healthz") { _ in try .json(["status": "ok"]) }
-        router.get("/readyz") { _ in
-            async let redisOK: Bool = (try? await redis.command(["PING"])) != nil
+        let redis = self.redis, producer = self.producer, topic = self.topic
+        router.addOperations(readiness: [
+            "redis": { (try? await redis.command(["PING"])) != nil },
             // Bounded well inside the request deadline, so an unreachable broker still gets this body.
-            async let kafkaOK: Bool = (try? await producer.partitionCount(topic: topic, timeout: .seconds(2))) ?? 0 > 0
-            let checks = ["redis": await redisOK ? "ok" : "unreachable", "kafka": await kafkaOK ? "ok" : "unreachable"]
-            let ready = checks.values.allSatisfy { $0 == "ok" }
-            return try .json(Readiness(status: ready ? "ready" : "unavailable", checks: checks), status: ready ? 200 : 503)
-        }
+            "kafka": { (try? await producer.partitionCount(topic: topic, timeout: .seconds(2))) ?? 0 > 0 },
+        ])
         router.addMetrics()
-    }
-
-    struct Readiness: Encodable {
-        var status: String
-        var checks: [String: String]
     }
 }

@@ -161,20 +161,14 @@ public struct KafkaConsumerConfiguration: Sendable, Hashable {
 
 extension Duration {
     /// Whole milliseconds, never below `floor` (librdkafka rejects 0 for most timeouts).
-    func milliseconds(atLeast floor: Int64 = 0) -> Int64 {
-        let (seconds, attoseconds) = components
-        let (scaled, overflow) = seconds.multipliedReportingOverflow(by: 1000)
-        let total = overflow ? Int64.max : scaled.addingReportingOverflow(attoseconds / 1_000_000_000_000_000).partialValue
-        return Swift.max(floor, total)
-    }
+    func milliseconds(atLeast floor: Int64 = 0) -> Int64 { Swift.max(floor, inMilliseconds) }
 
     /// A timeout argument for librdkafka calls taking `int timeout_ms`.
     var timeoutMilliseconds: Int32 { Int32(clamping: milliseconds()) }
 
     /// Milliseconds with a fraction where needed (`linger.ms` is a float property).
     var fractionalMilliseconds: String {
-        let (seconds, attoseconds) = components
-        let micros = seconds * 1_000_000 + attoseconds / 1_000_000_000_000
+        let micros = inMicroseconds
         if micros % 1000 == 0 { return String(Swift.max(0, micros / 1000)) }
         return String(Double(Swift.max(0, micros)) / 1000)
     }

@@ -4,10 +4,8 @@ import Foundation
 ///
 /// By default the cache keeps 7 freed chunks per size class. An HTTP loop answers several requests per turn and each
 /// request allocates and frees about fifty small objects, so most frees overflowed the cache into malloc's shared
-/// bins and most allocations took the slow path (malloc and free were ~9 % of herald-ingest's CPU). With 64 per
-/// class herald-ingest spent 5–7 % less CPU per subscribe and per registration (BENCHMARKS.md, "malloc's per-thread
-/// cache"). At most 64 chunks of each size up to 1 KiB stay cached per thread: ~2 MiB a
-/// thread at worst.
+/// bins and most allocations took the slow path. 64 per class keeps a loop turn's frees cached (BENCHMARKS.md has
+/// the measurement). At most 64 chunks of each size up to 1 KiB stay cached per thread: ~2 MiB a thread at worst.
 ///
 /// glibc reads the size only from `GLIBC_TUNABLES` when a process starts, so a process started without that
 /// variable executes itself again, at once, with it set (same pid, arguments and environment otherwise). A

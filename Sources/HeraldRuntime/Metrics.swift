@@ -171,7 +171,7 @@ public final class Histogram: Sendable {
     /// The seconds elapsed since `start`, as histograms take them.
     public static func seconds(since start: ContinuousClock.Instant) -> Double {
         let elapsed = ContinuousClock.now - start
-        return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        return elapsed.inSeconds
     }
 
     var snapshot: (counts: [UInt64], sum: Double, count: UInt64) { state.withLock { $0 } }

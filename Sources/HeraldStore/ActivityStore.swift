@@ -65,7 +65,7 @@ public struct ActivityStore: Sendable {
         // The stamp is formatted from the stored milliseconds, as readers format `lastSeenMs`, so both agree.
         let nowMs = Int64((now.timeIntervalSince1970 * 1000).rounded(.down))
         let stamp = Timestamp.rfc3339(milliseconds: nowMs)
-        let ttlMs = ttl.components.seconds * 1000 + ttl.components.attoseconds / 1_000_000_000_000_000
+        let ttlMs = ttl.inMilliseconds
         var touched = [keys.registration(id), keys.post(input.postIDHash), keys.activityToken(input.pushToken)]
         if let window { touched.append(window.redisKey) }
         let reply = try await redis.run(Scripts.register, keys: touched,

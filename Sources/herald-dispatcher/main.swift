@@ -6,6 +6,7 @@ import HeraldKafka
 import HeraldRedis
 import HeraldRuntime
 
+let defaults = DispatcherConfiguration()
 let usage = """
     herald-dispatcher — consumes herald.jobs, resolves channels and posts in Redis, sends to APNs, dead-letters
     failures. Serves /healthz, /readyz and /metrics.
@@ -13,28 +14,28 @@ let usage = """
     Usage: herald-dispatcher [--help]
 
     Environment (defaults in brackets):
-      HERALD_DISPATCHER_ADDR          health and metrics address [127.0.0.1:9090]
+      HERALD_DISPATCHER_ADDR          health and metrics address [\(defaults.address)]
       HERALD_APPS_FILE                apps file [config/apps.json]; SIGHUP reloads it
       HERALD_REDIS_URL                [redis://127.0.0.1:6379/0]
       HERALD_KAFKA_BROKERS            [127.0.0.1:9092]
-      HERALD_TOPIC_JOBS               [herald.jobs]
-      HERALD_TOPIC_DLQ                [herald.dlq]
-      HERALD_CONSUMER_GROUP           [herald-dispatcher]
-      HERALD_ACTIVITY_TTL_SECONDS     Live Activity registration lifetime [3600]
+      HERALD_TOPIC_JOBS               [\(defaults.jobsTopic)]
+      HERALD_TOPIC_DLQ                [\(defaults.deadLetterTopic)]
+      HERALD_CONSUMER_GROUP           [\(defaults.consumerGroup)]
+      HERALD_ACTIVITY_TTL_SECONDS     Live Activity registration lifetime [\(defaults.activityTTL.secondsText)]
       HERALD_APNS_PRODUCTION_URL      [https://api.push.apple.com]
       HERALD_APNS_SANDBOX_URL         [https://api.sandbox.push.apple.com]
       HERALD_APNS_CA_FILE             extra trusted root (PEM), e.g. the simulator's ca.pem [none]
-      HERALD_APNS_CONNECTIONS         connections per app and environment [2]
-      HERALD_RETRY_MAX_ATTEMPTS       attempts per push, the first included [5]
-      HERALD_RETRY_INITIAL_DELAY_SECONDS  backoff before the second attempt, doubling, jittered [0.5]
-      HERALD_MAX_IN_FLIGHT_PUSHES     pushes awaiting APNs at once [1000]
-      HERALD_FANOUT_BATCH_SIZE        subscriptions read per Redis batch [500]
-      HERALD_KAFKA_SESSION_TIMEOUT_SECONDS  consumer-group session timeout [45]
-      HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS  [300]
-      HERALD_KAFKA_FETCH_MAX_WAIT_MS  how long the broker may hold an empty fetch (latency vs idle fetches) [10]
+      HERALD_APNS_CONNECTIONS         connections per app and environment [\(APNsConfiguration().connectionsPerEndpoint)]
+      HERALD_RETRY_MAX_ATTEMPTS       attempts per push, the first included [\(defaults.maxAttempts)]
+      HERALD_RETRY_INITIAL_DELAY_SECONDS  backoff before the second attempt, doubling, jittered [\(defaults.retryInitialDelay.secondsText)]
+      HERALD_MAX_IN_FLIGHT_PUSHES     pushes awaiting APNs at once [\(defaults.maxInFlightPushes)]
+      HERALD_FANOUT_BATCH_SIZE        subscriptions read per Redis batch [\(defaults.batchSize)]
+      HERALD_KAFKA_SESSION_TIMEOUT_SECONDS  consumer-group session timeout [\(defaults.sessionTimeout.secondsText)]
+      HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS  [\(defaults.maxPollInterval.secondsText)]
+      HERALD_KAFKA_FETCH_MAX_WAIT_MS  how long the broker may hold an empty fetch (latency vs idle fetches) [\(defaults.fetchMaxWait.inMilliseconds)]
       HERALD_KAFKA_FETCH_STALL_SECONDS  for the development broker (Tansu): no records for this long with more on
                                       the broker restarts the consumer with a 4x fetch wait [unset: off]
-      HERALD_DRAIN_TIMEOUT_SECONDS    on SIGTERM, time in-flight jobs get to finish [15]
+      HERALD_DRAIN_TIMEOUT_SECONDS    on SIGTERM, time in-flight jobs get to finish [\(defaults.drainTimeout.secondsText)]
       HERALD_LOG_LEVEL                debug | info | warning | error [info]
     """
 
@@ -47,22 +48,23 @@ struct DispatcherSettings {
     var logLevel: Logger.Level
 
     init(_ env: EnvironmentReader) throws {
-        configuration.address = try env.address("HERALD_DISPATCHER_ADDR", default: "127.0.0.1:9090")
-        configuration.jobsTopic = env.string("HERALD_TOPIC_JOBS", default: "herald.jobs")
-        configuration.deadLetterTopic = env.string("HERALD_TOPIC_DLQ", default: "herald.dlq")
-        configuration.consumerGroup = env.string("HERALD_CONSUMER_GROUP", default: "herald-dispatcher")
-        configuration.activityTTL = .seconds(try env.int("HERALD_ACTIVITY_TTL_SECONDS", default: 3600, range: 1...86_400 * 30))
-        configuration.maxAttempts = try env.int("HERALD_RETRY_MAX_ATTEMPTS", default: 5, range: 1...100)
-        configuration.retryInitialDelay = try env.seconds("HERALD_RETRY_INITIAL_DELAY_SECONDS", default: .milliseconds(500))
-        configuration.maxInFlightPushes = try env.int("HERALD_MAX_IN_FLIGHT_PUSHES", default: 1000, range: 1...100_000)
-        configuration.batchSize = try env.int("HERALD_FANOUT_BATCH_SIZE", default: 500, range: 1...100_000)
-        configuration.sessionTimeout = try env.seconds("HERALD_KAFKA_SESSION_TIMEOUT_SECONDS", default: .seconds(45))
-        configuration.maxPollInterval = try env.seconds("HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS", default: .seconds(300))
-        configuration.fetchMaxWait = .milliseconds(try env.int("HERALD_KAFKA_FETCH_MAX_WAIT_MS", default: 10, range: 1...5000))
+        configuration.address = try env.address("HERALD_DISPATCHER_ADDR", default: defaults.address.description)
+        configuration.jobsTopic = env.string("HERALD_TOPIC_JOBS", default: defaults.jobsTopic)
+        configuration.deadLetterTopic = env.string("HERALD_TOPIC_DLQ", default: defaults.deadLetterTopic)
+        configuration.consumerGroup = env.string("HERALD_CONSUMER_GROUP", default: defaults.consumerGroup)
+        configuration.activityTTL = .seconds(try env.int("HERALD_ACTIVITY_TTL_SECONDS", default: Int(defaults.activityTTL.components.seconds),
+                                                          range: 1...86_400 * 30))
+        configuration.maxAttempts = try env.int("HERALD_RETRY_MAX_ATTEMPTS", default: defaults.maxAttempts, range: 1...100)
+        configuration.retryInitialDelay = try env.seconds("HERALD_RETRY_INITIAL_DELAY_SECONDS", default: defaults.retryInitialDelay)
+        configuration.maxInFlightPushes = try env.int("HERALD_MAX_IN_FLIGHT_PUSHES", default: defaults.maxInFlightPushes, range: 1...100_000)
+        configuration.batchSize = try env.int("HERALD_FANOUT_BATCH_SIZE", default: defaults.batchSize, range: 1...100_000)
+        configuration.sessionTimeout = try env.seconds("HERALD_KAFKA_SESSION_TIMEOUT_SECONDS", default: defaults.sessionTimeout)
+        configuration.maxPollInterval = try env.seconds("HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS", default: defaults.maxPollInterval)
+        configuration.fetchMaxWait = .milliseconds(try env.int("HERALD_KAFKA_FETCH_MAX_WAIT_MS", default: Int(defaults.fetchMaxWait.inMilliseconds), range: 1...5000))
         if let stallTimeout = try env.optionalSeconds("HERALD_KAFKA_FETCH_STALL_SECONDS"), stallTimeout > .zero {
             configuration.fetchStallRecovery = FetchStallRecovery(stallTimeout: stallTimeout)
         }
-        configuration.drainTimeout = try env.seconds("HERALD_DRAIN_TIMEOUT_SECONDS", default: .seconds(15))
+        configuration.drainTimeout = try env.seconds("HERALD_DRAIN_TIMEOUT_SECONDS", default: defaults.drainTimeout)
         let brokers = env.string("HERALD_KAFKA_BROKERS", default: "127.0.0.1:9092")
         configuration.kafka = KafkaConfiguration(brokerList: brokers, clientID: "herald-dispatcher")
         producer = KafkaProducerConfiguration(kafka: KafkaConfiguration(brokerList: brokers, clientID: "herald-dispatcher-dlq"),
@@ -76,7 +78,7 @@ struct DispatcherSettings {
         if let file = apns.extraCAFile, !FileManager.default.isReadableFile(atPath: file) {
             throw ConfigurationError("HERALD_APNS_CA_FILE", "cannot read \(file)")
         }
-        apns.connectionsPerEndpoint = try env.int("HERALD_APNS_CONNECTIONS", default: 2, range: 1...64)
+        apns.connectionsPerEndpoint = try env.int("HERALD_APNS_CONNECTIONS", default: apns.connectionsPerEndpoint, range: 1...64)
         appsFile = env.string("HERALD_APPS_FILE", default: "config/apps.json")
         let redisURL = env.string("HERALD_REDIS_URL", default: "redis://127.0.0.1:6379/0")
         do { redis = try RedisConfiguration(url: redisURL) } catch {
@@ -107,19 +109,18 @@ func main() async {
                                         producer: producer, apns: apns, logger: logger)
     } catch { CommandLineTool.exitWithConfigurationError("herald-dispatcher", error) }
 
-    let reloads = Task { await AppsReloader(apps: apps, path: settings.appsFile, logger: logger).run() }
     logger.info("started", ["addr": service.address.description, "apps": "\(apps.directory.apps.count)",
                             "group": settings.configuration.consumerGroup, "topic": settings.configuration.jobsTopic])
     var failed = false
     do {
         // The drain (≤ HERALD_DRAIN_TIMEOUT_SECONDS + a few seconds) fits in the group's 25 s, which fits in
         // Kubernetes' 30 s terminationGracePeriodSeconds.
-        try await ServiceGroup(services: [service], gracePeriod: .seconds(25), logger: logger).run()
+        let reloader = AppsReloader(apps: apps, path: settings.appsFile, logger: logger)
+        try await ServiceGroup(services: [reloader, service], gracePeriod: .seconds(25), logger: logger).run()
     } catch {
         failed = true
         logger.error("stopped with an error", ["error": "\(error)"])
     }
-    reloads.cancel()
     await apns.shutdown(gracePeriod: .seconds(1))
     await producer.close()
     await redis.close()

@@ -44,9 +44,9 @@ struct DLQFilter: Sendable {
         }
         reasons = Set(Self.list(flags["reason"]).map { $0.lowercased() })
         for value in Self.list(flags["push-type"]) {
-            guard PushType(rawValue: value) != nil else {
+            guard APNsPushType(rawValue: value) != nil else {
                 throw ConfigurationError("--push-type", "unknown push type \"\(value)\"; one of "
-                                         + PushType.allCases.map(\.rawValue).joined(separator: ", "))
+                                         + APNsPushType.allCases.map(\.rawValue).joined(separator: ", "))
             }
             pushTypes.insert(value)
         }

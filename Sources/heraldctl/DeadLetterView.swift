@@ -88,7 +88,7 @@ struct DeadLetterView: Sendable {
         guard let target = job?.target else { return nil }
         if target.kind != .device { return job?.pushType }
         if let pushType = job?.pushType { return pushType }
-        return target.tokenType == .alert || target.tokenType == nil ? PushType.alert.rawValue : PushType.liveactivity.rawValue
+        return target.tokenType == .alert || target.tokenType == nil ? APNsPushType.alert.rawValue : APNsPushType.liveactivity.rawValue
     }
 
     /// What the failed job was addressed to, for people: `channel:news`, `post:ab12…`, `device`.

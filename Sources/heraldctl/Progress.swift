@@ -49,7 +49,7 @@ final class ProgressDisplay: Sendable {
 
     static func line(name: String, scanned: Int, expected: Int64, counters: ReplayCounters, elapsed: Duration,
                      terminal: Bool) -> String {
-        let seconds = max(Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, 0.001)
+        let seconds = max(elapsed.inSeconds, 0.001)
         let fraction = expected > 0 ? min(1, Double(scanned) / Double(expected)) : 1
         let rate = Double(counters.sent.load(ordering: .relaxed)) / seconds
         let scanRate = Double(scanned) / seconds

@@ -1,3 +1,4 @@
+// Over 400 lines: a replay's options, selection, sending and resumable bookkeeping are one flow, read top to bottom.
 import Dispatch
 import Foundation
 import HeraldCore
@@ -411,7 +412,7 @@ struct ReplaySummary {
 
     /// Prints the summary (stdout) and the reason for a failure (stderr); returns the exit status.
     func print(options: ReplayCommand.Options, connections: Connections, output: Output) -> Int32 {
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let seconds = elapsed.inSeconds
         if options.json {
             func object(_ counts: [String: Int]) -> JSONValue { .object(counts.mapValues { .number(Double($0)) }) }
             let document: JSONValue = .object([

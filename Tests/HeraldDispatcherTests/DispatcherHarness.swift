@@ -158,7 +158,7 @@ final class DispatcherHarness: Sendable {
 
     @discardableResult
     func subscribe(_ app: TestApps.Entry, channel: String, token: String, type: TokenType = .alert,
-                   environment: HeraldCore.APNsEnvironment = .production, activityID: String? = nil) async throws -> Subscription {
+                   environment: APNsEnvironment = .production, activityID: String? = nil) async throws -> Subscription {
         var body: [String: JSONValue] = ["channel": .string(channel), "deviceToken": .string(token),
                                          "tokenType": .string(type.rawValue), "environment": .string(environment.rawValue)]
         if let activityID { body["activityID"] = .string(activityID) }
@@ -166,7 +166,7 @@ final class DispatcherHarness: Sendable {
     }
 
     func register(_ app: TestApps.Entry, post: String, token: String, bundleID: String? = nil,
-                  environment: HeraldCore.APNsEnvironment = .production) async throws {
+                  environment: APNsEnvironment = .production) async throws {
         let input = try ActivityRegistrationInput(.object([
             "push_token": .string(token), "post_id_hash": .string(post), "bundle_id": .string(bundleID ?? app.bundleID),
             "apns_environment": .string(environment.rawValue),

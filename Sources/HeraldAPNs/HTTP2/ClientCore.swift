@@ -108,7 +108,7 @@ final class ClientCore: @unchecked Sendable {  // @unchecked: every method runs 
     /// sends GOAWAY on every connection, fails what is left and stops the loop.
     func beginShutdown(gracePeriod: Duration) {
         guard shutdownDeadline == nil else { return }
-        shutdownDeadline = Monotonic.now() + gracePeriod.nanoseconds
+        shutdownDeadline = Monotonic.now() + UInt64(clamping: gracePeriod.inNanoseconds)
         let error = APNsError(.shutdown, "the APNs client is shutting down")
         for pool in pools.values {
             pool.failQueue(error)

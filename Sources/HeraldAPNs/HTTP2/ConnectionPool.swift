@@ -28,7 +28,7 @@ final class ConnectionPool {
         self.core = core
         self.logger = logger.with(["apns.endpoint": key.endpoint.description, "apns.key_id": key.keyID])
         let now = Monotonic.now()
-        let stagger = core.configuration.connectionStagger.nanoseconds
+        let stagger = UInt64(clamping: core.configuration.connectionStagger.inNanoseconds)
         slots = (0..<max(1, core.configuration.connectionsPerEndpoint)).map { index in
             Slot(openAt: now + UInt64(index) * stagger)
         }
@@ -161,8 +161,8 @@ final class ConnectionPool {
     }
 
     private func backoff() -> UInt64 {
-        let initial = core.configuration.reconnectInitialDelay.nanoseconds
-        let maximum = core.configuration.reconnectMaximumDelay.nanoseconds
+        let initial = UInt64(clamping: core.configuration.reconnectInitialDelay.inNanoseconds)
+        let maximum = UInt64(clamping: core.configuration.reconnectMaximumDelay.inNanoseconds)
         let exponential = initial << UInt64(min(consecutiveFailures, 20))
         let delay = min(maximum, exponential)
         // ±20% jitter so a fleet of dispatchers does not reconnect in lockstep.

@@ -48,7 +48,7 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
     init(name: String, tickInterval: Duration) throws(APNsError) {
         epollFD = epoll_create1(Int32(EPOLL_CLOEXEC))
         wakeFD = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
-        self.tickInterval = tickInterval.nanoseconds
+        self.tickInterval = UInt64(clamping: tickInterval.inNanoseconds)
         guard epollFD >= 0, wakeFD >= 0 else {
             throw APNsError(.invalidConfiguration, "cannot create epoll/eventfd: errno \(errno)")
         }

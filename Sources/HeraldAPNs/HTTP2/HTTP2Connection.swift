@@ -1,3 +1,4 @@
+// Over 400 lines: one APNs connection's whole life (resolve, connect, TLS, HTTP/2 session, PINGs, timeouts) is one state machine.
 import HeraldCrypto
 import Foundation
 import HeraldRuntime
@@ -59,7 +60,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
         self.core = core
         self.logger = logger.with(["apns.connection": String(id)])
         let now = Monotonic.now()
-        establishDeadline = now + core.configuration.connectTimeout.nanoseconds
+        establishDeadline = now + UInt64(clamping: core.configuration.connectTimeout.inNanoseconds)
         lastReceived = now
     }
 
@@ -415,10 +416,10 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
                 timeOut(streamID, request)
             }
             if let sent = pingSentAt {
-                if now &- sent >= core.configuration.pingTimeout.nanoseconds {
+                if now &- sent >= UInt64(clamping: core.configuration.pingTimeout.inNanoseconds) {
                     close(APNsError(.connectionFailed, "\(endpoint) did not answer PING within \(core.configuration.pingTimeout)"))
                 }
-            } else if now &- lastReceived >= core.configuration.pingInterval.nanoseconds, let session {
+            } else if now &- lastReceived >= UInt64(clamping: core.configuration.pingInterval.inNanoseconds), let session {
                 nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
                 pingSentAt = now
                 core.markDirty(self)

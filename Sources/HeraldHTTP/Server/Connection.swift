@@ -1,3 +1,4 @@
+// Over 400 lines: one connection's request cycle (read, parse, body, park, respond, keep-alive) kept together so its states read as one.
 internal import CHeraldShims
 import Foundation
 import HeraldRuntime

@@ -1,3 +1,4 @@
+// Over 400 lines: the whole HTTP/1.1 request grammar Herald accepts, with its limits, in one place.
 /// Why a request cannot be served: the status and JSON error it is answered with, after which the connection
 /// closes (the byte stream can no longer be trusted to be in step).
 public struct HTTPParseFailure: Error, Sendable, Equatable {
@@ -109,8 +110,8 @@ public enum HTTPRequestParser {
 
     private static func parseBlock(_ bytes: UnsafeBufferPointer<UInt8>, from start: Int,
                                    to end: Int) -> Result<HTTPRequestHead, HTTPParseFailure> {
-        // Request line: method SP target SP version. Like libmicrohttpd, the target runs from the first space to
-        // the last, so a target with spaces is a 404 rather than a broken connection.
+        // Request line: method SP target SP version. The target runs from the first space to the last, so a target
+        // with spaces is a 404 rather than a broken connection.
         var lineEnd = start
         while bytes[lineEnd] != cr || bytes[lineEnd + 1] != lf { lineEnd += 1 }
         guard let firstSpace = (start..<lineEnd).first(where: { bytes[$0] == space }),
@@ -209,7 +210,7 @@ public enum HTTPRequestParser {
             keepAlive: !close && (minor == 1 || keepAliveToken), expectsContinue: expectsContinue))
     }
 
-    /// The query's arguments as libmicrohttpd delivered them: split at `&` and the first `=`, `+` turned into a
+    /// The query's arguments: split at `&` and the first `=`, `+` turned into a
     /// space, percent escapes left for `HTTPRequest.query(arguments:)`; a name without `=` has the value "".
     public static func arguments(ofQuery query: String) -> [(name: String, value: String)] {
         var parts = query.split(separator: "&", omittingEmptySubsequences: false)

@@ -1,3 +1,4 @@
+// Over 400 lines: a hiredis connection driven by an event loop (connect, write, read replies, reconnect) is one state machine.
 internal import CHiredis
 import Foundation
 import HeraldRuntime

@@ -147,7 +147,7 @@ final class RedisConnection {
 
     /// A `timeval` for hiredis; at least 1 ms, because a zero socket timeout means "wait forever".
     private func timeval(_ duration: Duration) -> Foundation.timeval {
-        let micros = max(1_000, duration.components.seconds * 1_000_000 + duration.components.attoseconds / 1_000_000_000_000)
+        let micros = max(1_000, duration.inMicroseconds)
         return Foundation.timeval(tv_sec: Int(micros / 1_000_000), tv_usec: Int(micros % 1_000_000))
     }
 }

@@ -1,0 +1,39 @@
+import HeraldRuntime
+
+/// Builds the APNs payloads Herald sends.
+public enum APNsPayload {
+    public static let maxBytes = 4096
+    public static let maxVoIPBytes = 5120
+
+    /// A complete payload: a JSON object with an `aps` object (custom keys beside it are kept).
+    static func checkComplete(_ payload: JSONValue, field: String) throws(ValidationError) {
+        guard case .object(let object) = payload else { throw .invalid(field, "\(field) must be a JSON object") }
+        guard case .object = object["aps"] else { throw .invalid(field, "\(field) must have an \"aps\" object") }
+    }
+
+    /// `aps` of a Live Activity update or end.
+    public static func liveActivity(_ content: PushJob.LiveActivity, timestamp: Int64) -> JSONValue {
+        var aps: [String: JSONValue] = [
+            "timestamp": .number(Double(timestamp)),
+            "event": .string(content.event.rawValue),
+            "content-state": content.contentState,
+        ]
+        if let staleDate = content.staleDate { aps["stale-date"] = .number(Double(staleDate)) }
+        if let dismissalDate = content.dismissalDate { aps["dismissal-date"] = .number(Double(dismissalDate)) }
+        if let relevanceScore = content.relevanceScore { aps["relevance-score"] = .number(relevanceScore) }
+        if let alert = content.alert { aps["alert"] = alert }
+        return .object(["aps": .object(aps)])
+    }
+
+    /// `aps` of a push-to-start.
+    public static func start(_ content: PushJob.Start, timestamp: Int64) -> JSONValue {
+        .object(["aps": .object([
+            "timestamp": .number(Double(timestamp)),
+            "event": .string("start"),
+            "content-state": content.contentState,
+            "attributes-type": .string(content.attributesType),
+            "attributes": content.attributes,
+            "alert": content.alert,
+        ])])
+    }
+}
