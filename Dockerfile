@@ -4,7 +4,6 @@
 
 FROM swift:6.3-bookworm AS build
 WORKDIR /src
-ENV HERALD_DEPS=/opt/herald
 # Dependencies first, so source changes don't rebuild librdkafka.
 COPY scripts/setup scripts/lib.sh scripts/
 RUN scripts/setup --build-only
@@ -21,8 +20,9 @@ RUN apt-get update \
       libsasl2-2 zlib1g \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin herald
-# The executables find librdkafka through the rpath they were linked with.
-COPY --from=build /opt/herald/librdkafka-forky/lib/librdkafka.so.1 /opt/herald/librdkafka-forky/lib/
+# librdkafka as scripts/setup built it, where the dynamic linker looks.
+COPY --from=build /usr/local/lib/librdkafka.so.1 /usr/local/lib/
+RUN ldconfig
 COPY --from=build /out/ /usr/local/bin/
 USER 10001:10001
 ENV HERALD_APPS_FILE=/etc/herald/apps.json

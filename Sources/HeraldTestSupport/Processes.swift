@@ -82,7 +82,7 @@ public func scratchDirectory(_ prefix: String = "herald-proc-") throws -> String
 /// A child process with its stdout and stderr in a file; killed at `stop()` if still running.
 ///
 /// With `HERALD_TEST_LOG_DIR` set, the log is written in that folder (under a unique name, kept after the test) and
-/// `logPath` is a symbolic link to it, so that `scripts/scan-logs` can check every child's log of a whole run.
+/// `logPath` is a symbolic link to it, so that `scripts/ci/scan-logs` can check every child's log of a whole run.
 public final class ChildProcess: @unchecked Sendable { // `process` is only touched by the test that owns it
     public let name: String
     public let process = Process()

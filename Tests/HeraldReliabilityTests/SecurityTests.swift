@@ -274,7 +274,7 @@ import Testing
 
     /// herald-dispatcher without the simulator's CA (and with every plausible "insecure" variable set) refuses the
     /// simulator's certificate: every connection fails verification, the simulator accepts nothing. Then the same with
-    /// `HERALD_APNS_CA_FILE`: delivered. Every process log of the run passes scripts/scan-logs (the push token went
+    /// `HERALD_APNS_CA_FILE`: delivered. Every process log of the run passes scripts/ci/scan-logs (the push token went
     /// through ingest, the dispatcher's retries and the simulator).
     @Test func aServerOutsideTheTrustStoreIsRefusedUnlessItsCAIsGiven() async throws {
         let apps = try TestApps(count: 1)
@@ -329,7 +329,7 @@ import Testing
     }
 }
 
-/// Found by scripts/scan-logs: a failed delivery's error carried the whole record (librdkafka's consumer-only
+/// Found by scripts/ci/scan-logs: a failed delivery's error carried the whole record (librdkafka's consumer-only
 /// `rd_kafka_message_errstr` returns the payload on a producer's report), so a dead letter that could not be written
 /// logged its push token. The error must say what failed, never what was sent.
 @Suite struct SecurityKafkaErrorTests {
@@ -351,11 +351,11 @@ import Testing
     }
 }
 
-/// scripts/scan-logs, run as CI runs it.
+/// scripts/ci/scan-logs, run as CI runs it.
 enum ScanLogs {
     static func run(_ paths: [String]) throws -> (status: Int32, output: String) {
         let process = Process()
-        process.executableURL = TestEnvironment.repositoryRoot.appendingPathComponent("scripts/scan-logs")
+        process.executableURL = TestEnvironment.repositoryRoot.appendingPathComponent("scripts/ci/scan-logs")
         process.arguments = paths
         let pipe = Pipe()
         process.standardOutput = pipe
