@@ -8,7 +8,7 @@ import sys
 
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Variables the executables read: every "HERALD_…" string literal in Sources/.
 READ = set()
 for source in (ROOT / "Sources").rglob("*.swift"):

@@ -14,7 +14,7 @@ enum Monotonic {
 /// Something with a file descriptor registered on the loop.
 protocol EventLoopHandler: AnyObject {
     /// Called on the loop thread with the epoll event bits.
-    func handle(events: UInt32)
+    func handle(events: DescriptorEvents)
 }
 
 /// One thread running `epoll_wait`: socket readiness, closures posted from other threads, and a periodic tick.
@@ -46,16 +46,13 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
     var onTick: (UInt64) -> Void = { _ in }
 
     init(name: String, tickInterval: Duration) throws(APNsError) {
-        epollFD = epoll_create1(Int32(EPOLL_CLOEXEC))
-        wakeFD = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
+        epollFD = herald_epoll_create()
+        wakeFD = herald_eventfd_create()
         self.tickInterval = UInt64(clamping: tickInterval.inNanoseconds)
         guard epollFD >= 0, wakeFD >= 0 else {
             throw APNsError(.invalidConfiguration, "cannot create epoll/eventfd: errno \(errno)")
         }
-        var event = epoll_event()
-        event.events = EPOLLIN.rawValue
-        event.data.fd = wakeFD
-        epoll_ctl(epollFD, EPOLL_CTL_ADD, wakeFD, &event)
+        _ = herald_epoll_add_readable(epollFD, wakeFD)
         let thread = Thread { [self] in run() }
         thread.name = name
         thread.start()
@@ -120,41 +117,34 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
         }
     }
 
-    func register(_ fd: Int32, _ handler: any EventLoopHandler, events: UInt32) {
+    func register(_ fd: Int32, _ handler: any EventLoopHandler, for interest: DescriptorEvents) {
         handlers[fd] = handler
-        var event = epoll_event()
-        event.events = events
-        event.data.fd = fd
-        epoll_ctl(epollFD, EPOLL_CTL_ADD, fd, &event)
+        _ = herald_epoll_watch(epollFD, fd, interest.rawValue, 1)
     }
 
-    func modify(_ fd: Int32, events: UInt32) {
-        var event = epoll_event()
-        event.events = events
-        event.data.fd = fd
-        epoll_ctl(epollFD, EPOLL_CTL_MOD, fd, &event)
+    func modify(_ fd: Int32, for interest: DescriptorEvents) {
+        _ = herald_epoll_watch(epollFD, fd, interest.rawValue, 0)
     }
 
     func unregister(_ fd: Int32) {
         handlers[fd] = nil
-        epoll_ctl(epollFD, EPOLL_CTL_DEL, fd, nil)
+        _ = herald_epoll_unwatch(epollFD, fd)
     }
 
     private func run() {
-        var events = [epoll_event](repeating: epoll_event(), count: 64)
+        var fds = [Int32](repeating: -1, count: 64)
+        var events = [UInt32](repeating: 0, count: 64)
         let timeoutMilliseconds = Int32(max(1, tickInterval / 1_000_000))
         while running {
-            let count = events.withUnsafeMutableBufferPointer { buffer in
-                epoll_wait(epollFD, buffer.baseAddress, Int32(buffer.count), timeoutMilliseconds)
-            }
+            let count = herald_epoll_wait(epollFD, &fds, &events, Int32(fds.count), timeoutMilliseconds)
             if count > 0 {
                 for index in 0..<Int(count) {
-                    let fd = events[index].data.fd
+                    let fd = fds[index]
                     if fd == wakeFD {
                         var value: UInt64 = 0
                         _ = read(wakeFD, &value, 8)
                     } else if let handler = handlers[fd] {
-                        handler.handle(events: events[index].events)
+                        handler.handle(events: DescriptorEvents(rawValue: events[index]))
                     }
                 }
             }

@@ -150,10 +150,10 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
         }
         state = .connecting
         writeInterest = true
-        core.loop.register(fd, self, events: EPOLLIN.rawValue | EPOLLOUT.rawValue)
+        core.loop.register(fd, self, for: [.readable, .writable])
     }
 
-    func handle(events: UInt32) {
+    func handle(events: DescriptorEvents) {
         switch state {
         case .connecting:
             var error: Int32 = 0
@@ -321,7 +321,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     private func setWriteInterest(_ wanted: Bool) {
         guard wanted != writeInterest, fd >= 0 else { return }
         writeInterest = wanted
-        core.loop.modify(fd, events: EPOLLIN.rawValue | (wanted ? EPOLLOUT.rawValue : 0))
+        core.loop.modify(fd, for: wanted ? [.readable, .writable] : .readable)
     }
 
     /// Tells the pool what callbacks saw, and schedules a flush.
