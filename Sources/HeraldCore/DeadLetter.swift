@@ -3,14 +3,25 @@ import HeraldAPNsCore
 import HeraldRuntime
 
 /// One record on `herald.dlq` (schemas/dead-letter.schema.json, version 1): one delivery that failed for good,
-/// with everything needed to see why and to send it again (`heraldctl replay`).
+/// with everything needed to see why and to send it again (`heraldctl replay`). The dispatcher writes it and
+/// heraldctl reads it, both through `encoded()` and `decode(_:)`.
 ///
 /// Record key: `<appId>/device/<deviceToken>`, or `<appId>/job/<jobId>` for a job that was invalid as a whole.
-public struct DeadLetter: Sendable, Codable, Equatable {
+public struct DeadLetter: Sendable, Equatable {
     public static let currentVersion = 1
 
+    /// How a delivery ended.
+    public enum Disposition: String, Sendable, CaseIterable {
+        /// APNs answered with an error that retrying cannot fix, or the request was refused before sending.
+        case rejected
+        /// A retryable failure persisted through every attempt.
+        case retriesExhausted = "retries_exhausted"
+        /// The record is not a valid job, or names an unknown app.
+        case invalidJob = "invalid_job"
+    }
+
     /// Where the failed job was read from.
-    public struct Source: Sendable, Codable, Equatable {
+    public struct Source: Sendable, Equatable {
         public var topic: String
         public var partition: Int32
         public var offset: Int64
@@ -42,8 +53,7 @@ public struct DeadLetter: Sendable, Codable, Equatable {
     /// APNs' reason (`BadTopic`, `ServiceUnavailable`…), Herald's error kind when APNs never answered
     /// (`timeout`, `connection_failed`, `invalid_request`…), or `invalid_job`.
     public var reason: String
-    /// How it ended: `rejected` (an error retrying cannot fix), `retries_exhausted`, or `invalid_job`.
-    public var disposition: String?
+    public var disposition: Disposition?
     /// What went wrong, for people.
     public var message: String?
     public var attempts: Int
@@ -67,14 +77,85 @@ public struct DeadLetter: Sendable, Codable, Equatable {
         return "\(appId)/job/\(jobId ?? "unknown")"
     }
 
-    public func encoded() -> [UInt8] {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return Array(try! encoder.encode(self))
+    /// Compact JSON with sorted keys, absent fields left out.
+    public func encoded() -> [UInt8] { jsonValue.encoded() }
+
+    var jsonValue: JSONValue {
+        var fields: [String: JSONValue] = [
+            "version": .number(Double(version)), "appId": .string(appId), "reason": .string(reason),
+            "attempts": .number(Double(attempts)), "deadLetteredAt": .string(deadLetteredAt),
+        ]
+        fields["job"] = job?.jsonValue
+        fields["rawJob"] = rawJob.map { .string($0) }
+        fields["jobId"] = jobId.map { .string($0) }
+        fields["deviceToken"] = deviceToken.map { .string($0) }
+        fields["tokenType"] = tokenType.map { .string($0.rawValue) }
+        fields["environment"] = environment.map { .string($0.rawValue) }
+        fields["topic"] = topic.map { .string($0) }
+        fields["pushType"] = pushType.map { .string($0) }
+        fields["payload"] = payload
+        fields["priority"] = priority.map { .number(Double($0)) }
+        fields["expiration"] = expiration.map { .number(Double($0)) }
+        fields["collapseId"] = collapseId.map { .string($0) }
+        fields["status"] = status.map { .number(Double($0)) }
+        fields["disposition"] = disposition.map { .string($0.rawValue) }
+        fields["message"] = message.map { .string($0) }
+        fields["firstAttemptAt"] = firstAttemptAt.map { .string($0) }
+        fields["lastAttemptAt"] = lastAttemptAt.map { .string($0) }
+        if let source {
+            fields["source"] = .object(["topic": .string(source.topic), "partition": .number(Double(source.partition)),
+                                        "offset": .number(Double(source.offset))])
+        }
+        return .object(fields)
     }
 
-    public static func decode(_ bytes: [UInt8]) throws -> DeadLetter {
-        try JSONDecoder().decode(DeadLetter.self, from: Data(bytes))
+    /// Reads a record of `herald.dlq`: required members present with the right type, an absent or null optional
+    /// one nil, members a later version may add ignored. Throws for anything else, and for another version.
+    public static func decode(_ bytes: [UInt8]) throws(ValidationError) -> DeadLetter {
+        guard let root = JSONValue(parsing: bytes) else { throw ValidationError(code: "invalid_dead_letter", message: "not JSON") }
+        let fields = try FieldReader(root)
+        let version = try fields.integer("version", in: int32).map { Int($0) } ?? currentVersion
+        guard version == currentVersion else {
+            throw .invalid("version", "dead letter version \(version) is not \(currentVersion)")
+        }
+        // Required but possibly empty: a record that is not a job at all names no app.
+        var letter = DeadLetter(appId: try required(fields.string("appId"), "appId"), job: nil,
+                                reason: try required(fields.string("reason"), "reason"),
+                                attempts: Int(try required(fields.integer("attempts", in: int32), "attempts")))
+        letter.deadLetteredAt = try required(fields.string("deadLetteredAt"), "deadLetteredAt")
+        if let job = fields.value("job") { letter.job = try PushJob.decode(job) }
+        letter.rawJob = try fields.string("rawJob")
+        letter.jobId = try fields.string("jobId")
+        letter.deviceToken = try fields.string("deviceToken")
+        letter.tokenType = try fields.enumeration("tokenType", TokenType.self)
+        letter.environment = try fields.enumeration("environment", APNsEnvironment.self)
+        letter.topic = try fields.string("topic")
+        letter.pushType = try fields.string("pushType")
+        letter.payload = try fields.object("payload")
+        letter.priority = try fields.integer("priority", in: int32).map { Int($0) }
+        letter.expiration = try fields.integer("expiration", in: exact)
+        letter.collapseId = try fields.string("collapseId")
+        letter.status = try fields.integer("status", in: int32).map { Int($0) }
+        letter.disposition = try fields.enumeration("disposition", Disposition.self)
+        letter.message = try fields.string("message")
+        letter.firstAttemptAt = try fields.string("firstAttemptAt")
+        letter.lastAttemptAt = try fields.string("lastAttemptAt")
+        if let value = fields.value("source") {
+            let source = try FieldReader(value, prefix: "source.")
+            letter.source = Source(topic: try required(source.string("topic"), "source.topic"),
+                                   partition: Int32(try required(source.integer("partition", in: int32), "source.partition")),
+                                   offset: try required(source.integer("offset", in: exact), "source.offset"))
+        }
+        return letter
+    }
+
+    private static let int32: ClosedRange<Int64> = Int64(Int32.min)...Int64(Int32.max)
+    /// Integers a JSON number (a `Double`) holds exactly.
+    private static let exact: ClosedRange<Int64> = -(1 << 53) + 1...(1 << 53) - 1
+
+    private static func required<T>(_ value: T?, _ field: String) throws(ValidationError) -> T {
+        guard let value else { throw .missing(field) }
+        return value
     }
 
     /// A device job that sends this push again, marked `replayOf`; nil when the dead letter names no device
@@ -91,5 +172,23 @@ public struct DeadLetter: Sendable, Codable, Equatable {
         job.collapseId = collapseId
         job.replayOf = PushJob.ReplayOf(jobId: jobId ?? "unknown", dlqPartition: partition, dlqOffset: offset)
         return job
+    }
+
+    /// `apns-push-type` as sent, else what the job asked for, else what its token type implies.
+    public var effectivePushType: String? {
+        if let pushType { return pushType }
+        guard let job else { return nil }
+        if job.target.kind != .device { return job.pushType }
+        return job.resolvedPushType.rawValue
+    }
+
+    /// What the failed job was addressed to, for people: `channel:news`, `post:ab12…`, `device`.
+    public var targetDescription: String {
+        switch job?.target {
+        case .channel(let name)?: "channel:" + name
+        case .post(let hash)?: "post:" + hash
+        case .device?: "device"
+        case nil: "-"
+        }
     }
 }

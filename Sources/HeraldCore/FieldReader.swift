@@ -5,14 +5,15 @@ public struct FieldReader {
     public let object: [String: JSONValue]
     let prefix: String
 
-    /// Fails unless `body` is a JSON object with only the `allowed` fields.
-    public init(_ body: JSONValue, allowed: Set<String>, prefix: String = "") throws(ValidationError) {
+    /// Fails unless `body` is a JSON object with only the `allowed` fields (any fields when `allowed` is nil:
+    /// records a later version may add to).
+    public init(_ body: JSONValue, allowed: Set<String>? = nil, prefix: String = "") throws(ValidationError) {
         guard case .object(let object) = body else {
             throw ValidationError(code: "invalid_body", message: prefix.isEmpty ? "the body must be a JSON object"
                                   : "\(prefix.dropLast()) must be an object", field: prefix.isEmpty ? nil : String(prefix.dropLast()))
         }
         // The first unknown field in sorted order, without sorting (or copying) the keys of every valid body.
-        if let unknown = object.keys.lazy.filter({ !allowed.contains($0) }).min() {
+        if let allowed, let unknown = object.keys.lazy.filter({ !allowed.contains($0) }).min() {
             throw ValidationError(code: "unknown_field", message: "\(prefix)\(unknown) is not a known field", field: prefix + unknown)
         }
         self.object = object

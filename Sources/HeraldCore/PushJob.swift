@@ -6,42 +6,71 @@ import HeraldRuntime
 ///
 /// Ingest builds jobs from events; any producer may write them directly, so the dispatcher decodes and calls
 /// `validate()` on every job before acting on it.
-public struct PushJob: Sendable, Codable, Equatable {
+public struct PushJob: Sendable, Equatable {
     public static let currentVersion = 1
 
-    public struct Target: Sendable, Codable, Equatable {
-        public enum Kind: String, Sendable, Codable, CaseIterable { case channel, post, device }
-        public var kind: Kind
-        public var channel: String?
-        public var postIdHash: String?
-        public var deviceToken: String?
-        public var tokenType: TokenType?
-        public var environment: APNsEnvironment?
-        /// Device jobs only: the `apns-topic`, when not the app's bundle id (replays of Live Activity pushes).
-        public var topic: String?
+    /// Who a job is for: every subscriber of a channel, every Live Activity registered for a post, or one device.
+    public enum Target: Sendable, Equatable {
+        case channel(String)
+        /// A post's `postIdHash`.
+        case post(String)
+        case device(Device)
 
-        public static func channel(_ name: String) -> Target { Target(kind: .channel, channel: name) }
+        public enum Kind: String, Sendable, CaseIterable { case channel, post, device }
+
+        public struct Device: Sendable, Equatable {
+            /// Lowercase hex (it is part of the record key).
+            public var token: String
+            public var tokenType: TokenType
+            /// Absent means production.
+            public var environment: APNsEnvironment?
+            /// The `apns-topic`, when not the app's bundle id (replays of Live Activity pushes).
+            public var topic: String?
+        }
+
+        public static func device(_ token: String, tokenType: TokenType, environment: APNsEnvironment?,
+                                  topic: String? = nil) -> Target {
+            .device(Device(token: token, tokenType: tokenType, environment: environment, topic: topic))
+        }
+
+        public var kind: Kind {
+            switch self {
+            case .channel: .channel
+            case .post: .post
+            case .device: .device
+            }
+        }
+
+        public var channel: String? { if case .channel(let name) = self { name } else { nil } }
+        public var postIdHash: String? { if case .post(let hash) = self { hash } else { nil } }
+        public var deviceToken: String? { if case .device(let device) = self { device.token } else { nil } }
+        public var tokenType: TokenType? { if case .device(let device) = self { device.tokenType } else { nil } }
+        public var environment: APNsEnvironment? { if case .device(let device) = self { device.environment } else { nil } }
+        /// Device targets only; setting it on another kind does nothing.
+        public var topic: String? {
+            get { if case .device(let device) = self { device.topic } else { nil } }
+            set { if case .device(var device) = self { device.topic = newValue; self = .device(device) } }
+        }
 
         var jsonValue: JSONValue {
-            var fields: [String: JSONValue] = ["kind": .string(kind.rawValue)]
-            fields["channel"] = channel.map { .string($0) }
-            fields["postIdHash"] = postIdHash.map { .string($0) }
-            fields["deviceToken"] = deviceToken.map { .string($0) }
-            fields["tokenType"] = tokenType.map { .string($0.rawValue) }
-            fields["environment"] = environment.map { .string($0.rawValue) }
-            fields["topic"] = topic.map { .string($0) }
-            return .object(fields)
-        }
-        public static func post(_ hash: String) -> Target { Target(kind: .post, postIdHash: hash) }
-        public static func device(_ token: String, tokenType: TokenType, environment: APNsEnvironment,
-                                  topic: String? = nil) -> Target {
-            Target(kind: .device, deviceToken: token, tokenType: tokenType, environment: environment, topic: topic)
+            switch self {
+            case .channel(let name):
+                return .object(["kind": .string("channel"), "channel": .string(name)])
+            case .post(let hash):
+                return .object(["kind": .string("post"), "postIdHash": .string(hash)])
+            case .device(let device):
+                var fields: [String: JSONValue] = ["kind": .string("device"), "deviceToken": .string(device.token),
+                                                   "tokenType": .string(device.tokenType.rawValue)]
+                fields["environment"] = device.environment.map { .string($0.rawValue) }
+                fields["topic"] = device.topic.map { .string($0) }
+                return .object(fields)
+            }
         }
     }
 
     /// A Live Activity `update` or `end`.
-    public struct LiveActivity: Sendable, Codable, Equatable {
-        public enum Event: String, Sendable, Codable, CaseIterable { case update, end }
+    public struct LiveActivity: Sendable, Equatable {
+        public enum Event: String, Sendable, CaseIterable { case update, end }
         public var event: Event
         public var contentState: JSONValue
         public var alert: JSONValue?
@@ -70,7 +99,7 @@ public struct PushJob: Sendable, Codable, Equatable {
     }
 
     /// A push-to-start of a new Live Activity (iOS 17.2+).
-    public struct Start: Sendable, Codable, Equatable {
+    public struct Start: Sendable, Equatable {
         public var attributesType: String
         public var attributes: JSONValue
         public var contentState: JSONValue
@@ -83,7 +112,7 @@ public struct PushJob: Sendable, Codable, Equatable {
     }
 
     /// Set on jobs `heraldctl replay` re-publishes from the dead-letter topic.
-    public struct ReplayOf: Sendable, Codable, Equatable {
+    public struct ReplayOf: Sendable, Equatable {
         public var jobId: String
         public var dlqPartition: Int32
         public var dlqOffset: Int64
@@ -125,21 +154,21 @@ public struct PushJob: Sendable, Codable, Equatable {
 
     /// The Kafka record key: one target's jobs go to one partition, in order.
     public var recordKey: String {
-        switch target.kind {
-        case .channel: "\(appId)/\(target.channel ?? "")"
-        case .post: "\(appId)/post/\(target.postIdHash ?? "")"
-        case .device: "\(appId)/device/\(target.deviceToken ?? "")"
+        switch target {
+        case .channel(let name): "\(appId)/\(name)"
+        case .post(let hash): "\(appId)/post/\(hash)"
+        case .device(let device): "\(appId)/device/\(device.token)"
         }
     }
 
     /// True when this job ends its Live Activities (an `end` event or `final`).
     public var isFinal: Bool { final == true || liveActivity?.event == .end }
 
-    /// The record value: compact JSON with sorted keys, absent fields left out (as the Codable form).
+    /// The record value: compact JSON with sorted keys, absent fields left out.
     public func encoded() -> [UInt8] { jsonValue.encoded() }
 
-    /// The job as a JSON value, field for field as its Codable form (built by hand: `JSONEncoder` was the larger
-    /// part of herald-ingest's CPU time per event).
+    /// The job as a JSON value, field for field as schemas/push-job.schema.json names them (built by hand:
+    /// `JSONEncoder` was the larger part of herald-ingest's CPU time per event).
     var jsonValue: JSONValue {
         var fields: [String: JSONValue] = [
             "version": .number(Double(version)), "id": .string(id), "appId": .string(appId),
@@ -181,16 +210,15 @@ public struct PushJob: Sendable, Codable, Equatable {
                 throw .invalid("collapseId", "collapseId must be 1–64 printable ASCII characters (APNs takes at most 64 bytes)")
             }
         }
-        try checkTargetFields()
-        switch target.kind {
-        case .channel:
-            try Self.validateChannel(target.channel ?? "", field: "target.channel")
+        switch target {
+        case .channel(let name):
+            try Self.validateChannel(name, field: "target.channel")
             guard alert != nil || liveActivity != nil || start != nil else {
                 throw ValidationError(code: "missing_field", message: "a channel job needs alert, liveActivity or start")
             }
             try rejectParts(payload: true, final: true)
-        case .post:
-            try PostIDHash.validate(target.postIdHash ?? "", field: "target.postIdHash")
+        case .post(let hash):
+            try PostIDHash.validate(hash, field: "target.postIdHash")
             guard liveActivity != nil else { throw .missing("liveActivity") }
             guard alert == nil, start == nil else {
                 throw ValidationError(code: "invalid_field", message: "a post job carries only liveActivity")
@@ -200,12 +228,11 @@ public struct PushJob: Sendable, Codable, Equatable {
                 throw ValidationError(code: "invalid_field", message: "activityID belongs to channel jobs",
                                       field: "liveActivity.activityID")
             }
-        case .device:
-            guard try DeviceToken.normalized(target.deviceToken ?? "", field: "target.deviceToken") == target.deviceToken else {
+        case .device(let device):
+            guard try DeviceToken.normalized(device.token, field: "target.deviceToken") == device.token else {
                 throw .invalid("target.deviceToken", "target.deviceToken must be lowercase hex (it is part of the record key)")
             }
-            if target.topic?.isEmpty == true { throw .invalid("target.topic", "target.topic must not be empty") }
-            guard target.tokenType != nil else { throw .missing("target.tokenType") }
+            if device.topic?.isEmpty == true { throw .invalid("target.topic", "target.topic must not be empty") }
             guard payload != nil else { throw .missing("payload") }
             guard alert == nil, liveActivity == nil, start == nil else {
                 throw ValidationError(code: "invalid_field", message: "a device job carries its payload in payload")
@@ -252,22 +279,6 @@ public struct PushJob: Sendable, Codable, Equatable {
             throw .invalid(field, "\(field) must be at most \(Channel.maxLength) characters")
         }
         try Channel.validate(channel, field: field)
-    }
-
-    /// A target carries only its own kind's fields (as the schema's `oneOf` says).
-    private func checkTargetFields() throws(ValidationError) {
-        let present: [(String, Bool)] = [("channel", target.channel != nil), ("postIdHash", target.postIdHash != nil),
-                                         ("deviceToken", target.deviceToken != nil), ("tokenType", target.tokenType != nil),
-                                         ("environment", target.environment != nil), ("topic", target.topic != nil)]
-        let own: Set<String> = switch target.kind {
-        case .channel: ["channel"]
-        case .post: ["postIdHash"]
-        case .device: ["deviceToken", "tokenType", "environment", "topic"]
-        }
-        if let stray = present.first(where: { $0.1 && !own.contains($0.0) }) {
-            throw ValidationError(code: "invalid_field", message: "a \(target.kind.rawValue) target has no \(stray.0)",
-                                  field: "target.\(stray.0)")
-        }
     }
 
     private func rejectParts(payload rejectPayload: Bool, final rejectFinal: Bool) throws(ValidationError) {

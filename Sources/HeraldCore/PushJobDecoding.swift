@@ -10,8 +10,11 @@ extension PushJob {
     private static let fields: Set<String> = ["version", "id", "appId", "createdAt", "target", "alert", "liveActivity",
                                               "start", "payload", "pushType", "priority", "expiration", "collapseId",
                                               "final", "replayOf"]
-    private static let targetFields: Set<String> = ["kind", "channel", "postIdHash", "deviceToken", "tokenType",
-                                                    "environment", "topic"]
+    /// A target carries only its own kind's fields (as the schema's `oneOf` says).
+    private static let targetFields: [Target.Kind: Set<String>] = [
+        .channel: ["kind", "channel"], .post: ["kind", "postIdHash"],
+        .device: ["kind", "deviceToken", "tokenType", "environment", "topic"],
+    ]
     private static let liveActivityFields: Set<String> = ["event", "contentState", "alert", "staleDate", "dismissalDate",
                                                           "relevanceScore", "activityID"]
     private static let startFields: Set<String> = ["attributesType", "attributes", "contentState", "alert"]
@@ -24,21 +27,19 @@ extension PushJob {
     /// misspelt field (`collapseID`) is dead-lettered rather than silently dropped. Call `validate()` next.
     public static func decode(_ bytes: [UInt8]) throws(ValidationError) -> PushJob {
         guard let root = JSONValue(parsing: bytes) else { throw ValidationError(code: "invalid_job", message: "not a push job: invalid JSON") }
+        return try decode(root)
+    }
+
+    /// Decodes a job already parsed (a dead letter's `job`), by the same rules.
+    public static func decode(_ root: JSONValue) throws(ValidationError) -> PushJob {
         do {
             let job = try JobFields(root, allowed: fields)
-            let target = try JobFields(job.required("target"), allowed: targetFields, prefix: "target.")
             var decoded = PushJob(
                 version: Int(try job.required(job.reader.integer("version", in: int32), "version")),
                 id: try job.required(job.reader.string("id"), "id"),
                 appId: try job.required(job.reader.string("appId"), "appId"),
                 createdAt: try job.required(job.reader.string("createdAt"), "createdAt"),
-                target: Target(kind: try target.required(target.reader.enumeration("kind", Target.Kind.self), "kind"),
-                               channel: try target.reader.string("channel"),
-                               postIdHash: try target.reader.string("postIdHash"),
-                               deviceToken: try target.reader.string("deviceToken"),
-                               tokenType: try target.reader.enumeration("tokenType", TokenType.self),
-                               environment: try target.reader.enumeration("environment", APNsEnvironment.self),
-                               topic: try target.reader.string("topic")))
+                target: try decodeTarget(job.required("target")))
             decoded.alert = job.reader.value("alert")
             if let live = job.reader.value("liveActivity") {
                 let fields = try JobFields(live, allowed: liveActivityFields, prefix: "liveActivity.", nullable: ["contentState"])
@@ -75,6 +76,21 @@ extension PushJob {
         }
     }
 
+    private static func decodeTarget(_ value: JSONValue) throws(ValidationError) -> Target {
+        let kind = try FieldReader(value, prefix: "target.").enumeration("kind", Target.Kind.self)
+        guard let kind else { throw .missing("target.kind") }
+        let target = try JobFields(value, allowed: targetFields[kind]!, prefix: "target.")
+        switch kind {
+        case .channel: return .channel(try target.required(target.reader.string("channel"), "channel"))
+        case .post: return .post(try target.required(target.reader.string("postIdHash"), "postIdHash"))
+        case .device:
+            return .device(try target.required(target.reader.string("deviceToken"), "deviceToken"),
+                           tokenType: try target.required(target.reader.enumeration("tokenType", TokenType.self), "tokenType"),
+                           environment: try target.reader.enumeration("environment", APNsEnvironment.self),
+                           topic: try target.reader.string("topic"))
+        }
+    }
+
     private init(version: Int, id: String, appId: String, createdAt: String, target: Target) {
         (self.version, self.id, self.appId, self.createdAt, self.target) = (version, id, appId, createdAt, target)
     }
@@ -95,7 +111,8 @@ private struct JobFields {
             }
             throw error
         }
-        if let name = reader.object.keys.sorted().first(where: { reader.object[$0] == .null && !nullable.contains($0) }) {
+        // The first in sorted order, without sorting the keys of every valid object.
+        if let name = reader.object.lazy.filter({ $0.value == .null && !nullable.contains($0.key) }).map(\.key).min() {
             throw .invalid(reader.name(name), "\(reader.name(name)) is null (leave it out instead)")
         }
     }

@@ -21,9 +21,7 @@ struct RetryBackoff: Sendable {
 /// What a job's pushes share: the plan and where the job came from (for dead letters).
 struct JobContext: Sendable {
     let plan: JobPlan
-    let source: DeadLetterEntry.Source
-    /// The job's record as read (a dead letter carries it whole).
-    let record: [UInt8]
+    let source: DeadLetter.Source
 }
 
 /// Sends one push through the APNs client and settles it: delivered, token removed, or dead-lettered after
@@ -148,7 +146,7 @@ struct Deliverer: Sendable {
     /// false when cancelled, nil when it is to be sent again (the backoff has been waited).
     private func settle(_ push: Push, _ outcome: Outcome, attempt: Int, first: Date, last: Date,
                         context: JobContext) async -> Bool? {
-        var failure = DeadLetterEntry.Failure(status: nil, apnsReason: nil, error: nil, attempts: attempt,
+        var failure = DeliveryFailure(status: nil, apnsReason: nil, error: nil, attempts: attempt,
                                               firstAttemptAt: first, lastAttemptAt: last)
         let retryable: Bool
         switch outcome {
@@ -180,8 +178,8 @@ struct Deliverer: Sendable {
             do { try await Task.sleep(for: backoff.delay(attempt: attempt)) } catch { return false }
             return nil
         }
-        return await deadLetters.write(letter(push, context: context, failure: failure,
-                                              reason: retryable ? .retriesExhausted : .rejected))
+        return await deadLetters.write(DeadLetter(push: push, of: context.plan.job, source: context.source, failure: failure,
+                                                  disposition: retryable ? .retriesExhausted : .rejected))
     }
 
     private func countAnswer(_ push: Push, _ response: APNsResponse) {
@@ -224,17 +222,5 @@ struct Deliverer: Sendable {
             }
         }
         return false
-    }
-
-    private func letter(_ push: Push, context: JobContext, failure: DeadLetterEntry.Failure,
-                        reason: DeadLetterEntry.Reason) -> DeadLetterEntry {
-        let job = context.plan.job
-        let what = failure.apnsReason.map { "APNs answered \(failure.status ?? 0) \($0)" }
-            ?? failure.status.map { "APNs answered \($0)" } ?? "no answer from APNs (\(failure.error ?? "unknown"))"
-        return DeadLetterEntry(reason: reason,
-                          message: reason == .retriesExhausted ? "\(what) on all \(failure.attempts) attempts" : what,
-                          source: context.source, job: job, rawJob: context.record, jobId: job.id,
-                          appId: job.appId, push: push, priority: job.priority,
-                          expiration: job.expiration, collapseId: job.collapseId, failure: failure)
     }
 }

@@ -1,3 +1,4 @@
+import HeraldCore
 import HeraldRedis
 
 /// Where a fan-out has got to: the scan cursor up to which every push is settled, kept in Redis so that a
@@ -10,19 +11,19 @@ struct FanOutProgress: Sendable {
     let group: String
     let ttl: Duration
 
-    func key(_ source: DeadLetterEntry.Source) -> String {
+    func key(_ source: DeadLetter.Source) -> String {
         "herald:progress:{\(group)}:\(source.topic):\(source.partition):\(source.offset)"
     }
 
-    func load(_ source: DeadLetterEntry.Source) async throws -> String? {
+    func load(_ source: DeadLetter.Source) async throws -> String? {
         try await redis.command(["GET", key(source)]).string
     }
 
-    func save(_ source: DeadLetterEntry.Source, cursor: String) async throws {
+    func save(_ source: DeadLetter.Source, cursor: String) async throws {
         _ = try await redis.command(["SET", key(source), cursor, "EX", String(max(1, ttl.components.seconds))])
     }
 
-    func clear(_ source: DeadLetterEntry.Source) async throws {
+    func clear(_ source: DeadLetter.Source) async throws {
         _ = try await redis.command(["DEL", key(source)])
     }
 }

@@ -54,7 +54,7 @@ struct JobPlan: Sendable {
             liveActivityPayload = nil
         }
         startPayload = job.start.map { APNsPayload.start($0, timestamp: timestamp).encoded() }
-        if job.target.kind == .device, let topic = job.target.topic, !app.owns(bundleID: topic) {
+        if let topic = job.target.topic, !app.owns(bundleID: topic) {
             throw Refusal(error: .invalid("target.topic", "target.topic must be \(app.apns.bundleId) or start with \(app.apns.bundleId)."))
         }
     }
@@ -92,7 +92,7 @@ struct JobPlan: Sendable {
 
     /// A device job's one push: its payload as given (Live Activity pushes get `aps.timestamp` when missing).
     func devicePush(timestamp: Int64) -> Push? {
-        guard job.target.kind == .device, let token = job.target.deviceToken, var payload = job.payload else { return nil }
+        guard case .device(let device) = job.target, var payload = job.payload else { return nil }
         let pushType = job.resolvedPushType
         if pushType == .liveactivity, case .object(var root) = payload, case .object(var aps)? = root["aps"],
            aps["timestamp"] == nil {
@@ -100,10 +100,9 @@ struct JobPlan: Sendable {
             root["aps"] = .object(aps)
             payload = .object(root)
         }
-        let topic = job.target.topic
-            ?? (pushType == .liveactivity ? liveActivityTopic : app.apns.bundleId)
-        return Push(token: token.lowercased(), tokenType: job.target.tokenType ?? .alert,
-                    environment: job.target.environment ?? .production, topic: topic, pushType: pushType,
+        let topic = device.topic ?? (pushType == .liveactivity ? liveActivityTopic : app.apns.bundleId)
+        return Push(token: device.token.lowercased(), tokenType: device.tokenType,
+                    environment: device.environment ?? .production, topic: topic, pushType: pushType,
                     payload: payload.encoded())
     }
 

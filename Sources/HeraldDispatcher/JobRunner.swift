@@ -23,8 +23,7 @@ struct JobRunner: Sendable {
     /// True when every push of the job is settled (the offset may be committed); false when cancelled first.
     func run(_ record: KafkaRecord) async -> Bool {
         metrics.jobsConsumed.increment()
-        let source = DeadLetterEntry.Source(topic: record.topic, partition: record.partition, offset: record.offset,
-                                       key: record.key)
+        let source = DeadLetter.Source(topic: record.topic, partition: record.partition, offset: record.offset)
         let timestamp = Int64(Date().timeIntervalSince1970)
         let plan: JobPlan
         var parsed: PushJob?
@@ -39,19 +38,16 @@ struct JobRunner: Sendable {
             do { plan = try JobPlan(job: job, app: app, timestamp: timestamp) } catch { throw error.error }
         } catch {
             metrics.jobsInvalid.increment()
-            return await deadLetters.write(DeadLetterEntry(
-                reason: .invalidJob, message: error.description, source: source, job: nil,
-                rawJob: record.value, jobId: parsed?.id, appId: parsed?.appId))
+            return await deadLetters.write(DeadLetter(invalidJob: record.value, source: source, job: parsed, error: error))
         }
-        let context = JobContext(plan: plan, source: source, record: record.value)
+        let context = JobContext(plan: plan, source: source)
         let settled: Bool
-        switch plan.job.target.kind {
+        switch plan.job.target {
         case .device:
             guard let push = plan.devicePush(timestamp: timestamp) else { return true }
             do { try await limit.acquire() } catch { return false }
             settled = await deliverer.deliver(push, context: context)
-        case .channel:
-            let channel = plan.job.target.channel ?? ""
+        case .channel(let channel):
             // The channel index holds the targets themselves: a scan is the whole read, nothing to load after it.
             settled = await fanOut(context) { cursor in
                 let batch = try await subscriptions.channelBatch(app: plan.app.id, channel: channel, cursor: cursor,
@@ -60,8 +56,7 @@ struct JobRunner: Sendable {
             } load: { targets in
                 targets.compactMap(plan.push(for:))
             }
-        case .post:
-            let post = plan.job.target.postIdHash ?? ""
+        case .post(let post):
             settled = await fanOut(context) { cursor in
                 let batch = try await activities.postIDs(app: plan.app.id, postIDHash: post, cursor: cursor,
                                                          count: batchSize)

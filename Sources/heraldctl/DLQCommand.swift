@@ -86,7 +86,7 @@ enum DLQCommand {
     /// those that are not readable dead letters) and hands each match to `each`. Returns how many records were
     /// scanned; a failure comes back explained for the operator.
     private static func scan(_ reader: DLQReader, _ filter: DLQFilter, _ connections: Connections, counts: inout Counts,
-                             each: (DLQEntry, DeadLetterView) -> Void = { _, _ in }) async throws -> Int {
+                             each: (DLQEntry, DeadLetter) -> Void = { _, _ in }) async throws -> Int {
         do {
             try await reader.read { entries in
                 for entry in entries {
@@ -162,7 +162,7 @@ struct Counts {
     var first: Date?
     var last: Date?
 
-    mutating func add(_ letter: DeadLetterView, at time: Date?) {
+    mutating func add(_ letter: DeadLetter, at time: Date?) {
         matched += 1
         byReason[letter.reason, default: 0] += 1
         byStatus[letter.status.map(String.init) ?? "none", default: 0] += 1
@@ -181,14 +181,14 @@ enum Row {
                          "REASON".padding(26), "ATTEMPTS".padding(8), "PUSH TYPE".padding(12), "TOKEN".padding(10),
                          "TARGET"].joined(separator: " ")
 
-    static func text(_ entry: DLQEntry, _ letter: DeadLetterView) -> String {
+    static func text(_ entry: DLQEntry, _ letter: DeadLetter) -> String {
         [letter.deadLetteredAt.padding(24), "\(entry.partition):\(entry.offset)".padding(17), letter.appId.padding(12),
          (letter.status.map(String.init) ?? "-").padding(6), letter.reason.padding(26), String(letter.attempts).padding(8),
          (letter.effectivePushType ?? "-").padding(12), maskedToken(letter.deviceToken).padding(10),
          letter.targetDescription].joined(separator: " ")
     }
 
-    static func json(_ entry: DLQEntry, _ letter: DeadLetterView) -> JSONValue {
+    static func json(_ entry: DLQEntry, _ letter: DeadLetter) -> JSONValue {
         var object: [String: JSONValue] = [
             "partition": .number(Double(entry.partition)), "offset": .number(Double(entry.offset)),
             "appId": .string(letter.appId), "reason": .string(letter.reason),

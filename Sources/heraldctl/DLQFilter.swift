@@ -57,7 +57,7 @@ struct DLQFilter: Sendable {
     }
 
     /// Whether a dead letter written at `time` (its record timestamp) matches every filter.
-    func matches(_ letter: DeadLetterView, at time: Date?) -> Bool {
+    func matches(_ letter: DeadLetter, at time: Date?) -> Bool {
         if let since, let time, time < since { return false }
         if let until, let time, time >= until { return false }
         if !apps.isEmpty, !apps.contains(letter.appId) { return false }

@@ -10,16 +10,21 @@ final class ScanCount: Sendable {
     var current: Int { value.load(ordering: .relaxed) }
 }
 
-/// One record of the dead-letter topic.
-struct DLQEntry: Sendable {
-    var partition: Int32
-    var offset: Int64
+/// One record of the dead-letter topic. A class: entries are passed around in batches and tuples, and a dead
+/// letter has dozens of reference-counted fields to copy one by one.
+final class DLQEntry: Sendable {
+    let partition: Int32
+    let offset: Int64
     /// When it was dead-lettered: the record's timestamp, else the record's `deadLetteredAt`.
-    var time: Date?
+    let time: Date?
     /// `nil` when the record is not a dead letter this version understands.
-    var letter: DeadLetterView?
+    let letter: DeadLetter?
     /// The record's text (a replay copies the payload from it).
-    var record: [UInt8]
+    let record: [UInt8]
+
+    init(partition: Int32, offset: Int64, time: Date?, letter: DeadLetter?, record: [UInt8]) {
+        (self.partition, self.offset, self.time, self.letter, self.record) = (partition, offset, time, letter, record)
+    }
 }
 
 /// Reads the dead-letter topic from `--since` (found with offsets-for-times) or the beginning up to the end each
@@ -151,7 +156,7 @@ final class DLQReader {
             if let since = filter.since, stamp < since { return nil }
             if let until = filter.until, stamp >= until { return nil }
         }
-        let letter = DeadLetterView.decode(record.value)
+        let letter = try? DeadLetter.decode(record.value)
         return DLQEntry(partition: record.partition, offset: record.offset,
                         time: record.timestamp ?? letter.flatMap { Timestamp.parse($0.deadLetteredAt) }, letter: letter,
                         record: record.value)

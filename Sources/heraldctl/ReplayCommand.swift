@@ -226,7 +226,8 @@ final class Replay {
             summary.stop = .interrupted
             return false
         }
-        var candidates: [(entry: DLQEntry, letter: DeadLetterView, member: String)] = []
+        // Tuples of the entry (a class) and not of its dead letter: a letter is a large struct to copy.
+        var candidates: [(entry: DLQEntry, member: String)] = []
         for entry in entries {
             guard let letter = entry.letter else {
                 summary.unreadable += 1
@@ -240,17 +241,18 @@ final class Replay {
                 skip("not_replayable")
                 continue
             }
-            candidates.append((entry, letter, ReplayLedger.member(partition: entry.partition, offset: entry.offset)))
+            candidates.append((entry, ReplayLedger.member(partition: entry.partition, offset: entry.offset)))
         }
         guard !candidates.isEmpty else { return true }
         let already = try await ledger.alreadySent(candidates.map(\.member))
-        let live = options.includeRemoved ? nil : try await registeredTokens(candidates.map(\.letter))
-        var toSend: [(entry: DLQEntry, letter: DeadLetterView, member: String)] = []
+        let live = options.includeRemoved ? nil : try await registeredTokens(candidates.map(\.entry))
+        var toSend: [(entry: DLQEntry, member: String)] = []
         for candidate in candidates {
             if already.contains(candidate.member) {
                 summary.alreadyRepublished += 1
                 counters.already.add(1, ordering: .relaxed)
-            } else if let live, !live.contains(TokenKey(app: candidate.letter.appId, token: candidate.letter.deviceToken ?? "")) {
+            } else if let live, let letter = candidate.entry.letter,
+                      !live.contains(TokenKey(app: letter.appId, token: letter.deviceToken ?? "")) {
                 skip("token_removed")
             } else {
                 toSend.append(candidate)
@@ -258,13 +260,13 @@ final class Replay {
         }
         let now = Date(), name = options.name
         let jobs = parallelMap(toSend) { candidate -> Result<(key: String, bytes: [UInt8])?, ValidationError> in
-            let (entry, letter, _) = candidate
+            let entry = candidate.entry
             return Result { () throws(ValidationError) in
-                try letter.replayJob(record: entry.record, partition: entry.partition, offset: entry.offset,
-                                     id: ReplayCommand.jobID(name: name, entry: entry), now: now)
+                try entry.letter?.replayRecord(record: entry.record, partition: entry.partition, offset: entry.offset,
+                                        id: ReplayCommand.jobID(name: name, entry: entry), now: now)
             }
         }
-        for ((entry, letter, member), built) in zip(toSend, jobs) {
+        for ((entry, member), built) in zip(toSend, jobs) {
             guard case .success(let job?) = built else {
                 if case .failure = built { skip("invalid_job") } else { skip("not_replayable") }
                 continue
@@ -282,7 +284,7 @@ final class Replay {
                 send(job.bytes, key: job.key, member: member, producer: producer)
                 await ledger.waitForInFlight(below: ReplayCommand.maxInFlight)
             } else {
-                list(id: ReplayCommand.jobID(name: name, entry: entry), entry: entry, letter: letter)
+                list(id: ReplayCommand.jobID(name: name, entry: entry), entry: entry)
             }
             counters.sent.add(1, ordering: .relaxed)
         }
@@ -307,7 +309,8 @@ final class Replay {
     }
 
     /// A dry run's line for one job (the token shortened: it is a credential).
-    private func list(id: String, entry: DLQEntry, letter: DeadLetterView) {
+    private func list(id: String, entry: DLQEntry) {
+        guard let letter = entry.letter else { return }
         let original = letter.jobId ?? letter.job?.id ?? "unknown"
         if options.json {
             let line: JSONValue = .object([
@@ -332,8 +335,10 @@ final class Replay {
     }
 
     /// Which of these letters' (app, token) pairs still have a subscription or a live Live Activity registration.
-    private func registeredTokens(_ letters: [DeadLetterView]) async throws -> Set<TokenKey> {
-        let keys = Array(Set(letters.compactMap { letter in letter.deviceToken.map { TokenKey(app: letter.appId, token: $0) } }))
+    private func registeredTokens(_ entries: [DLQEntry]) async throws -> Set<TokenKey> {
+        let keys = Array(Set(entries.compactMap { entry in
+            entry.letter.flatMap { letter in letter.deviceToken.map { TokenKey(app: letter.appId, token: $0) } }
+        }))
         let now = String(Int64(Date().timeIntervalSince1970 * 1000))
         var commands: [[String]] = []
         for key in keys {
