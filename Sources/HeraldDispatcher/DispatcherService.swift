@@ -9,12 +9,13 @@ import HeraldStore
 /// herald-dispatcher: consumes push jobs, resolves channels and posts in Redis, delivers through APNs,
 /// dead-letters what fails, and serves `/healthz`, `/readyz` and `/metrics`.
 ///
-/// `run()` returns after a graceful stop once its task is cancelled (SIGTERM through `ServiceGroup`): it stops
-/// fetching, lets in-flight jobs finish for up to `drainTimeout` and hands back the rest, commits, leaves the
-/// group, then stops the operations server. The caller owns (and afterwards shuts down) the Redis client, the
-/// dead-letter producer and the APNs client.
+/// Its parts run as one `ServiceGroup`: the operations server, the heap trimmer, the offset committer and the
+/// job consumer. `run()` returns after a graceful stop once its task is cancelled (SIGTERM through the process's
+/// group): the consumer stops fetching, lets in-flight jobs finish for up to `drainTimeout`, hands back the rest,
+/// commits and leaves the group; then the committer, the trimmer and last the operations server stop. The caller
+/// owns (and afterwards shuts down) the Redis client, the dead-letter producer and the APNs client.
 public final class DispatcherService: Service {
-    private let consumer: JobConsumer
+    private let parts: ServiceGroup
     private let server: HTTPServer
 
     /// Binds the operations port (so a taken port fails here) and creates the consumer; nothing is fetched
@@ -41,7 +42,7 @@ public final class DispatcherService: Service {
                                limit: limit, batchSize: max(1, configuration.batchSize),
                                maxBatchesInFlight: max(1, configuration.maxBatchesInFlightPerJob),
                                retryDelay: configuration.infrastructureRetryDelay, metrics: counters, logger: logger)
-        consumer = try JobConsumer(configuration: configuration, runner: runner, metrics: counters, logger: logger)
+        let consumer = try JobConsumer(configuration: configuration, runner: runner, metrics: counters, logger: logger)
         var router = Router()
         let jobsTopic = configuration.jobsTopic
         router.addOperations(readiness: [
@@ -52,24 +53,16 @@ public final class DispatcherService: Service {
         server = try HTTPServer(configuration: HTTPServerConfiguration(address: configuration.address, threads: 1,
                                                                        shutdownGracePeriod: .seconds(1)),
                                 router: router, logger: logger, metrics: metrics)
+        // Stopped newest first: the consumer drains while the operations server still answers.
+        parts = ServiceGroup(services: [server, HeapTrimmer(), OffsetCommitter(consumer: consumer, interval: configuration.commitInterval),
+                                        consumer],
+                             signals: [], gracePeriod: configuration.drainTimeout + .seconds(5), logger: logger)
     }
 
     /// Where `/healthz`, `/readyz` and `/metrics` listen.
     public var address: HostPort { server.localAddress }
 
     public func run() async throws {
-        let server = self.server
-        let operations = Task { try await server.run() }
-        let trimmer = HeapTrimmer()
-        defer { operations.cancel(); trimmer.stop() }
-        do {
-            try await consumer.run()
-        } catch {
-            operations.cancel()
-            _ = try? await operations.value
-            throw error
-        }
-        operations.cancel()
-        _ = try? await operations.value
+        try await parts.run()
     }
 }

@@ -1,4 +1,5 @@
 import Dispatch
+import HeraldRuntime
 internal import CHeraldShims
 
 /// Gives the allocator's free memory back to the system every `interval`, from a timer on a dispatch queue of its
@@ -7,18 +8,18 @@ internal import CHeraldShims
 /// glibc keeps what a burst freed in its per-thread arenas: after the dispatcher catches up on a backlog (a
 /// consumer restart, a rebalance, a broker outage) with `maxInFlightJobs` jobs at once, its RSS would stay at that
 /// peak for good, hiding the memory actually in use.
-final class HeapTrimmer {
-    private let timer: any DispatchSourceTimer
+struct HeapTrimmer: Service {
+    var interval: Duration = .seconds(30)
 
-    /// Starts trimming; the first trim comes after one `interval`.
-    init(interval: Duration = .seconds(30)) {
+    /// Trims until cancelled; the first trim comes after one `interval`. A trim under way when cancelled finishes
+    /// on its queue.
+    func run() async {
         let nanoseconds = Int(interval.inNanoseconds)
-        timer = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "herald.heap-trimmer"))
+        let timer = DispatchSource.makeTimerSource(queue: DispatchQueue(label: "herald.heap-trimmer"))
         timer.schedule(deadline: .now() + .nanoseconds(nanoseconds), repeating: .nanoseconds(nanoseconds))
         timer.setEventHandler { _ = herald_malloc_trim() }
         timer.resume()
+        await waitForCancellation()
+        timer.cancel()
     }
-
-    /// Stops the timer; a trim under way finishes on its queue.
-    func stop() { timer.cancel() }
 }

@@ -13,7 +13,7 @@ import HeraldRuntime
 /// With `fetchStallRecovery` configured, a stalled consumer (see `FetchWatchdog`) is replaced by one with a longer
 /// fetch wait, which leaves and rejoins the group; its partitions' unsettled jobs are handed back like on a
 /// rebalance.
-final class JobConsumer: Sendable {
+final class JobConsumer: Service {
     /// Replaced only by the fetch loop (`restartConsumer`); the committer and the drain read it.
     private let current: Lock<KafkaConsumer>
     private var consumer: KafkaConsumer { current.withLock { $0 } }
@@ -23,6 +23,7 @@ final class JobConsumer: Sendable {
     private let metrics: DispatcherMetrics
     private let logger: Logger
     private let slotFreed = SlotSignal()
+    private let lastCommit = Lock<Task<Void, Never>?>(nil)
 
     init(configuration: DispatcherConfiguration, runner: JobRunner, metrics: DispatcherMetrics,
          logger: Logger) throws(KafkaError) {
@@ -45,16 +46,9 @@ final class JobConsumer: Sendable {
     }
 
     /// Fetches and dispatches until cancelled, then drains: waits up to `drainTimeout` for in-flight jobs,
-    /// cancels the rest, commits what settled and leaves the group.
+    /// cancels the rest, commits what settled and leaves the group. (`OffsetCommitter` commits meanwhile.)
     func run() async throws {
         try await consumer.subscribe(topics: [configuration.jobsTopic])
-        // Commits run beside the fetch loop so that waiting for the broker's answer never delays fetching.
-        let committer = Task { [self] in
-            while !Task.isCancelled {
-                try? await Task.sleep(for: configuration.commitInterval)
-                await commit()
-            }
-        }
         var failure: (any Error)?
         var fetch = FetchState(configuration: configuration)
         while !Task.isCancelled {
@@ -84,8 +78,6 @@ final class JobConsumer: Sendable {
                 break
             }
         }
-        committer.cancel()
-        await committer.value
         // Cancelled: drain in a fresh task, since sleeps and waits return at once in a cancelled one.
         await Task { await self.drain() }.value
         if let failure { throw failure }
@@ -161,7 +153,21 @@ final class JobConsumer: Sendable {
         }
     }
 
-    private func commit() async {
+    /// Commits every partition's offset up to its oldest unsettled job. Commits run one after another (the
+    /// committer's and the drain's), so an older position never lands after a newer one.
+    func commit() async {
+        let commit = lastCommit.withLock { last -> Task<Void, Never> in
+            let previous = last
+            last = Task { [self] in
+                await previous?.value
+                await commitSettled()
+            }
+            return last!
+        }
+        await commit.value
+    }
+
+    private func commitSettled() async {
         let positions = book.uncommitted()
         guard !positions.isEmpty else { return }
         do {
@@ -357,6 +363,20 @@ final class SlotSignal: Sendable {
                 // Still waiting unless a signal resumed it first.
                 state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
             }
+        }
+    }
+}
+
+/// Commits the consumer's settled offsets every `interval`, beside the fetch loop, so that waiting for the
+/// broker's answer never delays fetching. Stopped after the consumer, whose drain makes the last commit.
+struct OffsetCommitter: Service {
+    let consumer: JobConsumer
+    let interval: Duration
+
+    func run() async {
+        while !Task.isCancelled {
+            try? await Task.sleep(for: interval)
+            await consumer.commit()
         }
     }
 }

@@ -11,9 +11,8 @@ struct EventsAPI: Sendable {
     let idempotency: IdempotencyStore
     let topic: String
     /// How long a request waits for the broker's acknowledgement before answering 503.
+    /// librdkafka's `message.timeout.ms` on `producer`: every publish is answered by then.
     let publishTimeout: Duration
-    /// Answers the requests still waiting at `publishTimeout`.
-    let deadlines: PublishDeadlines
     let gate: Gatekeeper
     let logger: Logger
     let published = MetricsRegistry.shared.counter("herald_ingest_jobs_published_total",
@@ -48,10 +47,9 @@ struct EventsAPI: Sendable {
 
     /// Publishes once per client-chosen id (24 h window) and answers 202 with the job id after the ack.
     ///
-    /// The answer comes within `publishTimeout` whatever the broker does: 503 when the broker has not
-    /// acknowledged by then. A record that is acknowledged after its 503 was sent is published all the same
-    /// (at least once); its id's claim is then settled by the late report, so a retry with the same id answers
-    /// 409 meanwhile and the first job's id afterwards, and never publishes twice.
+    /// The answer comes soon after `publishTimeout` whatever the broker does (librdkafka reports a record it
+    /// could not deliver within `message.timeout.ms`, checking about once a second): 503 when the broker has not
+    /// acknowledged by then. A 503 releases a client-chosen id, so a retry with the same id publishes again.
     private func publish(_ job: PushJob, clientChoseID: Bool) async throws -> HTTPResponse {
         if clientChoseID {
             switch try await idempotency.claim(app: job.appId, id: job.id) {
@@ -63,7 +61,7 @@ struct EventsAPI: Sendable {
             }
         }
         let start = ContinuousClock.now
-        switch await awaitAck(job, settlesClaim: clientChoseID) {
+        switch await awaitAck(job) {
         case .acknowledged:
             publishLatency.observe(since: start)
             published.labels(job.target.kind.rawValue).increment()
@@ -75,40 +73,27 @@ struct EventsAPI: Sendable {
             throw error
         case .timedOut:
             publishFailures.increment()
+            if clientChoseID { try? await idempotency.release(app: job.appId, id: job.id) }
             logger.warning("kafka did not acknowledge in time", ["job.id": job.id, "timeout": "\(publishTimeout)"])
             throw HTTPError.unavailable("the job queue did not acknowledge the event within \(publishTimeout); retry later"
                                         + (clientChoseID ? " with the same id" : ""))
         }
     }
 
-    /// Queues the job and waits for the broker's answer, at most `publishTimeout`.
-    private func awaitAck(_ job: PushJob, settlesClaim: Bool) async -> PublishOutcome {
+    /// Queues the job and waits for the broker's answer.
+    private func awaitAck(_ job: PushJob) async -> PublishOutcome {
         await withCheckedContinuation { continuation in
-            let waiter = PublishWaiter(continuation)
             do throws(KafkaError) {
                 try producer.send(topic: topic, key: Array(job.recordKey.utf8), value: job.encoded()) { result in
-                    // Runs on the producer's thread: anything slow goes to a task.
-                    let outcome: PublishOutcome = switch result {
-                    case .success: .acknowledged
-                    case .failure(let error): .failed(error)
+                    switch result {
+                    case .success: continuation.resume(returning: .acknowledged)
+                    case .failure(let error) where error.code == .messageTimedOut: continuation.resume(returning: .timedOut)
+                    case .failure(let error): continuation.resume(returning: .failed(error))
                     }
-                    if !waiter.resolve(outcome), settlesClaim { Task { await settleLate(job, outcome) } }
                 }
             } catch {
-                waiter.resolve(.failed(error))
-                return
+                continuation.resume(returning: .failed(error))
             }
-            deadlines.add(waiter, at: .now + publishTimeout)
-        }
-    }
-
-    /// The broker answered after the request got its 503: settle the id's claim the way the answer says.
-    private func settleLate(_ job: PushJob, _ outcome: PublishOutcome) async {
-        if case .acknowledged = outcome {
-            published.labels(job.target.kind.rawValue).increment()
-            await markPublished(job)
-        } else {
-            try? await idempotency.release(app: job.appId, id: job.id)
         }
     }
 
@@ -135,71 +120,4 @@ enum PublishOutcome: Sendable {
     case acknowledged
     case failed(KafkaError)
     case timedOut
-}
-
-/// Resumes a publishing request exactly once: with the broker's answer or the deadline's, whichever comes first.
-final class PublishWaiter: Sendable {
-    private let continuation: Lock<CheckedContinuation<PublishOutcome, Never>?>
-
-    init(_ continuation: CheckedContinuation<PublishOutcome, Never>) {
-        self.continuation = Lock(continuation)
-    }
-
-    /// Resumes the request unless something else already did; true when this call resumed it.
-    @discardableResult
-    func resolve(_ outcome: PublishOutcome) -> Bool {
-        guard let continuation = continuation.withLock({ $0.take() }) else { return false }
-        continuation.resume(returning: outcome)
-        return true
-    }
-}
-
-/// The publish deadlines of every waiting request, answered `.timedOut` by one sweep every few milliseconds.
-///
-/// Why not a timer task per request: creating, sleeping and cancelling one woke Swift's global pool twice per
-/// event. Every request waits the same `publishTimeout`, so adding in arrival order keeps the queue sorted by
-/// deadline and a sweep only looks at its front. Answered requests stay queued (a few words each) until their
-/// deadline passes: at most the publish rate times the timeout.
-final class PublishDeadlines: Sendable {
-    /// How late a timed-out request may be answered past its deadline.
-    static let sweepInterval: Duration = .milliseconds(20)
-
-    private struct Queue {
-        var entries: [(deadline: ContinuousClock.Instant, waiter: PublishWaiter)] = []
-        /// Entries before `head` are swept; compacted once they are the larger part.
-        var head = 0
-    }
-
-    private let queue = Lock(Queue())
-
-    init() {}
-
-    /// Answers `waiter` with `.timedOut` at `deadline` if nothing answered it before. Deadlines must not decrease
-    /// from one call to the next (one timeout for every request); one that does is answered at most a sweep late.
-    func add(_ waiter: PublishWaiter, at deadline: ContinuousClock.Instant) {
-        queue.withLock { $0.entries.append((deadline, waiter)) }
-    }
-
-    /// Answers every request past its deadline.
-    func expire(now: ContinuousClock.Instant = .now) {
-        let due = queue.withLock { queue in
-            let start = queue.head
-            while queue.head < queue.entries.count, queue.entries[queue.head].deadline <= now { queue.head += 1 }
-            let due = Array(queue.entries[start..<queue.head])
-            if queue.head > 1024, queue.head * 2 > queue.entries.count {
-                queue.entries.removeFirst(queue.head)
-                queue.head = 0
-            }
-            return due
-        }
-        for entry in due { entry.waiter.resolve(.timedOut) }
-    }
-
-    /// Sweeps until the calling task is cancelled.
-    func run() async {
-        while !Task.isCancelled {
-            try? await Task.sleep(for: Self.sweepInterval)
-            expire()
-        }
-    }
 }

@@ -8,7 +8,6 @@ import HeraldStore
 /// herald-ingest: the HTTP API in front of Redis (subscriptions, registrations, rate limits) and Kafka (jobs).
 public final class IngestService: Service {
     let server: HTTPServer
-    private let deadlines = PublishDeadlines()
 
     /// Binds the listening socket (so a taken port fails here, and port 0 is resolved before `run()`).
     public init(configuration: IngestConfiguration, apps: AppRegistry, redis: RedisClient, producer: KafkaProducer,
@@ -20,7 +19,7 @@ public final class IngestService: Service {
         ActivitiesAPI(store: ActivityStore(redis: redis, ttl: configuration.activityTTL), gate: gate, logger: logger)
             .register(on: &router)
         EventsAPI(producer: producer, idempotency: IdempotencyStore(redis: redis), topic: configuration.jobsTopic,
-                  publishTimeout: configuration.publishTimeout, deadlines: deadlines, gate: gate, logger: logger)
+                  publishTimeout: configuration.publishTimeout, gate: gate, logger: logger)
             .register(on: &router)
         Operations(redis: redis, producer: producer, topic: configuration.jobsTopic).register(on: &router)
         server = try HTTPServer(configuration: configuration.http, router: router, logger: logger)
@@ -30,10 +29,6 @@ public final class IngestService: Service {
     public var address: HostPort { server.localAddress }
 
     public func run() async throws {
-        // Unstructured, so it outlives the server's cancellation: requests still publishing during the drain keep
-        // their deadlines. Stopped once the server has stopped.
-        let sweeper = Task { [deadlines] in await deadlines.run() }
-        defer { sweeper.cancel() }
         try await server.run()
     }
 }

@@ -7,22 +7,26 @@ public protocol Service: Sendable {
     func run() async throws
 }
 
-/// Runs services together and stops them on SIGTERM or SIGINT: the last one started is cancelled first, each
-/// given until `gracePeriod` (shared) to return. Modelled on swift-service-lifecycle's ServiceGroup.
-public struct ServiceGroup: Sendable {
+/// Runs services together and stops them on one of `signals`, when its own task is cancelled, or when one of
+/// them ends: the last one started is cancelled first, each given until `gracePeriod` (shared) to return.
+/// Modelled on swift-service-lifecycle's ServiceGroup. A group is a Service itself (one service made of parts).
+public struct ServiceGroup: Service {
     public var services: [any Service]
+    public var signals: [Int32]
     public var gracePeriod: Duration
     public var logger: Logger
 
-    public init(services: [any Service], gracePeriod: Duration = .seconds(25), logger: Logger) {
+    public init(services: [any Service], signals: [Int32] = [SIGTERM, SIGINT], gracePeriod: Duration = .seconds(25),
+                logger: Logger) {
         self.services = services
+        self.signals = signals
         self.gracePeriod = gracePeriod
         self.logger = logger
     }
 
-    /// Runs until a signal arrives or a service fails; rethrows the first failure.
+    /// Runs until a signal arrives, the task is cancelled or a service ends; rethrows the first failure.
     public func run() async throws {
-        let signals = SignalWaiter(signals: [SIGTERM, SIGINT])
+        let signals = SignalWaiter(signals: self.signals)
         let count = services.count
         let result: (any Error)? = await withTaskGroup(of: (Int, (any Error)?).self) { group in
             // One child task per service, each in its own task so it can be cancelled on its own.
@@ -37,6 +41,10 @@ public struct ServiceGroup: Sendable {
             group.addTask {
                 let signal = await signals.next()
                 return (-1, signal.map { SignalReceived(signal: $0) })
+            }
+            group.addTask {
+                await waitForCancellation()
+                return (-1, nil)
             }
             var firstError: (any Error)?
             var finished = 0
@@ -81,6 +89,11 @@ public struct ServiceGroup: Sendable {
 }
 
 struct SignalReceived: Error { let signal: Int32 }
+
+/// Returns once the calling task is cancelled.
+public func waitForCancellation() async {
+    while !Task.isCancelled { try? await Task.sleep(for: .seconds(3600)) }
+}
 
 /// Turns POSIX signals into an async wait. The default action of each signal is ignored while it is watched.
 // @unchecked: `sources` is set once in init and dispatch sources are thread-safe; the rest is in a Lock.
