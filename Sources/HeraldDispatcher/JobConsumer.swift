@@ -67,9 +67,10 @@ final class JobConsumer: Service {
                 for record in records where !revoked.contains(KafkaTopicPartition(topic: record.topic, partition: record.partition)) {
                     dispatch(record)
                 }
-                if fetch.checkDue(now: .now) {
-                    let stalled = fetch.stalled(try await consumer.progress(), now: .now)
-                    if let stalled { try await restartConsumer(stalled: stalled, fetch: &fetch) }
+                if fetch.checkDue(now: .now), let recovery = fetch.recovery,
+                   let stalled = fetch.stalled(try await consumer.progress(), now: .now) {
+                    try await restartConsumer(stalled: stalled, fetchWait: recovery.replacementFetchWait(after: fetch.wait),
+                                              fetch: &fetch)
                 }
             } catch {
                 if Task.isCancelled { break }
@@ -94,8 +95,8 @@ final class JobConsumer: Service {
     }
 
     /// Replaces the consumer with one whose fetch wait is longer (a fetch wait cannot change on a live one).
-    private func restartConsumer(stalled: [KafkaPartitionProgress], fetch: inout FetchState) async throws {
-        let longer = fetch.recovery?.replacementFetchWait(after: fetch.wait) ?? fetch.wait
+    private func restartConsumer(stalled: [KafkaPartitionProgress], fetchWait longer: Duration,
+                                 fetch: inout FetchState) async throws {
         metrics.fetchStalls.increment()
         logger.warning("no records fetched although the broker has more; restarting the consumer with a longer fetch wait", [
             "kafka.partitions": stalled.isEmpty ? "none received since the last replacement"
