@@ -45,11 +45,13 @@ let package = Package(
         .target(name: "HeraldKafka", dependencies: ["CRdKafka", "HeraldRuntime"]),
         // Our own HTTP/1.1 server (epoll loops, one per worker thread) with a small router.
         .target(name: "HeraldHTTP", dependencies: ["CHeraldShims", "HeraldRuntime"]),
-        // HTTP/2 APNs client (nghttp2 + OpenSSL) with provider tokens.
-        .target(name: "HeraldAPNs", dependencies: ["CNghttp2", "COpenSSL", "CHeraldShims", "HeraldAPNsCore",
+        // TLS over non-blocking sockets (OpenSSL), for the APNs client and the simulator.
+        .target(name: "HeraldTLS", dependencies: ["COpenSSL", "CHeraldShims", "HeraldCrypto", "HeraldRuntime"]),
+        // HTTP/2 APNs client (nghttp2 + HeraldTLS) with provider tokens.
+        .target(name: "HeraldAPNs", dependencies: ["CNghttp2", "CHeraldShims", "HeraldAPNsCore", "HeraldTLS",
                                                    "HeraldCrypto", "HeraldRuntime"]),
         // The strict APNs stand-in used by tests, benchmarks and the local stack.
-        .target(name: "HeraldAPNsSimulator", dependencies: ["CNghttp2", "COpenSSL", "CHeraldShims",
+        .target(name: "HeraldAPNsSimulator", dependencies: ["CNghttp2", "COpenSSL", "CHeraldShims", "HeraldTLS",
                                                             "HeraldCrypto", "HeraldRuntime"]),
         // The Redis data model: subscriptions, Live Activity registrations, rate limits, idempotency.
         .target(name: "HeraldStore", dependencies: ["HeraldCore", "HeraldRedis", "HeraldCrypto", "HeraldRuntime"]),

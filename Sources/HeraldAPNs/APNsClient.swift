@@ -2,6 +2,7 @@ import Foundation
 import HeraldAPNsCore
 import HeraldCrypto
 import HeraldRuntime
+import HeraldTLS
 
 /// An HTTP/2 APNs client with token (JWT) authentication.
 ///
@@ -37,7 +38,10 @@ public final class APNsClient: Sendable {
                                                 now: now, metrics: metrics)
         // A peer that vanishes must surface as a write error, not kill the process: OpenSSL writes with write(2).
         signal(SIGPIPE, SIG_IGN)
-        let tls = try TLSContext(extraCAFile: configuration.extraCAFile)
+        let tls: TLSContext
+        do { tls = try TLSContext.client(extraCAFile: configuration.extraCAFile) } catch {
+            throw APNsError(.invalidConfiguration, error.message)
+        }
         loop = try EventLoop(name: "herald-apns", tickInterval: .milliseconds(25))
         let core = ClientCore(configuration: configuration, loop: loop, tls: tls, metrics: self.metrics, logger: logger)
         self.core = core

@@ -2,6 +2,7 @@
 import Foundation
 import HeraldCrypto
 import HeraldRuntime
+import HeraldTLS
 internal import CNghttp2
 
 /// One client connection: TLS handshake, then an nghttp2 server session driven by poll(2) on the connection's
@@ -69,7 +70,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
             logger.debug("connection closed", ["sim.requests": "\(handledCount)"])
         }
         let tls: TLSStream
-        do { tls = try TLSStream(context: simulator.tls, descriptor: descriptor) } catch {
+        do { tls = try TLSStream(context: simulator.tls, descriptor: descriptor, serverName: nil) } catch {
             logger.error("TLS set-up failed", ["error": "\(error)"])
             return
         }
@@ -111,9 +112,9 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
     private func handshake(_ tls: TLSStream) -> Bool {
         let deadline = ContinuousClock.now + simulator.configuration.handshakeTimeout
         while true {
-            switch tls.acceptStep() {
+            switch tls.handshake() {
             case .done: return true
-            case .closed:
+            case .closedByPeer, .failed:
                 logger.debug("TLS handshake failed")
                 return false
             case .wouldBlock(let wantsWrite):
@@ -221,7 +222,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                 if dropRequested { return true }
             case .wouldBlock:
                 return true
-            case .closed:
+            case .closedByPeer, .failed:
                 return false
             }
         }
@@ -240,7 +241,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                     lastWriteProgress = .now
                 case .wouldBlock:
                     return true
-                case .closed:
+                case .closedByPeer, .failed:
                     return false
                 }
                 continue

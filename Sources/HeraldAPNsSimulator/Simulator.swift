@@ -1,5 +1,6 @@
 import Foundation
 import HeraldRuntime
+import HeraldTLS
 import Synchronization
 
 /// A strict local stand-in for APNs: HTTP/2 over TLS, provider-token checks, Apple's request rules and
@@ -21,7 +22,7 @@ public final class APNsSimulator: Sendable {
 
     let configuration: APNsSimulatorConfiguration
     let logger: Logger
-    let tls: TLSServerContext
+    let tls: TLSContext
     let verifier: ProviderTokenVerifier
     let ruleBook: RuleBook
     let recorder: LineRecorder?
@@ -49,8 +50,8 @@ public final class APNsSimulator: Sendable {
         }
         self.configuration = configuration
         self.logger = logger
-        tls = try TLSServerContext(certificateChain: configuration.certificateChainPath,
-                                   privateKey: configuration.privateKeyPath)
+        tls = try TLSContext.server(certificateChain: configuration.certificateChainPath,
+                                    privateKey: configuration.privateKeyPath)
         verifier = ProviderTokenVerifier(keys: configuration.providerKeys,
                                          maximumAge: configuration.providerTokenMaximumAge,
                                          allowedSkew: configuration.providerTokenClockSkew)

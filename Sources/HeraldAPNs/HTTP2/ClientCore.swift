@@ -1,5 +1,6 @@
 import Foundation
 import HeraldRuntime
+import HeraldTLS
 
 /// The client's metrics (Prometheus names under `herald_apns_`).
 struct APNsMetrics: Sendable {

@@ -1,19 +1,11 @@
-// Over 400 lines: one APNs connection's whole life (resolve, connect, TLS, HTTP/2 session, PINGs, timeouts) is one state machine.
-import HeraldCrypto
+// Over 400 lines: one APNs connection's life (address by address, then TLS, then the HTTP/2 session with its PINGs and timeouts) is one state machine; sockets come from SocketConnector, TLS from HeraldTLS.
 import Foundation
 import HeraldRuntime
 internal import CNghttp2
-internal import COpenSSL
+import HeraldTLS
 internal import CHeraldShims
 
-/// A resolved socket address.
-struct SocketAddress: @unchecked Sendable {  // @unchecked: a plain C value (sockaddr_storage) copied by value.
-    var storage = sockaddr_storage()
-    var length: socklen_t = 0
-    var family: Int32 { Int32(storage.ss_family) }
-}
-
-/// One HTTP/2-over-TLS connection to APNs: a non-blocking socket, an SSL object and an nghttp2 client session.
+/// One HTTP/2-over-TLS connection to APNs: a non-blocking socket, a `TLSStream` and an nghttp2 client session.
 ///
 /// Lives on the loop thread only. nghttp2 callbacks never close the connection themselves (the session must not
 /// be deleted inside its own callback): they record what happened and `afterIO` acts on it.
@@ -31,7 +23,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     private(set) var wasReady = false
 
     private var fd: Int32 = -1
-    private var ssl: OpaquePointer?
+    private var tls: TLSStream?
     private var session: OpaquePointer?
     private var writeInterest = false
     private var addresses: [SocketAddress] = []
@@ -79,35 +71,9 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     func start() {
         let host = endpoint.host, port = endpoint.port, loop = core.loop
         Thread.detachNewThread { [self] in
-            let result = Self.resolve(host: host, port: port)
+            let result = SocketConnector.resolve(host: host, port: port)
             loop.execute { self.connect(result) }
         }
-    }
-
-    private static func resolve(host: String, port: UInt16) -> Result<[SocketAddress], APNsError> {
-        var hints = addrinfo()
-        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
-        hints.ai_family = AF_UNSPEC
-        var list: UnsafeMutablePointer<addrinfo>?
-        let status = getaddrinfo(host, String(port), &hints, &list)
-        guard status == 0, let list else {
-            return .failure(APNsError(.connectionFailed, "cannot resolve \(host): \(String(cString: gai_strerror(status)))"))
-        }
-        defer { freeaddrinfo(list) }
-        var addresses: [SocketAddress] = []
-        var cursor: UnsafeMutablePointer<addrinfo>? = list
-        while let entry = cursor {
-            if let address = entry.pointee.ai_addr, Int(entry.pointee.ai_addrlen) <= MemoryLayout<sockaddr_storage>.size {
-                var resolved = SocketAddress()
-                withUnsafeMutableBytes(of: &resolved.storage) { target in
-                    target.copyMemory(from: UnsafeRawBufferPointer(start: address, count: Int(entry.pointee.ai_addrlen)))
-                }
-                resolved.length = entry.pointee.ai_addrlen
-                addresses.append(resolved)
-            }
-            cursor = entry.pointee.ai_next
-        }
-        return addresses.isEmpty ? .failure(APNsError(.connectionFailed, "no address for \(host)")) : .success(addresses)
     }
 
     private func connect(_ resolution: Result<[SocketAddress], APNsError>) {
@@ -134,19 +100,9 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
         attemptsLeft -= 1
         let address = addresses[nextAddress % addresses.count]
         nextAddress += 1
-        fd = socket(address.family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else {
-            return connectNextAddress(after: APNsError(.connectionFailed, "socket: \(String(cString: strerror(errno)))"))
-        }
-        var one: Int32 = 1
-        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-        var target = address
-        let result = withUnsafePointer(to: &target.storage) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, address.length) }
-        }
-        guard result == 0 || errno == EINPROGRESS else {
-            let message = "connect to \(endpoint): \(String(cString: strerror(errno)))"
-            return connectNextAddress(after: APNsError(.connectionFailed, message))
+        switch SocketConnector.startConnecting(to: address, endpoint: endpoint) {
+        case .success(let descriptor): fd = descriptor
+        case .failure(let error): return connectNextAddress(after: error)
         }
         state = .connecting
         writeInterest = true
@@ -156,13 +112,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     func handle(events: DescriptorEvents) {
         switch state {
         case .connecting:
-            var error: Int32 = 0
-            var length = socklen_t(MemoryLayout<Int32>.size)
-            getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length)
-            if error != 0 {
-                let message = "connect to \(endpoint): \(String(cString: strerror(error)))"
-                return connectNextAddress(after: APNsError(.connectionFailed, message))
-            }
+            if let error = SocketConnector.pendingError(fd, endpoint: endpoint) { return connectNextAddress(after: error) }
             startTLS()
         case .handshaking:
             continueHandshake()
@@ -175,55 +125,28 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     }
 
     private func startTLS() {
-        guard let ssl = SSL_new(core.tls.pointer) else {
-            return close(APNsError(.tlsFailure, "SSL_new failed" + OpenSSLErrors.drain()))
-        }
-        self.ssl = ssl
-        SSL_set_fd(ssl, fd)
-        SSL_set_connect_state(ssl)
-        if Self.isIPAddress(endpoint.host) {
-            // No SNI for IP literals (RFC 6066); verify the address against the certificate's IP SANs.
-            X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), endpoint.host)
-        } else {
-            _ = herald_ssl_set_tlsext_host_name(ssl, endpoint.host)
-            SSL_set1_host(ssl, endpoint.host)
+        do { tls = try TLSStream(context: core.tls, descriptor: fd, serverName: endpoint.host) } catch {
+            return close(APNsError(.tlsFailure, error.message))
         }
         state = .handshaking
         continueHandshake()
     }
 
-    private static func isIPAddress(_ host: String) -> Bool {
-        var buffer = in6_addr()
-        return inet_pton(AF_INET, host, &buffer) == 1 || inet_pton(AF_INET6, host, &buffer) == 1
-    }
-
     private func continueHandshake() {
-        guard let ssl else { return }
-        let result = SSL_do_handshake(ssl)
-        if result != 1 {
-            switch SSL_get_error(ssl, result) {
-            case SSL_ERROR_WANT_READ: setWriteInterest(false)
-            case SSL_ERROR_WANT_WRITE: setWriteInterest(true)
-            default:
-                // A server that speaks no protocol we offered may refuse the handshake with this alert.
-                if Int32(ERR_peek_error() & 0x7F_FFFF) == SSL_R_TLSV1_ALERT_NO_APPLICATION_PROTOCOL {
-                    return close(APNsError(.http2NotNegotiated, "\(endpoint) does not offer ALPN h2" + OpenSSLErrors.drain()))
-                }
-                let verify = SSL_get_verify_result(ssl)
-                let detail = verify != X509_V_OK
-                    ? String(cString: X509_verify_cert_error_string(verify)) + OpenSSLErrors.drain()
-                    : "handshake failed" + OpenSSLErrors.drain()
-                close(APNsError(.tlsFailure, "TLS with \(endpoint): \(detail)"))
-            }
-            return
+        guard let tls else { return }
+        switch tls.handshake() {
+        case .done:
+            guard tls.negotiatedH2 else { return close(APNsError(.http2NotNegotiated, "\(endpoint) did not select ALPN h2")) }
+            startHTTP2()
+        case .wouldBlock(let wantsWrite):
+            setWriteInterest(wantsWrite)
+        case .failed(let failure) where failure.peerRefusedALPN:
+            close(APNsError(.http2NotNegotiated, "\(endpoint) does not offer ALPN h2" + failure.message))
+        case .failed(let failure):
+            close(APNsError(.tlsFailure, "TLS with \(endpoint): \(failure.message)"))
+        case .closedByPeer:
+            close(APNsError(.tlsFailure, "TLS with \(endpoint): handshake failed"))
         }
-        var protocolName: UnsafePointer<UInt8>?
-        var protocolLength: UInt32 = 0
-        SSL_get0_alpn_selected(ssl, &protocolName, &protocolLength)
-        guard protocolLength == 2, let protocolName, protocolName[0] == UInt8(ascii: "h"), protocolName[1] == UInt8(ascii: "2") else {
-            return close(APNsError(.http2NotNegotiated, "\(endpoint) did not select ALPN h2"))
-        }
-        startHTTP2()
     }
 
     private func startHTTP2() {
@@ -251,25 +174,23 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     // MARK: I/O
 
     private func readAvailable() {
-        guard let ssl, let session else { return }
+        guard let tls, let session else { return }
         let buffer = core.readBuffer
         while state != .closed {
-            let count = SSL_read(ssl, buffer.baseAddress, Int32(buffer.count))
-            if count > 0 {
+            switch tls.read(into: UnsafeMutableRawBufferPointer(buffer)) {
+            case .done(let count):
                 lastReceived = Monotonic.now()
-                let consumed = nghttp2_session_mem_recv(session, buffer.baseAddress, Int(count))
+                let consumed = nghttp2_session_mem_recv(session, buffer.baseAddress, count)
                 if consumed < 0 {
                     return close(APNsError(.protocolError, "HTTP/2: \(String(cString: nghttp2_strerror(Int32(consumed))))"))
                 }
-                continue
-            }
-            switch SSL_get_error(ssl, count) {
-            case SSL_ERROR_WANT_READ: return
-            case SSL_ERROR_WANT_WRITE: return setWriteInterest(true)
-            case SSL_ERROR_ZERO_RETURN: return close(APNsError(.connectionFailed, "\(endpoint) closed the connection"))
-            default:
-                let reason = errno != 0 ? String(cString: strerror(errno)) : "end of stream"
-                return close(APNsError(.connectionFailed, "connection to \(endpoint) lost: \(reason)" + OpenSSLErrors.drain()))
+            case .wouldBlock(let wantsWrite):
+                if wantsWrite { setWriteInterest(true) }
+                return
+            case .closedByPeer:
+                return close(APNsError(.connectionFailed, "\(endpoint) closed the connection"))
+            case .failed(let failure):
+                return close(APNsError(.connectionFailed, "connection to \(endpoint) lost: \(failure.message)"))
             }
         }
     }
@@ -277,7 +198,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     /// Writes what nghttp2 has queued until the socket would block. Batches frames into one TLS write.
     func flush() {
         isDirty = false
-        guard let ssl, let session, state != .closed else { return }
+        guard let tls, let session, state != .closed else { return }
         while true {
             if outgoingOffset == outgoing.count {
                 outgoing.removeAll(keepingCapacity: true)
@@ -293,18 +214,17 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
                 }
                 if outgoing.isEmpty { break }
             }
-            let written = outgoing.withUnsafeBytes { bytes in
-                SSL_write(ssl, bytes.baseAddress! + outgoingOffset, Int32(bytes.count - outgoingOffset))
-            }
-            if written > 0 {
-                outgoingOffset += Int(written)
+            let written = outgoing.withUnsafeBytes { tls.write(UnsafeRawBufferPointer(rebasing: $0[outgoingOffset...])) }
+            switch written {
+            case .done(let count):
+                outgoingOffset += count
                 continue
-            }
-            switch SSL_get_error(ssl, written) {
-            case SSL_ERROR_WANT_WRITE: return setWriteInterest(true)
-            case SSL_ERROR_WANT_READ: return
-            default:
-                let error = APNsError(.connectionFailed, "write to \(endpoint) failed: \(String(cString: strerror(errno)))")
+            case .wouldBlock(let wantsWrite):
+                if wantsWrite { setWriteInterest(true) }
+                return
+            case .closedByPeer, .failed:
+                let reason = if case .failed(let failure) = written { failure.message } else { "closed by the peer" }
+                let error = APNsError(.connectionFailed, "write to \(endpoint) failed: \(reason)")
                 // A server that closed after answering (GOAWAY, then close) may have left answers and its GOAWAY
                 // unread here: take them before failing what is left, so answered requests are not reported lost
                 // and the unprocessed ones are known to be safe to resend.
@@ -468,10 +388,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
             nghttp2_session_del(session)
             self.session = nil
         }
-        if let ssl {
-            SSL_free(ssl)
-            self.ssl = nil
-        }
+        tls = nil
         if fd >= 0 {
             core.loop.unregister(fd)
             Glibc.close(fd)
