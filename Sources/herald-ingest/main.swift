@@ -22,7 +22,7 @@ let usage = """
       HERALD_RATE_LIMIT_PER_MINUTE  requests per key per minute [\(defaults.rateLimitPerMinute)]
       HERALD_ACTIVITY_TTL_SECONDS   Live Activity registration lifetime [\(defaults.activityTTL.secondsText)]
       HERALD_MAX_BODY_BYTES         largest request body [\(defaults.maxBodyBytes)]
-      HERALD_PUBLISH_TIMEOUT_SECONDS  wait for the broker's ack before answering 503 [\(defaults.publishTimeout.secondsText)]
+      HERALD_PUBLISH_TIMEOUT_SECONDS  how long a job may wait for the broker's ack (then 503) [\(defaults.publishTimeout.secondsText)]
       HERALD_HTTP_THREADS           HTTP worker loops (threads), one per core to use [\(defaults.threads)]
       HERALD_HTTP_IDLE_TIMEOUT_SECONDS  close a connection with no traffic for this long [\(defaults.idleTimeout.secondsText)]
       HERALD_HTTP_READ_TIMEOUT_SECONDS  a whole request must arrive within this long [\(defaults.readTimeout.secondsText)]
