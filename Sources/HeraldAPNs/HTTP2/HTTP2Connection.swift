@@ -1,7 +1,6 @@
-// Over 400 lines: one APNs connection's life (address by address, then TLS, then the HTTP/2 session with its PINGs and timeouts) is one state machine; sockets come from SocketConnector, TLS from HeraldTLS.
+// Over 400 lines: one APNs connection's life (address by address, TLS, HTTP/2 with its PINGs and timeouts) is one state machine; sockets come from SocketConnector, TLS from HeraldTLS, frames from HTTP2ClientSession.
 import Foundation
 import HeraldRuntime
-internal import CNghttp2
 import HeraldTLS
 internal import CHeraldShims
 
@@ -9,7 +8,7 @@ internal import CHeraldShims
 ///
 /// Lives on the loop thread only. nghttp2 callbacks never close the connection themselves (the session must not
 /// be deleted inside its own callback): they record what happened and `afterIO` acts on it.
-final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchecked: confined to the loop thread; other threads only hold it to post work back.
+final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Sendable {  // @unchecked: confined to the loop thread; other threads only hold it to post work back.
     enum State: String {
         case resolving, connecting, handshaking, awaitingSettings, ready, draining, closed
     }
@@ -24,7 +23,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
 
     private var fd: Int32 = -1
     private var tls: TLSStream?
-    private var session: OpaquePointer?
+    private var session: HTTP2ClientSession?
     private var writeInterest = false
     private var addresses: [SocketAddress] = []
     private var nextAddress = 0
@@ -150,21 +149,10 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     }
 
     private func startHTTP2() {
-        var callbacks: OpaquePointer?
-        nghttp2_session_callbacks_new(&callbacks)
-        defer { nghttp2_session_callbacks_del(callbacks) }
-        nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, onFrameReceived)
-        nghttp2_session_callbacks_set_on_header_callback(callbacks, onHeader)
-        nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onDataChunk)
-        nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onStreamClose)
-        var session: OpaquePointer?
-        let context = Unmanaged.passUnretained(self).toOpaque()
-        guard nghttp2_session_client_new(&session, callbacks, context) == 0, let session else {
+        guard let session = HTTP2ClientSession(events: self) else {
             return close(APNsError(.protocolError, "nghttp2_session_client_new failed"))
         }
         self.session = session
-        var settings = [nghttp2_settings_entry(settings_id: Int32(NGHTTP2_SETTINGS_ENABLE_PUSH.rawValue), value: 0)]
-        nghttp2_submit_settings(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), &settings, settings.count)
         state = .awaitingSettings
         // The server's SETTINGS may already sit in OpenSSL's buffer: epoll would not report it again.
         readAvailable()
@@ -180,9 +168,8 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
             switch tls.read(into: UnsafeMutableRawBufferPointer(buffer)) {
             case .done(let count):
                 lastReceived = Monotonic.now()
-                let consumed = nghttp2_session_mem_recv(session, buffer.baseAddress, count)
-                if consumed < 0 {
-                    return close(APNsError(.protocolError, "HTTP/2: \(String(cString: nghttp2_strerror(Int32(consumed))))"))
+                if let error = session.receive(UnsafeBufferPointer(rebasing: buffer[..<count])) {
+                    return close(APNsError(.protocolError, "HTTP/2: \(error)"))
                 }
             case .wouldBlock(let wantsWrite):
                 if wantsWrite { setWriteInterest(true) }
@@ -203,14 +190,8 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
             if outgoingOffset == outgoing.count {
                 outgoing.removeAll(keepingCapacity: true)
                 outgoingOffset = 0
-                while outgoing.count < 65_536 {
-                    var data: UnsafePointer<UInt8>?
-                    let length = nghttp2_session_mem_send(session, &data)
-                    if length < 0 {
-                        return close(APNsError(.protocolError, "HTTP/2: \(String(cString: nghttp2_strerror(Int32(length))))"))
-                    }
-                    guard length > 0, let data else { break }
-                    outgoing.append(contentsOf: UnsafeBufferPointer(start: data, count: length))
+                if let error = session.takeOutgoing(into: &outgoing, limit: 65_536) {
+                    return close(APNsError(.protocolError, "HTTP/2: \(error)"))
                 }
                 if outgoing.isEmpty { break }
             }
@@ -268,26 +249,11 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     /// Opens a stream for `request`. Returns false when the session refuses (the caller re-queues it).
     func submit(_ request: PendingRequest) -> Bool {
         guard let session, state == .ready else { return false }
-        // nghttp2 copies names and values during the call, so they may point into the request's buffer.
-        let fields = request.headers.fields
-        let context = Unmanaged.passUnretained(request).toOpaque()
-        let streamID: Int32 = request.headers.bytes.withUnsafeBufferPointer { bytes in
-            let base = UnsafeMutablePointer(mutating: bytes.baseAddress!)
-            return withUnsafeTemporaryAllocation(of: nghttp2_nv.self, capacity: fields.count) { nameValues in
-                for (index, field) in fields.enumerated() {
-                    nameValues[index] = nghttp2_nv(name: base + field.nameStart, value: base + field.valueStart,
-                                                   namelen: field.nameLength, valuelen: field.valueLength,
-                                                   flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
-                }
-                var provider = nghttp2_data_provider()
-                provider.read_callback = readBodyCallback
-                // The stream's user data is the request, unretained: `streams` keeps it alive until nghttp2 closes
-                // the stream (or the session is deleted).
-                return nghttp2_submit_request(session, nil, nameValues.baseAddress, fields.count, &provider, context)
-            }
-        }
-        guard streamID > 0 else {
-            logger.warning("stream refused by nghttp2", ["apns.error": String(cString: nghttp2_strerror(streamID))])
+        let streamID: Int32
+        switch session.submit(request) {
+        case .success(let id): streamID = id
+        case .failure(let refusal):
+            logger.warning("stream refused by nghttp2", ["apns.error": refusal.message])
             startDraining()
             return false
         }
@@ -296,7 +262,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
         streamsOpened += 1
         peakActiveStreams = max(peakActiveStreams, streams.count)
         // Stream ids are 31 bits; at APNs rates they run out in hours, so hand over before they do.
-        if nghttp2_session_get_next_stream_id(session) > 0x7FFF_0000 {
+        if session.nextStreamID > 0x7FFF_0000 {
             startDraining()
             pool.connectionStartedDraining(self)
         }
@@ -313,14 +279,14 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     /// Fails a request whose deadline passed and resets its stream.
     func timeOut(_ streamID: Int32, _ request: PendingRequest) {
         request.fail(.timeout, "no answer from \(endpoint) within \(core.configuration.requestTimeout)")
-        if let session { nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, NGHTTP2_CANCEL.rawValue) }
+        session?.cancel(stream: streamID)
         core.markDirty(self)
     }
 
     /// Resets the stream of a cancelled request.
     func cancel(_ request: PendingRequest) {
         guard let streamID = streams.first(where: { $0.value === request })?.key else { return }
-        if let session { nghttp2_submit_rst_stream(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), streamID, NGHTTP2_CANCEL.rawValue) }
+        session?.cancel(stream: streamID)
         core.markDirty(self)
     }
 
@@ -340,7 +306,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
                     close(APNsError(.connectionFailed, "\(endpoint) did not answer PING within \(core.configuration.pingTimeout)"))
                 }
             } else if now &- lastReceived >= UInt64(clamping: core.configuration.pingInterval.inNanoseconds), let session {
-                nghttp2_submit_ping(session, UInt8(NGHTTP2_FLAG_NONE.rawValue), nil)
+                session.ping()
                 pingSentAt = now
                 core.markDirty(self)
             }
@@ -352,7 +318,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     /// Sends GOAWAY (best effort, without waiting), fails what is left with `error`, and closes.
     func terminate(failing error: APNsError) {
         if let session, state != .closed {
-            nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR.rawValue)
+            session.terminate()
             flush()
         }
         close(error)
@@ -384,10 +350,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
     }
 
     private func teardown() {
-        if let session {
-            nghttp2_session_del(session)
-            self.session = nil
-        }
+        session = nil
         tls = nil
         if fd >= 0 {
             core.loop.unregister(fd)
@@ -396,47 +359,32 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
         }
     }
 
-    // MARK: nghttp2 callback bodies
+    // MARK: What the HTTP/2 session saw (called from inside `receive`; `afterIO` acts on it)
 
-    fileprivate func frameReceived(_ frame: UnsafePointer<nghttp2_frame>) {
-        let header = frame.pointee.hd
-        let isAck = header.flags & UInt8(NGHTTP2_FLAG_ACK.rawValue) != 0
-        switch UInt32(header.type) {
-        case NGHTTP2_SETTINGS.rawValue where !isAck:
-            guard let session else { return }
-            let maximum = nghttp2_session_get_remote_settings(session, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS)
-            remoteMaximumStreams = Int(min(maximum, UInt32(Int32.max)))
-            capacityChanged = true
-            if state == .awaitingSettings {
-                state = .ready
-                becameReady = true
-            }
-        case NGHTTP2_PING.rawValue where isAck:
-            pingSentAt = nil
-        case NGHTTP2_GOAWAY.rawValue:
-            let goaway = frame.pointee.goaway
-            var reason = ""
-            if let data = goaway.opaque_data, goaway.opaque_data_len > 0 {
-                reason = String(decoding: UnsafeBufferPointer(start: data, count: goaway.opaque_data_len), as: UTF8.self)
-            }
-            for (streamID, request) in streams where streamID > goaway.last_stream_id {
-                request.notProcessed = true
-            }
-            logger.warning("APNs sent GOAWAY", ["apns.last_stream_id": String(goaway.last_stream_id),
-                                                "apns.error_code": String(goaway.error_code), "apns.reason": reason])
-            if state == .ready || state == .awaitingSettings {
-                state = .draining
-                goawayReceived = true
-            }
-        case NGHTTP2_HEADERS.rawValue, NGHTTP2_DATA.rawValue:
-            if header.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0, let session,
-               let request = Self.request(session, header.stream_id) {
-                request.responseComplete = true
-            }
-        default:
-            break
+    func settingsReceived(maximumConcurrentStreams: Int) {
+        remoteMaximumStreams = maximumConcurrentStreams
+        capacityChanged = true
+        if state == .awaitingSettings {
+            state = .ready
+            becameReady = true
         }
     }
+
+    func pingAcknowledged() { pingSentAt = nil }
+
+    func goawayReceived(lastStreamID: Int32, errorCode: UInt32, reason: String) {
+        for (streamID, request) in streams where streamID > lastStreamID {
+            request.notProcessed = true
+        }
+        logger.warning("APNs sent GOAWAY", ["apns.last_stream_id": String(lastStreamID),
+                                            "apns.error_code": String(errorCode), "apns.reason": reason])
+        if state == .ready || state == .awaitingSettings {
+            state = .draining
+            goawayReceived = true
+        }
+    }
+
+    func responseEnded(_ request: PendingRequest) { request.responseComplete = true }
 
     private static let statusName: StaticString = ":status"
     private static let apnsIDName: StaticString = "apns-id"
@@ -445,7 +393,7 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
         name.count == expected.utf8CodeUnitCount && memcmp(name.baseAddress!, expected.utf8Start, name.count) == 0
     }
 
-    fileprivate func headerReceived(_ request: PendingRequest, name: UnsafeBufferPointer<UInt8>,
+    func headerReceived(_ request: PendingRequest, name: UnsafeBufferPointer<UInt8>,
                                     value: UnsafeBufferPointer<UInt8>) {
         if Self.matches(name, Self.statusName) {
             var status = 0
@@ -456,22 +404,23 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
         }
     }
 
-    fileprivate func dataReceived(_ request: PendingRequest, data: UnsafeBufferPointer<UInt8>) {
+    func dataReceived(_ request: PendingRequest, data: UnsafeBufferPointer<UInt8>) {
         guard request.status != 200 else { return }
         // Error bodies are tiny JSON; cap what a misbehaving server can make us hold.
         let room = max(0, 4096 - request.responseBody.count)
         request.responseBody.append(contentsOf: data.prefix(room))
     }
 
-    fileprivate func streamClosed(_ stream: Int32, errorCode: UInt32) {
+    func streamClosed(_ stream: Int32, _ ending: HTTP2StreamEnding) {
         guard let request = streams.removeValue(forKey: stream) else { return }
         capacityChanged = true
-        if request.status != 0, errorCode == NGHTTP2_NO_ERROR.rawValue || request.responseComplete {
+        if request.status != 0, ending == .noError || request.responseComplete {
             request.resolve(.success(RawResponse(status: request.status, apnsID: request.apnsID, body: request.responseBody)))
-        } else if request.notProcessed || errorCode == NGHTTP2_REFUSED_STREAM.rawValue {
+        } else if request.notProcessed || ending == .refused {
             notProcessed(request, "\(endpoint) refused the stream; it was not processed")
         } else {
-            request.fail(.protocolError, "\(endpoint) reset the stream: \(String(cString: nghttp2_http2_strerror(errorCode)))")
+            let reason = if case .error(let text) = ending { text } else { "NO_ERROR" }
+            request.fail(.protocolError, "\(endpoint) reset the stream: \(reason)")
         }
     }
 
@@ -482,67 +431,4 @@ final class HTTP2Connection: EventLoopHandler, @unchecked Sendable {  // @unchec
         request.resetForRetry()
         pool.retry(request)
     }
-
-    fileprivate static func readBody(_ request: PendingRequest, into buffer: UnsafeMutablePointer<UInt8>, length: Int,
-                                     flags: UnsafeMutablePointer<UInt32>) -> Int {
-        let count = min(length, request.body.count - request.bodyOffset)
-        request.body.withUnsafeBufferPointer { body in
-            buffer.update(from: body.baseAddress! + request.bodyOffset, count: count)
-        }
-        request.bodyOffset += count
-        if request.bodyOffset == request.body.count { flags.pointee |= NGHTTP2_DATA_FLAG_EOF.rawValue }
-        return count
-    }
-}
-
-extension HTTP2Connection {
-    /// The request a stream was opened for (its nghttp2 stream user data).
-    fileprivate static func request(_ session: OpaquePointer, _ stream: Int32) -> PendingRequest? {
-        guard let context = nghttp2_session_get_stream_user_data(session, stream) else { return nil }
-        return Unmanaged<PendingRequest>.fromOpaque(context).takeUnretainedValue()
-    }
-}
-
-// Capture-less nghttp2 callbacks: the session's user data is the connection (unretained; it outlives its session).
-
-private func connection(_ context: UnsafeMutableRawPointer?) -> HTTP2Connection {
-    Unmanaged<HTTP2Connection>.fromOpaque(context!).takeUnretainedValue()
-}
-
-private func onFrameReceived(_ session: OpaquePointer?, _ frame: UnsafePointer<nghttp2_frame>?,
-                             _ context: UnsafeMutableRawPointer?) -> Int32 {
-    if let frame { connection(context).frameReceived(frame) }
-    return 0
-}
-
-private func onHeader(_ session: OpaquePointer?, _ frame: UnsafePointer<nghttp2_frame>?, _ name: UnsafePointer<UInt8>?,
-                      _ nameLength: Int, _ value: UnsafePointer<UInt8>?, _ valueLength: Int, _ flags: UInt8,
-                      _ context: UnsafeMutableRawPointer?) -> Int32 {
-    guard let session, let frame, let name, let value,
-          let request = HTTP2Connection.request(session, frame.pointee.hd.stream_id) else { return 0 }
-    connection(context).headerReceived(request, name: UnsafeBufferPointer(start: name, count: nameLength),
-                                       value: UnsafeBufferPointer(start: value, count: valueLength))
-    return 0
-}
-
-private func onDataChunk(_ session: OpaquePointer?, _ flags: UInt8, _ stream: Int32, _ data: UnsafePointer<UInt8>?,
-                         _ length: Int, _ context: UnsafeMutableRawPointer?) -> Int32 {
-    guard let session, let data, let request = HTTP2Connection.request(session, stream) else { return 0 }
-    connection(context).dataReceived(request, data: UnsafeBufferPointer(start: data, count: length))
-    return 0
-}
-
-private func onStreamClose(_ session: OpaquePointer?, _ stream: Int32, _ errorCode: UInt32,
-                           _ context: UnsafeMutableRawPointer?) -> Int32 {
-    connection(context).streamClosed(stream, errorCode: errorCode)
-    return 0
-}
-
-private func readBodyCallback(_ session: OpaquePointer?, _ stream: Int32, _ buffer: UnsafeMutablePointer<UInt8>?, _ length: Int,
-                      _ flags: UnsafeMutablePointer<UInt32>?, _ source: UnsafeMutablePointer<nghttp2_data_source>?,
-                      _ context: UnsafeMutableRawPointer?) -> Int {
-    guard let session, let buffer, let flags, let request = HTTP2Connection.request(session, stream) else {
-        return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue)
-    }
-    return HTTP2Connection.readBody(request, into: buffer, length: length, flags: flags)
 }
