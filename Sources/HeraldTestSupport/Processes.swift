@@ -14,22 +14,42 @@ public func builtExecutable(_ name: String) throws -> String {
     throw TestEnvironment.Missing(description: "\(name) is not built (looked at \(candidates)); run swift build --build-tests")
 }
 
-/// A free TCP port on 127.0.0.1 (bound, read back, released).
+/// A free TCP port on 127.0.0.1 for a child process to listen on, never the same one twice in a run.
+///
+/// Taken from below Linux's ephemeral range (32768–60999): a port the kernel hands out for port 0 is released
+/// before the child binds it, and any outgoing connection (Redis, the broker, a test client) may take it as its
+/// local port in between, so the child's bind would fail with EADDRINUSE.
 public func freePort() throws -> UInt16 {
+    try handedOutPorts.withLock { handedOut in
+        for _ in 0..<200 {
+            let candidate = UInt16.random(in: 20_000...32_000)
+            guard !handedOut.contains(candidate) else { continue }
+            if try bindsOnLoopback(candidate) {
+                handedOut.insert(candidate)
+                return candidate
+            }
+        }
+        throw TestEnvironment.Missing(description: "no free port in 20000–32000 after 200 tries")
+    }
+}
+
+private let handedOutPorts = Lock<Set<UInt16>>([])
+
+/// Whether `port` can be bound on 127.0.0.1 now (without SO_REUSEADDR, so a port in TIME_WAIT counts as taken).
+private func bindsOnLoopback(_ port: UInt16) throws -> Bool {
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
     defer { close(fd) }
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
     address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-    let bound = withUnsafeMutablePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer -> Int32 in
-            guard bind(fd, pointer, length) == 0 else { return -1 }
-            return getsockname(fd, pointer, &length)
-        }
+    address.sin_port = port.bigEndian
+    let bound = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
     }
-    guard bound == 0 else { throw POSIXError(.EADDRINUSE) }
-    return UInt16(bigEndian: address.sin_port)
+    if bound == 0 { return true }
+    guard errno == EADDRINUSE || errno == EACCES else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+    return false
 }
 
 /// Thrown by `eventually` when its condition did not hold in time.

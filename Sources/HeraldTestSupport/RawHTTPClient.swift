@@ -27,8 +27,10 @@ public final class RawHTTPClient {
     /// Connects to 127.0.0.1:`port`; every read and write times out after `timeout` seconds. `receiveBuffer`
     /// shrinks the socket's receive buffer (a slow reader, for the server's partial writes).
     public init(port: UInt16, timeout: Int = 5, receiveBuffer: Int32? = nil) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw Failure(description: "socket: \(errno)") }
+        // `self.fd` is set only once connected: a throwing init of a fully set object still runs deinit, which
+        // would close the descriptor a second time (by then perhaps another thread's socket).
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw Failure(description: "socket: \(String(cString: strerror(errno)))") }
         var time = timeval(tv_sec: timeout, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &time, socklen_t(MemoryLayout<timeval>.size))
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &time, socklen_t(MemoryLayout<timeval>.size))
@@ -49,6 +51,7 @@ public final class RawHTTPClient {
             Foundation.close(fd)
             throw Failure(description: "connect: \(String(cString: strerror(code)))")
         }
+        self.fd = fd
     }
 
     deinit { Foundation.close(fd) }

@@ -93,8 +93,9 @@ final class TestSocket: @unchecked Sendable { // used by one thread at a time (t
     private var buffer: [UInt8] = []
 
     init(port: UInt16, source: String = "127.0.0.1", timeout: Int = 5) throws {
-        fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw Failure(description: "socket: \(errno)") }
+        // `self.fd` is set only once connected, so a failed init does not close it twice (see RawHTTPClient).
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw Failure(description: "socket: \(String(cString: strerror(errno)))") }
         var time = timeval(tv_sec: timeout, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &time, socklen_t(MemoryLayout<timeval>.size))
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &time, socklen_t(MemoryLayout<timeval>.size))
@@ -115,6 +116,7 @@ final class TestSocket: @unchecked Sendable { // used by one thread at a time (t
             close(fd)
             throw Failure(description: "connect from \(source): \(reason)")
         }
+        self.fd = fd
     }
 
     deinit { close(fd) }
