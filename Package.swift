@@ -3,7 +3,7 @@ import PackageDescription
 
 // Linux only (epoll, /proc, glibc's malloc tunables): no `platforms`. The benchmark tools and the soak's load
 // generator are in Benchmarks/Package.swift and the libFuzzer targets in Fuzz/Package.swift, both depending on
-// this package by path, so `swift build` builds the four executables, their libraries and the tests' helpers.
+// this package by path, so `swift build` builds the four executables and their libraries.
 let package = Package(
     name: "Herald",
     products: [
@@ -16,8 +16,7 @@ let package = Package(
                                                    "HeraldAPNsSimulator"]),
         // For Benchmarks/Package.swift (load generators and the soak), likewise.
         .library(name: "HeraldBenchmarkable", targets: ["HeraldRuntime", "HeraldCrypto", "HeraldCore", "HeraldRedis",
-                                                        "HeraldKafka", "HeraldHTTP", "HeraldAPNs", "HeraldStore",
-                                                        "HeraldTestSupport"]),
+                                                        "HeraldKafka", "HeraldHTTP", "HeraldAPNs", "HeraldStore"]),
     ],
     targets: [
         // C libraries, one system-library target each, and one C target of wrappers for macros and variadics.
@@ -69,8 +68,9 @@ let package = Package(
                                                             "HeraldCrypto", "HeraldRuntime"]),
         .executableTarget(name: "herald-apns-sim", dependencies: ["HeraldAPNsSimulator", "HeraldRuntime"]),
 
-        // Helpers shared by the test targets: a raw HTTP/1.1 client, apps files with fresh keys, schema checks.
-        .target(name: "HeraldTestSupport", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldRuntime"]),
+        // Helpers shared by the test targets (a raw HTTP/1.1 client, apps files with fresh keys, child processes,
+        // schema checks): a test target, so `swift build` leaves it out. Benchmarks/ builds the same folder.
+        .testTarget(name: "HeraldTestSupport", dependencies: ["HeraldCore", "HeraldCrypto", "HeraldRuntime"]),
 
         .testTarget(name: "HeraldRuntimeTests", dependencies: ["HeraldRuntime"]),
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore", "HeraldTestSupport"]),

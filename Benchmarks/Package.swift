@@ -9,6 +9,8 @@ let package = Package(
     name: "HeraldBenchmarks",
     dependencies: [.package(name: "Herald", path: "..")],
     targets: [
+        // The root's test helpers (a symlink to Tests/HeraldTestSupport: one copy of the source), for the soak.
+        .target(name: "HeraldTestSupport", dependencies: [herald]),
         // The HTTP server alone, measured against nginx (bench-http).
         .executableTarget(name: "herald-bench-http", dependencies: [herald]),
         // Producer throughput through HeraldKafka, against librdkafka's and Python's producers (bench-kafka).
@@ -20,7 +22,7 @@ let package = Package(
         // HeraldRedis against redis-benchmark (bench-redis).
         .executableTarget(name: "herald-bench-redis", dependencies: [herald]),
         // Mixed load and push accounting for the soak (soak).
-        .executableTarget(name: "herald-soak", dependencies: [herald]),
+        .executableTarget(name: "herald-soak", dependencies: [herald, "HeraldTestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )
