@@ -173,22 +173,4 @@ public struct DeadLetter: Sendable, Equatable {
         job.replayOf = PushJob.ReplayOf(jobId: jobId ?? "unknown", dlqPartition: partition, dlqOffset: offset)
         return job
     }
-
-    /// `apns-push-type` as sent, else what the job asked for, else what its token type implies.
-    public var effectivePushType: String? {
-        if let pushType { return pushType }
-        guard let job else { return nil }
-        if job.target.kind != .device { return job.pushType }
-        return job.resolvedPushType.rawValue
-    }
-
-    /// What the failed job was addressed to, for people: `channel:news`, `post:ab12…`, `device`.
-    public var targetDescription: String {
-        switch job?.target {
-        case .channel(let name)?: "channel:" + name
-        case .post(let hash)?: "post:" + hash
-        case .device?: "device"
-        case nil: "-"
-        }
-    }
 }

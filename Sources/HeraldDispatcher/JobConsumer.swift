@@ -3,7 +3,8 @@ import HeraldKafka
 import HeraldRuntime
 
 /// The consumer-group member on the jobs topic: fetches records, runs each as a job, and commits offsets only
-/// up to the oldest unsettled job of each partition.
+/// up to the oldest unsettled job of each partition. Its fetch loop moves through named phases (`Phase`):
+/// fetching ⇄ full, fetching → replacing → fetching, and from any of them draining → closed.
 ///
 /// Ordering: jobs with the same record key (one target: a channel, a post, a device) run one after another in
 /// offset order; jobs of other keys, in the same or another partition, run concurrently, up to
@@ -45,43 +46,82 @@ final class JobConsumer: Service {
                                  onRebalance: { event in book.rebalance(event) })
     }
 
-    /// Fetches and dispatches until cancelled, then drains: waits up to `drainTimeout` for in-flight jobs,
-    /// cancels the rest, commits what settled and leaves the group. (`OffsetCommitter` commits meanwhile.)
+    /// Where the fetch loop is. It starts `fetching` and ends `closed`; cancellation or a fatal consumer error
+    /// sends it to `draining` from wherever it is.
+    enum Phase {
+        /// Polls and dispatches what arrives.
+        case fetching
+        /// `maxInFlightJobs` are running: waits for one to settle (at most 200 ms, so rebalances are still served).
+        case full
+        /// The fetch watchdog found the consumer stalled: it is replaced by one with a longer fetch wait.
+        case replacing(stalled: [KafkaPartitionProgress], fetchWait: Duration)
+        /// Waits up to `drainTimeout` for in-flight jobs, cancels the rest, commits what settled, leaves the group.
+        case draining(failure: (any Error)?)
+        case closed
+    }
+
+    /// Runs the phases until cancelled, then drains. (`OffsetCommitter` commits meanwhile.)
     func run() async throws {
         try await consumer.subscribe(topics: [configuration.jobsTopic])
-        var failure: (any Error)?
         var fetch = FetchState(configuration: configuration)
-        while !Task.isCancelled {
-            do {
-                let room = configuration.maxInFlightJobs - book.inFlight
-                if room <= 0 {
-                    // Full: wait for a job to settle, but keep polling now and then so rebalances are served.
-                    await slotFreed.wait(upTo: .milliseconds(200))
+        var phase = Phase.fetching
+        while true {
+            switch phase {
+            case .fetching, .full, .replacing:
+                guard !Task.isCancelled else {
+                    phase = .draining(failure: nil)
+                    continue
                 }
-                book.beginPoll()
-                let records = try await poll(maxRecords: max(1, room), fetch: fetch)
-                let revoked = book.endPoll()
-                fetch.received(records.count)
-                // Records of a partition revoked during this poll belong to the old assignment: whoever owns the
-                // partition now reads them again from the committed offset.
-                for record in records where !revoked.contains(KafkaTopicPartition(topic: record.topic, partition: record.partition)) {
-                    dispatch(record)
+                do {
+                    phase = try await step(from: phase, &fetch)
+                } catch {
+                    // Fatal consumer errors only (transient ones are logged inside poll): drain, then exit.
+                    phase = .draining(failure: Task.isCancelled ? nil : error)
                 }
-                if fetch.checkDue(now: .now), let recovery = fetch.recovery,
-                   let stalled = fetch.stalled(try await consumer.progress(), now: .now) {
-                    try await restartConsumer(stalled: stalled, fetchWait: recovery.replacementFetchWait(after: fetch.wait),
-                                              fetch: &fetch)
-                }
-            } catch {
-                if Task.isCancelled { break }
-                // Fatal consumer errors only (transient ones are logged inside poll): stop and let the process exit.
-                failure = error
-                break
+            case .draining(let failure):
+                // In a fresh task, since sleeps and waits return at once in a cancelled one.
+                await Task { await self.drain() }.value
+                phase = .closed
+                if let failure { throw failure }
+            case .closed:
+                return
             }
         }
-        // Cancelled: drain in a fresh task, since sleeps and waits return at once in a cancelled one.
-        await Task { await self.drain() }.value
-        if let failure { throw failure }
+    }
+
+    /// One step of a running phase; returns the next phase.
+    private func step(from phase: Phase, _ fetch: inout FetchState) async throws -> Phase {
+        switch phase {
+        case .full:
+            await slotFreed.wait(upTo: .milliseconds(200))
+            return .fetching
+        case .replacing(let stalled, let longer):
+            try await restartConsumer(stalled: stalled, fetchWait: longer, fetch: &fetch)
+            return .fetching
+        case .fetching:
+            return try await fetchOnce(&fetch)
+        case .draining, .closed:
+            return phase
+        }
+    }
+
+    /// One poll: dispatches what arrived and says what comes next.
+    private func fetchOnce(_ fetch: inout FetchState) async throws -> Phase {
+        let room = configuration.maxInFlightJobs - book.inFlight
+        book.beginPoll()
+        let records = try await poll(maxRecords: max(1, room), fetch: fetch)
+        let revoked = book.endPoll()
+        fetch.received(records.count)
+        // Records of a partition revoked during this poll belong to the old assignment: whoever owns the
+        // partition now reads them again from the committed offset.
+        for record in records where !revoked.contains(KafkaTopicPartition(topic: record.topic, partition: record.partition)) {
+            dispatch(record)
+        }
+        if fetch.checkDue(now: .now), let recovery = fetch.recovery,
+           let stalled = fetch.stalled(try await consumer.progress(), now: .now) {
+            return .replacing(stalled: stalled, fetchWait: recovery.replacementFetchWait(after: fetch.wait))
+        }
+        return book.inFlight >= configuration.maxInFlightJobs ? .full : .fetching
     }
 
     /// One poll of the consumer, or, while a test's injected stall applies, an empty answer after the poll's time.

@@ -10,8 +10,8 @@ struct EventsAPI: Sendable {
     let producer: KafkaProducer
     let idempotency: IdempotencyStore
     let topic: String
-    /// How long a request waits for the broker's acknowledgement before answering 503.
-    /// librdkafka's `message.timeout.ms` on `producer`: every publish is answered by then.
+    /// How long a request waits for the broker's acknowledgement before answering 503 (`producer`'s
+    /// `message.timeout.ms`).
     let publishTimeout: Duration
     let gate: Gatekeeper
     let logger: Logger
@@ -61,23 +61,19 @@ struct EventsAPI: Sendable {
             }
         }
         let start = ContinuousClock.now
-        switch await awaitAck(job) {
-        case .acknowledged:
-            publishLatency.observe(since: start)
-            published.labels(job.target.kind.rawValue).increment()
-            if clientChoseID { await markPublished(job) }
-            return Self.accepted(job)
-        case .failed(let error):
+        let outcome = await awaitAck(job)
+        guard case .acknowledged = outcome else {
             publishFailures.increment()
             if clientChoseID { try? await idempotency.release(app: job.appId, id: job.id) }
-            throw error
-        case .timedOut:
-            publishFailures.increment()
-            if clientChoseID { try? await idempotency.release(app: job.appId, id: job.id) }
+            if case .failed(let error) = outcome { throw error }
             logger.warning("kafka did not acknowledge in time", ["job.id": job.id, "timeout": "\(publishTimeout)"])
             throw HTTPError.unavailable("the job queue did not acknowledge the event within \(publishTimeout); retry later"
                                         + (clientChoseID ? " with the same id" : ""))
         }
+        publishLatency.observe(since: start)
+        published.labels(job.target.kind.rawValue).increment()
+        if clientChoseID { await markPublished(job) }
+        return Self.accepted(job)
     }
 
     /// Queues the job and waits for the broker's answer.

@@ -235,3 +235,23 @@ final class Output {
         buffer.removeAll(keepingCapacity: true)
     }
 }
+
+extension DeadLetter {
+    /// `apns-push-type` as sent, else what the job asked for, else what its token type implies.
+    var effectivePushType: String? {
+        if let pushType { return pushType }
+        guard let job else { return nil }
+        if job.target.kind != .device { return job.pushType }
+        return job.resolvedPushType.rawValue
+    }
+
+    /// What the failed job was addressed to, for people: `channel:news`, `post:ab12…`, `device`.
+    var targetDescription: String {
+        switch job?.target {
+        case .channel(let name)?: "channel:" + name
+        case .post(let hash)?: "post:" + hash
+        case .device?: "device"
+        case nil: "-"
+        }
+    }
+}
