@@ -1,0 +1,116 @@
+import HeraldKafka
+import HeraldRuntime
+
+/// Partitions assigned to this member, their unsettled offsets, and the tail job of each record key.
+final class PartitionBook: Sendable {
+    private struct Track {
+        var generation: Int
+        var offsets = PartitionOffsets()
+        /// The last job started per record key, which the next job of that key waits for.
+        var tails: [[UInt8]: (offset: Int64, task: Task<Void, Never>)] = [:]
+        var tasks: [Int64: Task<Void, Never>] = [:]
+    }
+
+    private struct State {
+        var tracks: [KafkaTopicPartition: Track] = [:]
+        var generation = 0
+        var inFlight = 0
+        /// Partitions revoked since `beginPoll()`.
+        var revokedDuringPoll: Set<KafkaTopicPartition> = []
+    }
+
+    private let state = Lock(State())
+    private let metrics: DispatcherMetrics
+
+    init(metrics: DispatcherMetrics) { self.metrics = metrics }
+
+    var inFlight: Int { state.withLock { $0.inFlight } }
+
+    func beginPoll() { state.withLock { $0.revokedDuringPoll = [] } }
+
+    /// The partitions revoked during the poll that just ended.
+    func endPoll() -> Set<KafkaTopicPartition> { state.withLock { $0.revokedDuringPoll } }
+
+    /// Runs on the consumer's thread during `poll`: must not wait on the consumer.
+    func rebalance(_ event: KafkaRebalanceEvent) {
+        switch event {
+        case .assigned(let partitions):
+            state.withLock { s in
+                for partition in partitions where s.tracks[partition] == nil {
+                    s.generation += 1
+                    s.tracks[partition] = Track(generation: s.generation)
+                }
+                metrics.partitionsAssigned.set(Int64(s.tracks.count))
+            }
+        case .revoked(let partitions):
+            let cancelled = state.withLock { s -> [Task<Void, Never>] in
+                var tasks: [Task<Void, Never>] = []
+                s.revokedDuringPoll.formUnion(partitions)
+                for partition in partitions {
+                    guard let track = s.tracks.removeValue(forKey: partition) else { continue }
+                    tasks += track.tasks.values
+                    // Their jobs no longer count against the limit; they end quickly once cancelled.
+                    s.inFlight -= track.tasks.count
+                }
+                metrics.partitionsAssigned.set(Int64(s.tracks.count))
+                metrics.inFlightJobs.set(Int64(s.inFlight))
+                return tasks
+            }
+            for task in cancelled { task.cancel() }
+        }
+    }
+
+    /// Registers the record and starts its job via `make`, given the partition's generation and the previous job
+    /// of the same key (which the new job must wait for). Records of partitions not assigned (any more) are
+    /// dropped: their next owner reads them from the committed offset.
+    func start(_ record: KafkaRecord, make: (_ generation: Int, _ previous: Task<Void, Never>?) -> Task<Void, Never>) {
+        let partition = KafkaTopicPartition(topic: record.topic, partition: record.partition)
+        state.withLock { s in
+            guard var track = s.tracks[partition] else { return }
+            let key = record.key ?? []
+            let task = make(track.generation, track.tails[key]?.task)
+            track.offsets.start(record.offset)
+            track.tails[key] = (record.offset, task)
+            track.tasks[record.offset] = task
+            s.tracks[partition] = track
+            s.inFlight += 1
+            metrics.inFlightJobs.set(Int64(s.inFlight))
+        }
+    }
+
+    func finish(_ record: KafkaRecord, generation: Int, settled: Bool) {
+        let partition = KafkaTopicPartition(topic: record.topic, partition: record.partition)
+        state.withLock { s in
+            guard var track = s.tracks[partition], track.generation == generation else { return }
+            if settled { track.offsets.settle(record.offset) }
+            let key = record.key ?? []
+            if track.tails[key]?.offset == record.offset { track.tails[key] = nil }
+            if track.tasks.removeValue(forKey: record.offset) != nil { s.inFlight -= 1 }
+            s.tracks[partition] = track
+            metrics.inFlightJobs.set(Int64(s.inFlight))
+        }
+    }
+
+    func cancelAll() {
+        let tasks = state.withLock { s in s.tracks.values.flatMap { $0.tasks.values } }
+        for task in tasks { task.cancel() }
+    }
+
+    func uncommitted() -> [KafkaTopicPartitionOffset] {
+        state.withLock { s in
+            s.tracks.compactMap { partition, track in
+                track.offsets.uncommitted.map {
+                    KafkaTopicPartitionOffset(topic: partition.topic, partition: partition.partition, offset: $0)
+                }
+            }
+        }
+    }
+
+    func committed(_ positions: [KafkaTopicPartitionOffset]) {
+        state.withLock { s in
+            for position in positions {
+                s.tracks[position.topicPartition]?.offsets.committed = position.offset
+            }
+        }
+    }
+}
