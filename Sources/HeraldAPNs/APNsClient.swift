@@ -15,7 +15,7 @@ import HeraldTLS
 public final class APNsClient: Sendable {
     private let production: APNsEndpoint
     private let sandbox: APNsEndpoint
-    private let requestTimeout: UInt64
+    private let requestTimeout: Duration
     private let loop: EventLoop
     private let core: ClientCore
     private let metrics: APNsMetrics
@@ -30,7 +30,7 @@ public final class APNsClient: Sendable {
                 metrics: MetricsRegistry = .shared, now: @escaping @Sendable () -> Date = { Date() }) throws(APNsError) {
         production = try APNsEndpoint(url: configuration.productionURL)
         sandbox = try APNsEndpoint(url: configuration.sandboxURL)
-        requestTimeout = UInt64(clamping: configuration.requestTimeout.inNanoseconds)
+        requestTimeout = configuration.requestTimeout
         self.logger = logger
         self.metrics = APNsMetrics(metrics)
         providerTokens = APNsProviderTokenCache(maximumAge: configuration.providerTokenMaximumAge,
@@ -134,7 +134,7 @@ public final class APNsClient: Sendable {
                          endpoint: APNsEndpoint) async throws -> APNsResponse {
         let started = ContinuousClock.now
         let pending = PendingRequest(headers: Self.headers(request, token: token.value, endpoint: endpoint),
-                                     body: request.payload, deadline: Monotonic.now() + requestTimeout,
+                                     body: request.payload, deadline: started + requestTimeout,
                                      poolKey: PoolKey(teamID: credentials.teamID, keyID: credentials.keyID,
                                                       endpoint: endpoint))
         metrics.inFlight.add(1)
@@ -165,7 +165,7 @@ public final class APNsClient: Sendable {
                          credentials: APNsCredentials,
                          endpoint: APNsEndpoint) async throws -> [Result<APNsResponse, APNsError>] {
         let started = ContinuousClock.now
-        let deadline = Monotonic.now() + requestTimeout
+        let deadline = started + requestTimeout
         let poolKey = PoolKey(teamID: credentials.teamID, keyID: credentials.keyID, endpoint: endpoint)
         let batch = BatchCompletion(count: requests.count)
         let pending = requests.enumerated().map { index, request in

@@ -97,9 +97,9 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         let deadline = ContinuousClock.now + Self.lingerTime
         let scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: 16 * 1024, alignment: 8)
         defer { scratch.deallocate() }
-        while case let remaining = deadline - .now, remaining > .zero {
+        while ContinuousClock.now < deadline {
             var poller = pollfd(fd: descriptor, events: Int16(POLLIN), revents: 0)
-            let ready = poll(&poller, 1, Int32(min(100, max(1, Int(remaining.inMilliseconds)))))
+            let ready = poll(&poller, 1, deadline.pollMilliseconds(cappedAt: .milliseconds(100)))
             if ready < 0, errno != EINTR { return }
             guard ready > 0 else { continue }
             let count = read(descriptor, scratch.baseAddress, scratch.count)
@@ -118,13 +118,12 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                 logger.debug("TLS handshake failed")
                 return false
             case .wouldBlock(let wantsWrite):
-                let remaining = deadline - .now
-                guard remaining > .zero, !simulator.isStopping else {
+                guard ContinuousClock.now < deadline, !simulator.isStopping else {
                     logger.debug("TLS handshake timed out")
                     return false
                 }
                 var poller = pollfd(fd: descriptor, events: Int16(wantsWrite ? POLLOUT : POLLIN), revents: 0)
-                _ = poll(&poller, 1, Int32(min(100, max(1, Int(remaining.inMilliseconds)))))
+                _ = poll(&poller, 1, deadline.pollMilliseconds(cappedAt: .milliseconds(100)))
             }
         }
     }
@@ -194,10 +193,9 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                 return
             }
 
-            var timeout = 100
-            if let due = delayed.first?.due { timeout = min(timeout, max(0, Int((due - now).inMilliseconds) + 1)) }
+            let timeout = (delayed.first?.due ?? now + .milliseconds(100)).pollMilliseconds(cappedAt: .milliseconds(100))
             var poller = pollfd(fd: descriptor, events: Int16(POLLIN) | (pendingOutput ? Int16(POLLOUT) : 0), revents: 0)
-            let ready = poll(&poller, 1, Int32(timeout))
+            let ready = poll(&poller, 1, timeout)
             if ready < 0, errno != EINTR { return }
             if ready > 0, poller.revents & Int16(POLLIN | POLLHUP | POLLERR) != 0 {
                 guard readAvailable(tls, buffer) else { return }

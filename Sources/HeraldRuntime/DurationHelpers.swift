@@ -26,3 +26,14 @@ extension Duration {
         return overflowAgain ? (seconds < 0 ? .min : .max) : total
     }
 }
+
+extension ContinuousClock.Instant {
+    /// The timeout to hand poll(2) or epoll_wait to wake at this instant: whole milliseconds rounded up (so the
+    /// wait never ends before it), 0 once it has passed, at most `cap`.
+    public func pollMilliseconds(cappedAt cap: Duration) -> Int32 {
+        let left = self - .now
+        guard left > .zero else { return 0 }
+        let millis = (min(left, cap) + .nanoseconds(999_999)).inMilliseconds
+        return Int32(clamping: millis)
+    }
+}

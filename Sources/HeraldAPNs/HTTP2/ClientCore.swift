@@ -35,7 +35,7 @@ final class ClientCore: @unchecked Sendable {  // @unchecked: every method runs 
     private var dirtyPools: [ConnectionPool] = []
     private var dirtyConnections: [HTTP2Connection] = []
     private var connectionCounter = 0
-    private var shutdownDeadline: UInt64?
+    private var shutdownDeadline: ContinuousClock.Instant?
 
     init(configuration: APNsConfiguration, loop: EventLoop, tls: TLSContext, metrics: APNsMetrics, logger: Logger) {
         self.configuration = configuration
@@ -64,7 +64,7 @@ final class ClientCore: @unchecked Sendable {  // @unchecked: every method runs 
         } else {
             pool = ConnectionPool(key: request.poolKey, core: self, logger: logger)
             pools[request.poolKey] = pool
-            pool.tick(now: Monotonic.now(), opening: true)
+            pool.tick(now: .now, opening: true)
         }
         pool.enqueue(request)
     }
@@ -98,7 +98,7 @@ final class ClientCore: @unchecked Sendable {  // @unchecked: every method runs 
         if shutdownDeadline != nil { finishShutdownIfDone(now: nil) }
     }
 
-    func tick(now: UInt64) {
+    func tick(now: ContinuousClock.Instant) {
         for pool in pools.values { pool.tick(now: now, opening: shutdownDeadline == nil) }
         if shutdownDeadline != nil { finishShutdownIfDone(now: now) }
     }
@@ -109,19 +109,19 @@ final class ClientCore: @unchecked Sendable {  // @unchecked: every method runs 
     /// sends GOAWAY on every connection, fails what is left and stops the loop.
     func beginShutdown(gracePeriod: Duration) {
         guard shutdownDeadline == nil else { return }
-        shutdownDeadline = Monotonic.now() + UInt64(clamping: gracePeriod.inNanoseconds)
+        shutdownDeadline = .now + gracePeriod
         let error = APNsError(.shutdown, "the APNs client is shutting down")
         for pool in pools.values {
             pool.failQueue(error)
             pool.abandonUnready(error)
         }
-        finishShutdownIfDone(now: Monotonic.now())
+        finishShutdownIfDone(now: .now)
     }
 
-    private func finishShutdownIfDone(now: UInt64?) {
+    private func finishShutdownIfDone(now: ContinuousClock.Instant?) {
         guard let deadline = shutdownDeadline else { return }
         let busy = pools.values.contains { $0.inFlight > 0 }
-        if busy, (now ?? Monotonic.now()) < deadline { return }
+        if busy, (now ?? .now) < deadline { return }
         let error = APNsError(.shutdown, "the APNs client shut down before APNs answered")
         for pool in pools.values {
             for connection in pool.connections { connection.terminate(failing: error) }

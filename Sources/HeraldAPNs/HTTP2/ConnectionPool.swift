@@ -9,7 +9,7 @@ import HeraldRuntime
 final class ConnectionPool {
     private struct Slot {
         var connection: HTTP2Connection?
-        var openAt: UInt64
+        var openAt: ContinuousClock.Instant
         var opened = false
     }
 
@@ -27,10 +27,10 @@ final class ConnectionPool {
         self.key = key
         self.core = core
         self.logger = logger.with(["apns.endpoint": key.endpoint.description, "apns.key_id": key.keyID])
-        let now = Monotonic.now()
-        let stagger = UInt64(clamping: core.configuration.connectionStagger.inNanoseconds)
+        let now = ContinuousClock.now
+        let stagger = core.configuration.connectionStagger
         slots = (0..<max(1, core.configuration.connectionsPerEndpoint)).map { index in
-            Slot(openAt: now + UInt64(index) * stagger)
+            Slot(openAt: now + stagger * index)
         }
     }
 
@@ -103,7 +103,7 @@ final class ConnectionPool {
     }
 
     /// Opens due connections, expires queued requests, and lets connections check their own timers.
-    func tick(now: UInt64, opening: Bool) {
+    func tick(now: ContinuousClock.Instant, opening: Bool) {
         if opening {
             for index in slots.indices where slots[index].connection == nil && slots[index].openAt <= now {
                 open(index)
@@ -139,7 +139,7 @@ final class ConnectionPool {
     func connectionStartedDraining(_ connection: HTTP2Connection) {
         guard let index = slots.firstIndex(where: { $0.connection === connection }) else { return }
         slots[index].connection = nil
-        slots[index].openAt = 0
+        slots[index].openAt = .now
         draining.append(connection)
         if connection.activeStreams == 0 { core.markDirty(connection) }
     }
@@ -149,7 +149,7 @@ final class ConnectionPool {
         draining.removeAll { $0 === connection }
         if let index = slots.firstIndex(where: { $0.connection === connection }) {
             slots[index].connection = nil
-            slots[index].openAt = Monotonic.now() + backoff()
+            slots[index].openAt = .now + backoff()
             consecutiveFailures += 1
         }
         // Nothing here can carry the queue now and this attempt failed before it was usable: fail fast rather
@@ -160,13 +160,11 @@ final class ConnectionPool {
         needsDispatch()
     }
 
-    private func backoff() -> UInt64 {
-        let initial = UInt64(clamping: core.configuration.reconnectInitialDelay.inNanoseconds)
-        let maximum = UInt64(clamping: core.configuration.reconnectMaximumDelay.inNanoseconds)
-        let exponential = initial << UInt64(min(consecutiveFailures, 20))
-        let delay = min(maximum, exponential)
+    private func backoff() -> Duration {
+        let exponential = core.configuration.reconnectInitialDelay * (1 << min(consecutiveFailures, 20))
+        let delay = min(core.configuration.reconnectMaximumDelay, exponential)
         // ±20% jitter so a fleet of dispatchers does not reconnect in lockstep.
-        return UInt64(Double(delay) * Double.random(in: 0.8...1.2))
+        return delay * Double.random(in: 0.8...1.2)
     }
 
     func failQueue(_ error: APNsError) {

@@ -2,15 +2,6 @@ import Foundation
 import HeraldRuntime
 internal import CHeraldShims
 
-/// Monotonic time in nanoseconds (CLOCK_MONOTONIC): cheap enough to read per request.
-enum Monotonic {
-    static func now() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
-    }
-}
-
 /// Something with a file descriptor registered on the loop.
 protocol EventLoopHandler: AnyObject {
     /// Called on the loop thread with the epoll event bits.
@@ -33,8 +24,8 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
     private let wakeFD: Int32
     private let inbox = Lock(Inbox())
     private var handlers: [Int32: any EventLoopHandler] = [:]
-    private let tickInterval: UInt64
-    private var lastTick: UInt64 = 0
+    private let tickInterval: Duration
+    private var lastTick = ContinuousClock.now
     private var running = true
     private let finished = Lock<(done: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
 
@@ -43,12 +34,12 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
     /// Receives requests posted with `submit`, in order, on the loop thread.
     var onRequest: (PendingRequest) -> Void = { _ in }
     /// Runs about every `tickInterval` (timeouts, PINGs, reconnects).
-    var onTick: (UInt64) -> Void = { _ in }
+    var onTick: (ContinuousClock.Instant) -> Void = { _ in }
 
     init(name: String, tickInterval: Duration) throws(APNsError) {
         epollFD = herald_epoll_create()
         wakeFD = herald_eventfd_create()
-        self.tickInterval = UInt64(clamping: tickInterval.inNanoseconds)
+        self.tickInterval = tickInterval
         guard epollFD >= 0, wakeFD >= 0 else {
             throw APNsError(.invalidConfiguration, "cannot create epoll/eventfd: errno \(errno)")
         }
@@ -134,7 +125,7 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
     private func run() {
         var fds = [Int32](repeating: -1, count: 64)
         var events = [UInt32](repeating: 0, count: 64)
-        let timeoutMilliseconds = Int32(max(1, tickInterval / 1_000_000))
+        let timeoutMilliseconds = Int32(clamping: max(1, tickInterval.inMilliseconds))
         while running {
             let count = herald_epoll_wait(epollFD, &fds, &events, Int32(fds.count), timeoutMilliseconds)
             if count > 0 {
@@ -149,8 +140,8 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
                 }
             }
             drainInbox()
-            let now = Monotonic.now()
-            if now &- lastTick >= tickInterval {
+            let now = ContinuousClock.now
+            if now - lastTick >= tickInterval {
                 lastTick = now
                 onTick(now)
             }

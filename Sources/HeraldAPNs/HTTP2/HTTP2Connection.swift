@@ -36,9 +36,9 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     private(set) var remoteMaximumStreams = 1
     private(set) var peakActiveStreams = 0
     private(set) var streamsOpened = 0
-    private var establishDeadline: UInt64
-    private var lastReceived: UInt64
-    private var pingSentAt: UInt64?
+    private var establishDeadline: ContinuousClock.Instant
+    private var lastReceived: ContinuousClock.Instant
+    private var pingSentAt: ContinuousClock.Instant?
     /// Something a callback saw that the pool must hear about once the callback has returned.
     private var becameReady = false
     private var capacityChanged = false
@@ -50,8 +50,8 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         self.pool = pool
         self.core = core
         self.logger = logger.with(["apns.connection": String(id)])
-        let now = Monotonic.now()
-        establishDeadline = now + UInt64(clamping: core.configuration.connectTimeout.inNanoseconds)
+        let now = ContinuousClock.now
+        establishDeadline = now + core.configuration.connectTimeout
         lastReceived = now
     }
 
@@ -167,7 +167,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         while state != .closed {
             switch tls.read(into: UnsafeMutableRawBufferPointer(buffer)) {
             case .done(let count):
-                lastReceived = Monotonic.now()
+                lastReceived = .now
                 if let error = session.receive(UnsafeBufferPointer(rebasing: buffer[..<count])) {
                     return close(APNsError(.protocolError, "HTTP/2: \(error)"))
                 }
@@ -291,7 +291,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     }
 
     /// Timeouts: connection establishment, requests, and PING health checks.
-    func tick(now: UInt64) {
+    func tick(now: ContinuousClock.Instant) {
         switch state {
         case .resolving, .connecting, .handshaking, .awaitingSettings:
             if now >= establishDeadline {
@@ -302,10 +302,10 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
                 timeOut(streamID, request)
             }
             if let sent = pingSentAt {
-                if now &- sent >= UInt64(clamping: core.configuration.pingTimeout.inNanoseconds) {
+                if now - sent >= core.configuration.pingTimeout {
                     close(APNsError(.connectionFailed, "\(endpoint) did not answer PING within \(core.configuration.pingTimeout)"))
                 }
-            } else if now &- lastReceived >= UInt64(clamping: core.configuration.pingInterval.inNanoseconds), let session {
+            } else if now - lastReceived >= core.configuration.pingInterval, let session {
                 session.ping()
                 pingSentAt = now
                 core.markDirty(self)
@@ -427,7 +427,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     /// The server did not process `request` (REFUSED_STREAM, or above a GOAWAY's last-stream-id), so it cannot
     /// have been delivered: send it again on a usable connection, or report it when attempts or time ran out.
     private func notProcessed(_ request: PendingRequest, _ message: String) {
-        guard request.mayRetry(now: Monotonic.now()) else { return request.fail(.notProcessed, message) }
+        guard request.mayRetry(now: .now) else { return request.fail(.notProcessed, message) }
         request.resetForRetry()
         pool.retry(request)
     }

@@ -158,8 +158,8 @@ final class PendingRequest: @unchecked Sendable {  // @unchecked: `completion` i
 
     let headers: HeaderBlock
     let body: [UInt8]
-    /// Monotonic nanoseconds after which the request fails as `.timeout`.
-    let deadline: UInt64
+    /// When the request fails as `.timeout`.
+    let deadline: ContinuousClock.Instant
     let poolKey: PoolKey
     var completion: Completion?
 
@@ -176,7 +176,7 @@ final class PendingRequest: @unchecked Sendable {  // @unchecked: `completion` i
     /// Set when a GOAWAY's last-stream-id shows the server never processed this stream.
     var notProcessed = false
 
-    init(headers: HeaderBlock, body: [UInt8], deadline: UInt64, poolKey: PoolKey) {
+    init(headers: HeaderBlock, body: [UInt8], deadline: ContinuousClock.Instant, poolKey: PoolKey) {
         self.headers = headers
         self.body = body
         self.deadline = deadline
@@ -184,7 +184,7 @@ final class PendingRequest: @unchecked Sendable {  // @unchecked: `completion` i
     }
 
     /// True when the server did not process the last attempt and another one is allowed before the deadline.
-    func mayRetry(now: UInt64) -> Bool {
+    func mayRetry(now: ContinuousClock.Instant) -> Bool {
         !isDone && !cancelled && attempts < Self.maximumAttempts && now < deadline
     }
 
