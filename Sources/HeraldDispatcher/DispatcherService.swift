@@ -45,16 +45,18 @@ public final class DispatcherService: Service {
         let consumer = try JobConsumer(configuration: configuration, runner: runner, metrics: counters, logger: logger)
         var router = Router()
         let jobsTopic = configuration.jobsTopic
-        router.addOperations(readiness: [
+        let readiness = ReadinessMonitor(checks: [
             "redis": { (try? await redis.command(["PING"])) != nil },
             "kafka": { (try? await producer.partitionCount(topic: jobsTopic)) ?? 0 > 0 },
-        ])
+        ], metrics: metrics)
+        router.addOperations(readiness: readiness)
         router.addMetrics(registry: metrics)
         server = try HTTPServer(configuration: HTTPServerConfiguration(address: configuration.address, threads: 1,
                                                                        shutdownGracePeriod: .seconds(1)),
                                 router: router, logger: logger, metrics: metrics)
         // Stopped newest first: the consumer drains while the operations server still answers.
-        parts = ServiceGroup(services: [server, HeapTrimmer(), OffsetCommitter(consumer: consumer, interval: configuration.commitInterval),
+        parts = ServiceGroup(services: [server, readiness, HeapTrimmer(),
+                                        OffsetCommitter(consumer: consumer, interval: configuration.commitInterval),
                                         consumer],
                              signals: [], gracePeriod: configuration.drainTimeout + .seconds(5), logger: logger)
     }

@@ -74,17 +74,12 @@ public struct Router: Sendable {
     }
 
     /// `/healthz` (the process is alive) and `/readyz`: 200 `{"status": "ready", "checks": {name: "ok"}}` when
-    /// every check passes, else 503 with status "unavailable" and the failing checks "unreachable". The checks
-    /// run concurrently; each must bound its own time.
-    public mutating func addOperations(readiness checks: [String: @Sendable () async -> Bool]) {
+    /// every check of `readiness`'s last round passed, else 503 with status "unavailable" and each check's
+    /// answer ("unreachable", or "unknown" before the first round). Answered from memory: no probe runs a check.
+    public mutating func addOperations(readiness: ReadinessMonitor) {
         get("/healthz") { _ in try .json(["status": "ok"]) }
         get("/readyz") { _ in
-            let results = await withTaskGroup(of: (String, Bool).self) { group in
-                for (name, check) in checks { group.addTask { (name, await check()) } }
-                var results: [String: String] = [:]
-                for await (name, ok) in group { results[name] = ok ? "ok" : "unreachable" }
-                return results
-            }
+            let results = readiness.results
             let ready = results.values.allSatisfy { $0 == "ok" }
             return try .json(Readiness(status: ready ? "ready" : "unavailable", checks: results), status: ready ? 200 : 503)
         }

@@ -13,11 +13,13 @@ final class DeliveryHandler: Sendable {
     }
 }
 
-/// One librdkafka producer handle and the thread serving its delivery reports. `KafkaProducer` replaces it
-/// whole when it stops making progress.
+/// One librdkafka producer handle, the thread serving its delivery reports and one for metadata requests.
+/// `KafkaProducer` replaces it whole when it stops making progress.
 final class ProducerInstance: Sendable {
     let client: RDKafkaClient
     let thread: OwnedThread
+    /// Metadata requests block for up to their timeout (a gone broker): never on the delivery-report thread.
+    let metadataThread = OwnedThread(name: "kafka-producer-metadata")
     /// Counts instances, so a late delivery report cannot retire the instance that replaced its own.
     let generation: Int
 
@@ -274,11 +276,11 @@ public final class KafkaProducer: Sendable {
     }
 
     /// Partition count of `topic` from the broker's metadata (also a cheap "is Kafka reachable" check), waiting
-    /// at most `timeout` (default: the configuration's request timeout). It runs on the thread that serves delivery
-    /// reports, which waits meanwhile: keep `timeout` short where the broker may be gone (readiness checks).
+    /// at most `timeout` (default: the configuration's request timeout), on a thread of its own: delivery reports
+    /// go on meanwhile.
     public func partitionCount(topic: String, timeout: Duration? = nil) async throws(KafkaError) -> Int {
         let instance = try current(), client = instance.client, timeout = timeout ?? self.timeout
-        return try await instance.thread.run { () throws(KafkaError) in
+        return try await instance.metadataThread.run { () throws(KafkaError) in
             try client.partitionCount(topic: topic, timeout: timeout)
         }
     }
@@ -312,6 +314,7 @@ public final class KafkaProducer: Sendable {
         let client = instance.client
         // From here on the flushes below serve the delivery reports, on this thread only.
         instance.thread.stop()
+        instance.metadataThread.stop()
         if rd_kafka_flush(client.handle, flushTimeout.timeoutMilliseconds) != RD_KAFKA_RESP_ERR_NO_ERROR {
             logger.warning("Kafka producer closing with unacknowledged records",
                            ["kafka.pending": String(rd_kafka_outq_len(client.handle))])
