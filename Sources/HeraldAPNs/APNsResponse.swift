@@ -20,6 +20,9 @@ public struct APNsResponse: Sendable, Equatable {
         self.timestamp = timestamp
     }
 
+    /// 9999-12-31T23:59:59.999Z.
+    static let latestTimestampMilliseconds = 253_402_300_799_999.0
+
     /// Parses status, `apns-id` and an error body (`{"reason": …, "timestamp": <ms>}`).
     public init(status: Int, apnsID: String?, body: [UInt8]) {
         var reason: APNsReason?
@@ -27,7 +30,9 @@ public struct APNsResponse: Sendable, Equatable {
         if status != 200, !body.isEmpty,
            let object = try? JSONDecoder().decode([String: JSONValue].self, from: Data(body)) {
             reason = object["reason"]?.stringValue.map(APNsReason.init)
-            if let millis = object["timestamp"]?.numberValue {
+            // Milliseconds since 1970; one that no clock could show (negative, past year 9999, not finite) is
+            // dropped, not converted: the stores turn it into an Int64, which would trap on every retry.
+            if let millis = object["timestamp"]?.numberValue, (0...Self.latestTimestampMilliseconds).contains(millis) {
                 timestamp = Date(timeIntervalSince1970: millis / 1000)
             }
         }

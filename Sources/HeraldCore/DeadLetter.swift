@@ -33,9 +33,12 @@ public struct DeadLetter: Sendable, Equatable {
 
     public var version: Int = Self.currentVersion
     public var appId: String
-    /// The job, when it decoded; `rawJob` holds the record's text when it did not (`invalid_job`).
+    /// The job, when it decoded; `rawJob` holds the record's text when it did not (`invalid_job`): its first
+    /// `rawJobLimit` bytes, with the whole record's size and SHA-256 beside them.
     public var job: PushJob?
     public var rawJob: String?
+    public var rawJobBytes: Int?
+    public var rawJobSha256: String?
     public var jobId: String?
     /// The device the push was for (absent for an invalid job).
     public var deviceToken: String?
@@ -87,6 +90,8 @@ public struct DeadLetter: Sendable, Equatable {
         ]
         fields["job"] = job?.jsonValue
         fields["rawJob"] = rawJob.map { .string($0) }
+        fields["rawJobBytes"] = rawJobBytes.map { .number(Double($0)) }
+        fields["rawJobSha256"] = rawJobSha256.map { .string($0) }
         fields["jobId"] = jobId.map { .string($0) }
         fields["deviceToken"] = deviceToken.map { .string($0) }
         fields["tokenType"] = tokenType.map { .string($0.rawValue) }
@@ -125,6 +130,8 @@ public struct DeadLetter: Sendable, Equatable {
         letter.deadLetteredAt = try required(fields.string("deadLetteredAt"), "deadLetteredAt")
         if let job = fields.value("job") { letter.job = try PushJob.decode(job) }
         letter.rawJob = try fields.string("rawJob")
+        letter.rawJobBytes = try fields.integer("rawJobBytes", in: 0...Int64(Int32.max)).map { Int($0) }
+        letter.rawJobSha256 = try fields.string("rawJobSha256")
         letter.jobId = try fields.string("jobId")
         letter.deviceToken = try fields.string("deviceToken")
         letter.tokenType = try fields.enumeration("tokenType", TokenType.self)

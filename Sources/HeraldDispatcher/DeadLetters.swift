@@ -5,13 +5,20 @@ import HeraldKafka
 import HeraldRuntime
 
 extension DeadLetter {
-    /// A job record that could not be used: its text kept whole, with what could be read of it.
+    /// How much of an unusable record a dead letter keeps: enough to see what it was, small enough that the
+    /// dead letter always fits the broker's limit, whatever the record.
+    static let rawJobLimit = 16 * 1024
+
+    /// A job record that could not be used: its first `rawJobLimit` bytes as text, its size and SHA-256, and
+    /// what could be read of it.
     init(invalidJob record: [UInt8], source: Source, job: PushJob?, error: ValidationError, at time: Date = Date()) {
         self.init(appId: job?.appId ?? "", job: nil, reason: Disposition.invalidJob.rawValue, attempts: 0, deadLetteredAt: time)
         jobId = job?.id
         disposition = .invalidJob
         message = error.description
-        rawJob = String(decoding: record, as: UTF8.self)
+        rawJob = String(decoding: record.prefix(Self.rawJobLimit), as: UTF8.self)
+        rawJobBytes = record.count
+        rawJobSha256 = Hex.encode(SHA256.hash(record))
         self.source = source
     }
 
@@ -69,6 +76,14 @@ struct DeadLetterWriter: Sendable {
                     "apns.status": letter.status.map(String.init) ?? "",
                     "apns.reason": letter.disposition == .invalidJob ? "" : letter.reason,
                     "token": letter.deviceToken.map { Redaction.tag($0) } ?? "",
+                ])
+                return true
+            } catch where error.code.refusesTheRecordForGood {
+                // Retrying would wedge the partition behind this record for good: settle without the letter.
+                metrics.deadLettersRefused.labels(disposition).increment()
+                logger.error("the broker refuses this dead letter for good; the push is settled without it", [
+                    "error": "\(error)", "dlq.topic": topic, "dlq.reason": disposition, "job.id": letter.jobId ?? "",
+                    "app": letter.appId, "dlq.bytes": String(value.count),
                 ])
                 return true
             } catch {

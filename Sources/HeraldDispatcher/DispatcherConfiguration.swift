@@ -43,6 +43,8 @@ public struct DispatcherConfiguration: Sendable {
     public var maxInFlightJobs = 512
     /// Subscriptions or registrations read from Redis per batch (HSCAN/ZSCAN `COUNT`).
     public var batchSize = 500
+    /// `HERALD_MAX_JOB_BYTES`: a job record larger than this is dead-lettered (`invalid_job`) without being parsed.
+    public var maxJobBytes = 256 * 1024
     /// Batches of one fan-out being sent at once; with `batchSize` it bounds how far a fan-out runs ahead of its
     /// saved progress, hence the duplicates after a crash.
     public var maxBatchesInFlightPerJob = 3

@@ -12,6 +12,7 @@ struct DispatcherMetrics: Sendable {
     let deliveredLiveActivity: Counter
     let retries: CounterFamily
     let deadLetters: CounterFamily
+    let deadLettersRefused: CounterFamily
     let tokensRemoved: CounterFamily
     let inFlightPushes: Gauge
     let inFlightJobs: Gauge
@@ -43,6 +44,9 @@ struct DispatcherMetrics: Sendable {
                                    help: "Push attempts scheduled again after a retryable failure", labels: ["reason"])
         deadLetters = registry.counter("herald_dispatcher_dead_letters_total",
                                        help: "Dead-letter records written", labels: ["reason"])
+        deadLettersRefused = registry.counter("herald_dispatcher_dead_letters_refused_total",
+                                              help: "Dead letters the broker refused for good (too large, invalid); their pushes settled without one",
+                                              labels: ["reason"])
         tokensRemoved = registry.counter("herald_dispatcher_tokens_removed_total",
                                          help: "Subscriptions and registrations removed because APNs reported the token invalid",
                                          labels: ["kind"])

@@ -15,6 +15,7 @@ struct JobRunner: Sendable {
     let progress: FanOutProgress
     let limit: ConcurrencyLimit
     let batchSize: Int
+    let maxJobBytes: Int
     let maxBatchesInFlight: Int
     let retryDelay: Duration
     let metrics: DispatcherMetrics
@@ -28,6 +29,11 @@ struct JobRunner: Sendable {
         let plan: JobPlan
         var parsed: PushJob?
         do throws(ValidationError) {
+            // Before any parsing: a huge record costs nothing but its dead letter.
+            guard record.value.count <= maxJobBytes else {
+                throw ValidationError(code: "job_too_large",
+                                      message: "the record is \(record.value.count) bytes, over the limit of \(maxJobBytes) (HERALD_MAX_JOB_BYTES)")
+            }
             let job = try PushJob.decode(record.value)
             parsed = job
             try job.validate()

@@ -47,6 +47,15 @@ public struct KafkaError: Error, Sendable, Hashable, CustomStringConvertible {
         /// Whether a request that failed with this code may succeed when sent again.
         public var isRetriable: Bool { Code.retriable.contains(rawValue) }
 
+        /// Whether the broker refused this record itself (too large, malformed, an invalid topic name): sending
+        /// the same record again can never succeed.
+        public var refusesTheRecordForGood: Bool { Code.refusedForGood.contains(rawValue) }
+
+        private static let refusedForGood: Set<Int32> = Set([
+            RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE, RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE,
+            RD_KAFKA_RESP_ERR_INVALID_RECORD, RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION, RD_KAFKA_RESP_ERR__INVALID_ARG,
+        ].map(\.rawValue))
+
         // Transient conditions per the Kafka protocol (RetriableException in the Java client) plus librdkafka's
         // local ones that mean "not now" rather than "never".
         private static let retriable: Set<Int32> = Set([

@@ -30,6 +30,7 @@ let usage = """
       HERALD_RETRY_INITIAL_DELAY_SECONDS  backoff before the second attempt, doubling, jittered [\(defaults.retryInitialDelay.secondsText)]
       HERALD_MAX_IN_FLIGHT_PUSHES     pushes awaiting APNs at once [\(defaults.maxInFlightPushes)]
       HERALD_FANOUT_BATCH_SIZE        subscriptions read per Redis batch [\(defaults.batchSize)]
+      HERALD_MAX_JOB_BYTES            larger job records are dead-lettered unread [\(defaults.maxJobBytes)]
       HERALD_KAFKA_SESSION_TIMEOUT_SECONDS  consumer-group session timeout [\(defaults.sessionTimeout.secondsText)]
       HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS  [\(defaults.maxPollInterval.secondsText)]
       HERALD_KAFKA_FETCH_MAX_WAIT_MS  how long the broker may hold an empty fetch (latency vs idle fetches) [\(defaults.fetchMaxWait.inMilliseconds)]
@@ -58,6 +59,7 @@ struct DispatcherSettings {
         configuration.retryInitialDelay = try env.seconds("HERALD_RETRY_INITIAL_DELAY_SECONDS", default: defaults.retryInitialDelay)
         configuration.maxInFlightPushes = try env.int("HERALD_MAX_IN_FLIGHT_PUSHES", default: defaults.maxInFlightPushes, range: 1...100_000)
         configuration.batchSize = try env.int("HERALD_FANOUT_BATCH_SIZE", default: defaults.batchSize, range: 1...100_000)
+        configuration.maxJobBytes = try env.int("HERALD_MAX_JOB_BYTES", default: defaults.maxJobBytes, range: 1024...16 * 1024 * 1024)
         configuration.sessionTimeout = try env.seconds("HERALD_KAFKA_SESSION_TIMEOUT_SECONDS", default: defaults.sessionTimeout)
         configuration.maxPollInterval = try env.seconds("HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS", default: defaults.maxPollInterval)
         configuration.fetchMaxWait = .milliseconds(try env.int("HERALD_KAFKA_FETCH_MAX_WAIT_MS", default: Int(defaults.fetchMaxWait.inMilliseconds), range: 1...5000))

@@ -153,6 +153,15 @@ import Testing
         #expect(response.timestamp == Date(timeIntervalSince1970: 1_700_000_000.123))
     }
 
+    @Test func aTimestampNoClockCouldShowIsDropped() {
+        for odd in ["1e300", "-5", "253402300800000"] {
+            let body = Array(#"{"reason":"Unregistered","timestamp":\#(odd)}"#.utf8)
+            let response = APNsResponse(status: 410, apnsID: nil, body: body)
+            #expect(response.isTokenInvalid, "\(odd)")
+            #expect(response.timestamp == nil, "\(odd)")
+        }
+    }
+
     @Test func errorsSayWhetherToRetry() {
         let retriable: [APNsError.Code] = [.timeout, .connectionFailed, .notProcessed, .protocolError, .queueFull, .shutdown]
         let permanent: [APNsError.Code] = [.invalidRequest(.payloadEmpty), .tlsFailure, .http2NotNegotiated,

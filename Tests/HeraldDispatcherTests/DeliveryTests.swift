@@ -2,6 +2,7 @@ import Foundation
 import HeraldAPNsSimulator
 import HeraldCore
 import HeraldCrypto
+import HeraldKafka
 import HeraldRuntime
 import HeraldStore
 import HeraldTestSupport
@@ -312,6 +313,46 @@ struct DeliveryTests {
         #expect(letters.last?["message"]?.stringValue?.contains("no-such-app") == true)
         try validateAgainstSchema(letters.map { $0.encoded() }, schema: "dead-letter.schema.json")
         #expect(harness.metric("herald_dispatcher_jobs_invalid_total") == 3)
+        await harness.stop()
+    }
+
+    @Test("a 600 KB garbage record is dead-lettered unread (16 KiB of it, its size and SHA-256), and the valid job behind it is delivered and committed")
+    func hugeGarbageRecord() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let token = deviceToken()
+        let garbage = String(repeating: "\"", count: 600_000)
+        try await harness.produce(raw: garbage, key: "\(app.id)/device/\(token)")
+        var valid = PushJob(id: "after-garbage", appId: app.id, target: .device(token, tokenType: .alert, environment: .production))
+        valid.payload = .object(["aps": .object(["alert": .string("still here")])])
+        try await harness.produce(valid)
+
+        try await eventually("the valid job behind the garbage was delivered", timeout: .seconds(10)) {
+            harness.simulators.accepted().contains { $0["token"]?.stringValue == token }
+        }
+        let records = try await readTopic(harness.topics.deadLetters, brokers: harness.topics.brokers, expecting: 1,
+                                          timeout: .seconds(5))
+        let record = try #require(records.first)
+        #expect(record.value.count < 40_000, "a dead letter of \(record.value.count) bytes")
+        let letter = try DeadLetter.decode(record.value)
+        #expect(letter.disposition == .invalidJob)
+        #expect(letter.rawJobBytes == 600_000)
+        #expect(letter.rawJob == String(repeating: "\"", count: 16 * 1024))
+        #expect(letter.rawJobSha256 == Hex.encode(SHA256.hash(Array(garbage.utf8))))
+        #expect(letter.message?.contains("HERALD_MAX_JOB_BYTES") == true, "\(letter.message ?? "")")
+        try validateAgainstSchema([record.value], schema: "dead-letter.schema.json")
+
+        // Both records settled: the group's offset is past the valid job.
+        let held = try await readTopic(harness.topics.jobs, brokers: harness.topics.brokers, expecting: 2, timeout: .seconds(5))
+        let partition = try #require(held.last?.partition)
+        let end = (held.map(\.offset).max() ?? -1) + 1
+        let committed = try KafkaConsumer(configuration: KafkaConsumerConfiguration(
+            kafka: KafkaConfiguration(brokerList: harness.topics.brokers), groupID: harness.topics.group), logger: testLogger)
+        try await eventually("the group committed past both records") {
+            try await committed.committed([KafkaTopicPartition(topic: harness.topics.jobs, partition: partition)])
+                .first?.offset == end
+        }
+        try await committed.close()
         await harness.stop()
     }
 
