@@ -209,7 +209,7 @@ public final class APNsClient: Sendable {
             return APNsResponse(status: 200, apnsID: raw.apnsID, reason: nil, timestamp: nil)
         }
         let response = APNsResponse(status: raw.status, apnsID: raw.apnsID, body: raw.body)
-        metrics.pushes.labels(String(raw.status), response.reason?.description ?? "").increment()
+        metrics.pushes.labels(String(raw.status), response.reason?.metricLabel ?? "").increment()
         return response
     }
 

@@ -48,6 +48,13 @@ public enum APNsReason: Sendable, Hashable, CustomStringConvertible {
         if case .unknown(let text) = self { return text }
         return Self.names[self]!
     }
+
+    /// A metric label: Apple's string for a documented reason, `other` for any other, so that a server sending
+    /// made-up reasons cannot grow the metric without bound.
+    public var metricLabel: String {
+        if case .unknown = self { return "other" }
+        return description
+    }
 }
 
 /// What the caller should do with a response, from Apple's documented status/reason pairs.

@@ -174,7 +174,7 @@ struct Deliverer: Sendable {
             failure.error = error.kind
         }
         if retryable, attempt < maxAttempts {
-            metrics.retries.labels(failure.apnsReason ?? failure.error ?? "").increment()
+            metrics.retries.labels(failure.apnsReason.map { APNsReason($0).metricLabel } ?? failure.error ?? "").increment()
             do { try await Task.sleep(for: backoff.delay(attempt: attempt)) } catch { return false }
             return nil
         }
@@ -188,7 +188,7 @@ struct Deliverer: Sendable {
         } else if response.status == 200, push.pushType == .liveactivity {
             metrics.deliveredLiveActivity.increment()
         } else {
-            count(push, status: String(response.status), reason: response.reason?.description ?? "")
+            count(push, status: String(response.status), reason: response.reason?.metricLabel ?? "")
         }
     }
 

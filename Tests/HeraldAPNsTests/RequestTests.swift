@@ -142,6 +142,7 @@ import Testing
         #expect(ok.isDelivered && ok.reason == nil && !ok.isRetriable)
         let odd = APNsResponse(status: 400, apnsID: nil, body: Array(#"{"reason":"SomethingNew"}"#.utf8))
         #expect(odd.reason == .unknown("SomethingNew") && odd.disposition == .permanent)
+        #expect(odd.reason?.metricLabel == "other" && APNsReason.badDeviceToken.metricLabel == "BadDeviceToken")
         let notJSON = APNsResponse(status: 500, apnsID: nil, body: Array("<html>".utf8))
         #expect(notJSON.reason == nil && notJSON.isRetriable)
     }
