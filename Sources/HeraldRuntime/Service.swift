@@ -8,7 +8,8 @@ public protocol Service: Sendable {
 }
 
 /// Runs services together and stops them on one of `signals`, when its own task is cancelled, or when one of
-/// them ends: the last one started is cancelled first, each given until `gracePeriod` (shared) to return.
+/// them ends: the last one started is cancelled first and given until `gracePeriod` (shared by all) to return
+/// before the next is cancelled; one still running then is logged, and `run()` returns once every one has ended.
 /// Modelled on swift-service-lifecycle's ServiceGroup. A group is a Service itself (one service made of parts).
 public struct ServiceGroup: Service {
     public var services: [any Service]
@@ -64,7 +65,7 @@ public struct ServiceGroup: Service {
                 for i in (0..<count).reversed() {
                     guard let task = handles.withLock({ $0[i] }) else { continue }
                     task.cancel()
-                    let stopped = await waitUntil(deadline) { _ = try? await task.value }
+                    let stopped = await Self.ends(task, by: deadline)
                     if !stopped { logger.warning("service did not stop within the grace period", ["service.index": "\(i)"]) }
                 }
                 signals.cancel()
@@ -77,13 +78,27 @@ public struct ServiceGroup: Service {
         if let result { throw result }
     }
 
-    private func waitUntil(_ deadline: ContinuousClock.Instant, _ body: @escaping @Sendable () async -> Void) async -> Bool {
-        await withTaskGroup(of: Bool.self) { group in
-            group.addTask { await body(); return true }
-            group.addTask { try? await Task.sleep(until: deadline, clock: .continuous); return false }
-            let first = await group.next() ?? false
-            group.cancelAll()
-            return first
+    /// Whether `task` ended by `deadline`. The timer and the watcher are unstructured tasks, so neither inherits
+    /// this task's cancellation: a group inside another is stopped by cancelling it, and a sleep in a cancelled
+    /// task ends at once, which gave its services no time and logged every one of them as late.
+    private static func ends(_ task: Task<Void, any Error>, by deadline: ContinuousClock.Instant) async -> Bool {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            let pending = Lock<CheckedContinuation<Bool, Never>?>(continuation)
+            let answer: @Sendable (Bool) -> Void = { ended in
+                pending.withLock { waiting in
+                    waiting?.resume(returning: ended)
+                    waiting = nil
+                }
+            }
+            let timer = Task {
+                try? await Task.sleep(until: deadline, clock: .continuous)
+                answer(false)
+            }
+            Task {
+                _ = try? await task.value
+                answer(true)
+                timer.cancel()
+            }
         }
     }
 }
