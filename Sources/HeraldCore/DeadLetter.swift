@@ -18,6 +18,9 @@ public struct DeadLetter: Sendable, Equatable {
         case retriesExhausted = "retries_exhausted"
         /// The record is not a valid job, or names an unknown app.
         case invalidJob = "invalid_job"
+        /// Redis answered the job's reads or writes with the same error on every try (a key of the wrong
+        /// type, say): the whole job is kept, to be produced again once the data is fixed.
+        case storeError = "store_error"
     }
 
     /// Where the failed job was read from.

@@ -2,6 +2,7 @@ import Foundation
 import HeraldCore
 import HeraldCrypto
 import HeraldKafka
+import HeraldRedis
 import HeraldRuntime
 
 extension DeadLetter {
@@ -19,6 +20,16 @@ extension DeadLetter {
         rawJob = String(decoding: record.prefix(Self.rawJobLimit), as: UTF8.self)
         rawJobBytes = record.count
         rawJobSha256 = Hex.encode(SHA256.hash(record))
+        self.source = source
+    }
+
+    /// A whole job Redis kept refusing (`StoreRefusal`): the job as read, to be produced again once fixed.
+    init(storeRefused job: PushJob, source: Source, refusal: StoreRefusal, at time: Date = Date()) {
+        self.init(appId: job.appId, job: job, reason: Disposition.storeError.rawValue, attempts: refusal.tries,
+                  deadLetteredAt: time)
+        jobId = job.id
+        disposition = .storeError
+        message = refusal.description
         self.source = source
     }
 
@@ -40,6 +51,26 @@ extension DeadLetter {
         lastAttemptAt = Timestamp.rfc3339(failure.lastAttemptAt)
         self.source = source
     }
+}
+
+/// Redis answered the same step of a job with an error about the data itself on every try (WRONGTYPE: a key of
+/// another type where Herald's belongs): retrying will not help until someone fixes the key, so the job is
+/// dead-lettered instead of holding its partition. Every other failure (an outage, LOADING, OOM, READONLY during
+/// a failover) is retried for as long as it lasts.
+struct StoreRefusal: Error, CustomStringConvertible {
+    /// How many such answers in a row make a refusal.
+    static let tries = 5
+
+    /// `error` when it is an answer about the data, which counts towards a refusal.
+    static func dataError(_ error: any Error) -> RedisError? {
+        guard let redis = error as? RedisError, redis.serverErrorPrefix == "WRONGTYPE" else { return nil }
+        return redis
+    }
+
+    var what: String
+    var tries: Int
+    var error: RedisError
+    var description: String { "Redis refused to \(what) on all \(tries) tries: \(error.message)" }
 }
 
 /// How a push's attempts went, for its dead letter.

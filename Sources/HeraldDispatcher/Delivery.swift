@@ -2,6 +2,7 @@ import Foundation
 import HeraldAPNs
 import HeraldCore
 import HeraldCrypto
+import HeraldRedis
 import HeraldRuntime
 import HeraldStore
 
@@ -202,8 +203,10 @@ struct Deliverer: Sendable {
     }
 
     /// Removes every subscription and registration of the token in the app (except those renewed after
-    /// `keepAfter`), retrying while Redis fails.
+    /// `keepAfter`), retrying while Redis fails; after `StoreRefusal.tries` answers about the data in a row the
+    /// token is left (its next push is refused the same way and tries again) rather than holding the job.
     private func removeToken(_ push: Push, app: String, keepAfter: Date?) async -> Bool {
+        var refusals = 0
         while !Task.isCancelled {
             do {
                 let subscriptions = try await self.subscriptions.removeInvalidToken(app: app, deviceToken: push.token,
@@ -217,6 +220,16 @@ struct Deliverer: Sendable {
                                                          "removed.registrations": "\(registrations)"])
                 return true
             } catch {
+                if let refused = StoreRefusal.dataError(error) {
+                    refusals += 1
+                    if refusals >= StoreRefusal.tries {
+                        logger.error("Redis refuses removing an invalid token; leaving it",
+                                     ["error": refused.message, "app": app, "token": Redaction.tag(push.token)])
+                        return true
+                    }
+                } else {
+                    refusals = 0
+                }
                 logger.error("cannot remove an invalid token; retrying", ["error": "\(error)", "app": app])
                 do { try await Task.sleep(for: infrastructureRetryDelay) } catch { return false }
             }

@@ -1,11 +1,13 @@
 import Foundation
 import HeraldCore
 import HeraldKafka
+import HeraldRedis
 import HeraldRuntime
 import HeraldStore
 
 /// Runs one job record to the end: validates it (dead-lettering an invalid one), resolves its targets in
-/// batches, delivers every push and, for a post's final update, removes the post's registrations.
+/// batches, delivers every push and, for a post's final update, removes the post's registrations. A job whose
+/// targets Redis keeps refusing to read (`StoreRefusal`) is dead-lettered whole.
 struct JobRunner: Sendable {
     let apps: AppRegistry
     let subscriptions: SubscriptionStore
@@ -55,27 +57,33 @@ struct JobRunner: Sendable {
             settled = await deliverer.deliver(push, context: context)
         case .channel(let channel):
             // The channel index holds the targets themselves: a scan is the whole read, nothing to load after it.
-            settled = await fanOut(context) { cursor in
+            do throws(StoreRefusal) { settled = try await fanOut(context) { cursor in
                 let batch = try await subscriptions.channelBatch(app: plan.app.id, channel: channel, cursor: cursor,
                                                                  count: batchSize)
                 return (batch.cursor, batch.targets)
             } load: { targets in
                 targets.compactMap(plan.push(for:))
-            }
+            } } catch { return await deadLetterWhole(plan.job, source: source, error) }
         case .post(let post):
-            settled = await fanOut(context) { cursor in
+            do throws(StoreRefusal) { settled = try await fanOut(context) { cursor in
                 let batch = try await activities.postIDs(app: plan.app.id, postIDHash: post, cursor: cursor,
                                                          count: batchSize)
                 return (batch.cursor, batch.ids)
             } load: { ids in
                 try await activities.registrations(app: plan.app.id, ids: ids).compactMap(plan.push(for:))
-            }
+            } } catch { return await deadLetterWhole(plan.job, source: source, error) }
             if settled, plan.job.isFinal {
                 guard await removePost(app: plan.app.id, post: post) else { return false }
             }
         }
         if settled { metrics.jobsCompleted.increment() }
         return settled
+    }
+
+    private func deadLetterWhole(_ job: PushJob, source: DeadLetter.Source, _ refusal: StoreRefusal) async -> Bool {
+        logger.error("Redis keeps refusing this job's data; dead-lettering the whole job",
+                     ["job.id": job.id, "app": job.appId, "error": refusal.error.message])
+        return await deadLetters.write(DeadLetter(storeRefused: job, source: source, refusal: refusal))
     }
 
     /// Streams the targets batch by batch (bounded memory whatever their number), keeps up to
@@ -88,19 +96,18 @@ struct JobRunner: Sendable {
     /// nothing, and launching stops `maxBatchesInFlight + 1` batches past the last saved cursor, so the
     /// duplicates a crash can cause keep their bound.
     /// `scan` reads a batch of items (a channel's targets, a post's registration ids) and `load` turns them into
-    /// pushes.
+    /// pushes. True once every push is settled, false when cancelled first; throws when Redis keeps refusing.
     private func fanOut<Item: Sendable>(
         _ context: JobContext, scan: @escaping @Sendable (String) async throws -> (cursor: String, items: [Item]),
         load: @escaping @Sendable ([Item]) async throws -> [Push]
-    ) async -> Bool {
+    ) async throws(StoreRefusal) -> Bool {
         let source = context.source
         // The first batch is read while the saved progress is looked up: nearly every fan-out has none (one
         // Redis round trip saved on the latency of every small job); a resumed one discards that batch.
         async let fromStart = try? Self.read(from: "0", scan: scan, load: load)
         let start: String
-        do { start = try await retrying("load fan-out progress") { try await progress.load(source) } ?? "0" } catch {
-            return false
-        }
+        do { start = try await retrying("load fan-out progress") { try await progress.load(source) } ?? "0" }
+        catch let refusal as StoreRefusal { throw refusal } catch { return false }
         let first = start == "0" ? await fromStart : nil
         if start != "0" {
             metrics.resumedFanOuts.increment()
@@ -109,7 +116,7 @@ struct JobRunner: Sendable {
         // The whole target list in one batch (every small job): nothing to read ahead or save, so no group either.
         if let first, first.cursor == "0" { return await send(first.pushes, context: context) }
         var saved = start != "0"
-        let completed = await withTaskGroup(of: FanOutEvent<Item>.self) { group -> Bool in
+        let end = await withTaskGroup(of: FanOutEvent<Item>.self) { group -> FanOutEnd in
             var cursors: [String] = [] // the scan cursor after each batch read, by batch number
             var loaded: [Int: [Push]] = [:] // batches read and not launched yet
             var scanning = false
@@ -129,9 +136,8 @@ struct JobRunner: Sendable {
                 let cursor = cursors.last ?? start
                 scanning = true
                 group.addTask {
-                    do { return .scanned(try await retrying("scan targets") { try await scan(cursor) }) } catch {
-                        return .cancelled
-                    }
+                    do { return .scanned(try await retrying("scan targets") { try await scan(cursor) }) }
+                    catch let refusal as StoreRefusal { return .refused(refusal) } catch { return .cancelled }
                 }
             }
             func startSave(upTo count: Int) {
@@ -154,7 +160,7 @@ struct JobRunner: Sendable {
                     group.addTask { .sent(index, await send(pushes, context: context)) }
                 }
                 if !scanning, !scanDone, cursors.count - nextToLaunch < Self.readAhead { startScan() }
-                if scanDone, !scanning, nextToSettle == cursors.count, !saving { return true }
+                if scanDone, !scanning, nextToSettle == cursors.count, !saving { return .completed }
                 switch await group.next() {
                 case .scanned(let batch)?:
                     scanning = false
@@ -166,9 +172,8 @@ struct JobRunner: Sendable {
                     } else {
                         let items = batch.items
                         group.addTask {
-                            do { return .loaded(index, try await retrying("load targets") { try await load(items) }) } catch {
-                                return .cancelled
-                            }
+                            do { return .loaded(index, try await retrying("load targets") { try await load(items) }) }
+                            catch let refusal as StoreRefusal { return .refused(refusal) } catch { return .cancelled }
                         }
                     }
                 case .loaded(let index, let pushes)?:
@@ -177,7 +182,7 @@ struct JobRunner: Sendable {
                     settled[index] = ok
                     guard ok else {
                         group.cancelAll()
-                        return false
+                        return .cancelled
                     }
                     let before = nextToSettle
                     while settled[nextToSettle] == true {
@@ -200,17 +205,29 @@ struct JobRunner: Sendable {
                         toSave = nil
                         startSave(upTo: next)
                     }
+                case .refused(let refusal)?:
+                    group.cancelAll()
+                    return .refused(refusal)
                 case .cancelled?, nil:
                     group.cancelAll()
-                    return false
+                    return .cancelled
                 }
             }
         }
-        guard completed else { return false }
+        switch end {
+        case .completed: break
+        case .cancelled: return false
+        case .refused(let refusal): throw refusal
+        }
         if saved {
-            do { try await retrying("clear fan-out progress") { try await progress.clear(source) } } catch { return false }
+            do { try await retrying("clear fan-out progress") { try await progress.clear(source) } }
+            catch let refusal as StoreRefusal { throw refusal } catch { return false }
         }
         return true
+    }
+
+    private enum FanOutEnd: Sendable {
+        case completed, cancelled, refused(StoreRefusal)
     }
 
     /// Batches read from Redis ahead of the one sending next (each up to `batchSize` targets in memory).
@@ -233,6 +250,8 @@ struct JobRunner: Sendable {
         case saved(Int)
         /// A read gave up because the fan-out was cancelled.
         case cancelled
+        /// A read gave up because Redis kept refusing it.
+        case refused(StoreRefusal)
     }
 
     /// Sends one batch, each push holding a slot of the shared limit while in flight. Pushes go to the APNs client
@@ -285,18 +304,30 @@ struct JobRunner: Sendable {
             }
             logger.info("final update sent; registrations removed", ["app": app, "post": post, "removed": "\(removed)"])
             return true
+        } catch let refusal as StoreRefusal {
+            logger.error("final update sent; Redis refused removing the registrations, which expire by themselves",
+                         ["app": app, "post": post, "error": refusal.error.message])
+            return true
         } catch {
             return false
         }
     }
 
-    /// Runs `body` until it succeeds, waiting `retryDelay` after each failure (Redis down, say); throws only
-    /// `CancellationError`.
+    /// Runs `body` until it succeeds, waiting `retryDelay` after each failure (Redis down, say). Throws
+    /// `CancellationError`, or `StoreRefusal` once Redis has answered with an error about the data
+    /// `StoreRefusal.tries` times in a row.
     private func retrying<T: Sendable>(_ what: String, _ body: () async throws -> T) async throws -> T {
+        var refusals = 0
         while true {
             try Task.checkCancellation()
             do { return try await body() } catch {
                 if Task.isCancelled { throw CancellationError() }
+                if let refused = StoreRefusal.dataError(error) {
+                    refusals += 1
+                    if refusals >= StoreRefusal.tries { throw StoreRefusal(what: what, tries: refusals, error: refused) }
+                } else {
+                    refusals = 0
+                }
                 logger.error("cannot \(what); retrying", ["error": "\(error)"])
                 try await Task.sleep(for: retryDelay)
             }

@@ -3,6 +3,7 @@ import HeraldAPNsSimulator
 import HeraldCore
 import HeraldCrypto
 import HeraldKafka
+import HeraldRedis
 import HeraldRuntime
 import HeraldStore
 import HeraldTestSupport
@@ -353,6 +354,37 @@ struct DeliveryTests {
                 .first?.offset == end
         }
         try await committed.close()
+        await harness.stop()
+    }
+
+    @Test("a channel whose index Redis refuses to read (WRONGTYPE) is dead-lettered whole after a few tries; the next job is delivered")
+    func refusedChannelIndex() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let channel = "broken-\(SecureRandom.hex(4))"
+        // A string where the channel's hash belongs: every HSCAN of it answers WRONGTYPE.
+        _ = try await harness.redis.command(["SET", RedisKeys(app: app.id).channel(channel), "not a hash"])
+        var broken = PushJob(id: "refused-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+        broken.alert = .object(["aps": .object(["alert": .string("never sent")])])
+        try await harness.produce(broken)
+        let token = deviceToken()
+        var valid = PushJob(id: "after-refused", appId: app.id, target: .device(token, tokenType: .alert, environment: .production))
+        valid.payload = .object(["aps": .object(["alert": .string("still here")])])
+        try await harness.produce(valid)
+
+        try await eventually("the job after it was delivered") {
+            harness.simulators.accepted().contains { $0["token"]?.stringValue == token }
+        }
+        let records = try await readTopic(harness.topics.deadLetters, brokers: harness.topics.brokers, expecting: 1,
+                                          timeout: .seconds(10))
+        let letter = try DeadLetter.decode(try #require(records.first).value)
+        #expect(letter.disposition == .storeError && letter.reason == "store_error")
+        #expect(letter.job?.id == broken.id && letter.job?.target.channel == channel)
+        #expect(letter.attempts == 5)
+        #expect(letter.message?.contains("WRONGTYPE") == true, "\(letter.message ?? "")")
+        #expect(records.first.map { String(decoding: $0.key ?? [], as: UTF8.self) } == "\(app.id)/job/\(broken.id)")
+        try validateAgainstSchema([records[0].value], schema: "dead-letter.schema.json")
+        #expect(harness.metric("herald_dispatcher_dead_letters_total", labels: ["reason": "store_error"]) == 1)
         await harness.stop()
     }
 
