@@ -45,12 +45,23 @@ final class KeyHandle: @unchecked Sendable {  // @unchecked: the key is immutabl
     init(_ pointer: OpaquePointer) { self.pointer = pointer }
     deinit { EVP_PKEY_free(pointer) }
 
+    static let supported = "only P-256 EC keys and RSA keys of at least 2048 bits are supported"
+
+    /// ES256 for a P-256 key, RS256 for an RSA key of at least 2048 bits; nil for any other key (another
+    /// 256-bit curve such as secp256k1 or brainpoolP256r1 included).
     var algorithm: SignatureAlgorithm? {
         switch EVP_PKEY_get_base_id(pointer) {
-        case EVP_PKEY_EC: EVP_PKEY_get_bits(pointer) == 256 ? .es256 : nil
-        case EVP_PKEY_RSA: .rs256
+        case EVP_PKEY_EC: curveName == "prime256v1" ? .es256 : nil
+        case EVP_PKEY_RSA: EVP_PKEY_get_bits(pointer) >= 2048 ? .rs256 : nil
         default: nil
         }
+    }
+
+    private var curveName: String? {
+        var name = [CChar](repeating: 0, count: 64)
+        var length = 0
+        guard EVP_PKEY_get_group_name(pointer, &name, name.count, &length) == 1 else { return nil }
+        return String(cString: name)
     }
 }
 
@@ -66,15 +77,16 @@ public struct PrivateKey: Sendable {
         }
         let handle = KeyHandle(key)
         guard let algorithm = handle.algorithm else {
-            throw CryptoError(.unsupportedKey, "only P-256 EC and RSA keys are supported")
+            throw CryptoError(.unsupportedKey, KeyHandle.supported)
         }
         self.handle = handle
         self.algorithm = algorithm
     }
 
-    private init(handle: KeyHandle) {
+    private init(handle: KeyHandle) throws {
+        guard let algorithm = handle.algorithm else { throw CryptoError(.unsupportedKey, KeyHandle.supported) }
         self.handle = handle
-        self.algorithm = handle.algorithm!
+        self.algorithm = algorithm
     }
 
     /// A fresh P-256 key (for tests, `heraldctl`, and the simulator's own material).
@@ -93,7 +105,7 @@ public struct PrivateKey: Sendable {
         var key: OpaquePointer?
         guard EVP_PKEY_keygen_init(context) == 1, configure(context) == 1, EVP_PKEY_keygen(context, &key) == 1,
               let key else { throw CryptoError(.invalidKey, "key generation failed") }
-        return PrivateKey(handle: KeyHandle(key))
+        return try PrivateKey(handle: KeyHandle(key))
     }
 
     /// The key as PKCS#8 PEM (`BEGIN PRIVATE KEY`), the `.p8` format.
@@ -142,7 +154,7 @@ public struct PublicKey: Sendable {
         guard let key else { throw CryptoError(.invalidKey, "not a PEM public key or certificate") }
         let handle = KeyHandle(key)
         guard let algorithm = handle.algorithm else {
-            throw CryptoError(.unsupportedKey, "only P-256 EC and RSA keys are supported")
+            throw CryptoError(.unsupportedKey, KeyHandle.supported)
         }
         self.handle = handle
         self.algorithm = algorithm

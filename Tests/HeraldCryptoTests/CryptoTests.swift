@@ -64,6 +64,21 @@ import Testing
     }
 
     /// Interoperability: a key and signature made by the openssl command line verify here, and ours verify there.
+    /// A secp256k1 key has 256 bits too, but APNs and ES256 mean P-256 only; RSA shorter than 2048 bits is weak.
+    @Test func otherCurvesAndShortRSAKeysAreRefused() {
+        let secp256k1 = """
+            -----BEGIN PRIVATE KEY-----
+            MIGEAgEAMBAGByqGSM49AgEGBSuBBAAKBG0wawIBAQQgsYo8WSrkDhgkXBPdh9tO
+            uVa6EEnl/93Qt+hvKRP1oK+hRANCAASF2XBMXEkAjbw0BU12HHizsfex60u2k8rb
+            LOtzC6IQPN27V8lBWhwvjHGsUWyLJJWdBP8AO6iP2zGvzr/l/aTS
+            -----END PRIVATE KEY-----
+
+            """
+        #expect { try PrivateKey(pem: secp256k1) } throws: { ($0 as? CryptoError)?.code == .unsupportedKey }
+        #expect { try PrivateKey.generateRSA(bits: 1024) } throws: { ($0 as? CryptoError)?.code == .unsupportedKey }
+        #expect((try? PrivateKey.generateRSA(bits: 2048))?.algorithm == .rs256)
+    }
+
     @Test func interoperatesWithTheOpenSSLCommandLine() throws {
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("herald-crypto-\(SecureRandom.hex(4))")
         try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
