@@ -92,6 +92,10 @@ struct HTTPWireTests {
             ("POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "not_implemented"),
             ("GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + String(repeating: "a", count: 20_000) + "\r\n\r\n", 431,
              "headers_too_large"),
+            // RFC 9112 §3.2 and §6.1.
+            ("GET / HTTP/1.1\r\n\r\n", 400, "bad_request"),
+            ("GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, "bad_request"),
+            ("POST /upload HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "bad_request"),
         ]
         try await withServer(router()) { port in
             for (text, status, code) in cases {

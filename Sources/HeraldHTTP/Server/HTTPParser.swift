@@ -147,6 +147,7 @@ public enum HTTPRequestParser {
         var close = false
         var keepAliveToken = false
         var expectsContinue = false
+        var hosts = 0
         var line = lineEnd + 2
         while line < end + 2 {
             var next = line
@@ -182,11 +183,21 @@ public enum HTTPRequestParser {
                 }
             } else if matches(bytes, nameRange, "expect") {
                 expectsContinue = minor == 1 && value.lowercased() == "100-continue"
+            } else if matches(bytes, nameRange, "host") {
+                hosts += 1
             }
             headers.add(string(bytes, nameRange), value)
             line = next + 2
         }
 
+        // RFC 9112 §3.2: exactly one Host in HTTP/1.1, at most one in 1.0. §6.1: Transfer-Encoding in an HTTP/1.0
+        // request means the framing cannot be trusted.
+        guard hosts == 1 || (minor == 0 && hosts == 0) else {
+            return .failure(.bad(hosts == 0 ? "an HTTP/1.1 request must carry a Host header" : "more than one Host header"))
+        }
+        guard minor == 1 || transferEncoding == nil else {
+            return .failure(.bad("Transfer-Encoding is not accepted in an HTTP/1.0 request"))
+        }
         let framing: Result<HTTPBodyFraming, HTTPParseFailure>
         if transferEncoding != nil, contentLength != nil || lengthInvalid {
             // Both framings: the mark of request smuggling (RFC 9112 §6.1 says close after answering).
