@@ -62,7 +62,7 @@ enum DLQCommand {
             if json {
                 out.write((shown == 0 ? "\n" : ",\n") + String(decoding: Row.json(entry, letter).encoded(), as: UTF8.self))
             } else {
-                out.write(Row.text(entry, letter) + "\n")
+                out.write(Row.text(entry, letter).escapingControls + "\n")
             }
             shown += 1
         }
@@ -144,7 +144,8 @@ enum DLQCommand {
 
     /// Counts, largest first, as aligned lines.
     static func table(_ counts: [String: Int]) -> String {
-        let rows = counts.sorted { ($0.value, $1.key) > ($1.value, $0.key) }
+        let rows = counts.map { (key: $0.key.escapingControls, value: $0.value) }
+            .sorted { ($0.value, $1.key) > ($1.value, $0.key) }
         let width = rows.map(\.key.count).max() ?? 0
         return rows.map { "  " + $0.key.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + String($0.value) }
             .joined(separator: "\n")
@@ -214,9 +215,33 @@ enum Row {
 }
 
 extension String {
+    /// Control and format characters (escape sequences, bidi overrides, zero-width marks) written as `\u{…}`:
+    /// what a record says must not steer the operator's terminal.
+    var escapingControls: String {
+        guard unicodeScalars.contains(where: \.isControlOrFormat) else { return self }
+        var escaped = String.UnicodeScalarView()
+        for scalar in unicodeScalars {
+            if scalar.isControlOrFormat {
+                escaped.append(contentsOf: "\\u{\(String(scalar.value, radix: 16))}".unicodeScalars)
+            } else {
+                escaped.append(scalar)
+            }
+        }
+        return String(escaped)
+    }
+
     /// Left-aligned in `width` columns (longer text is kept whole: a table is read, not parsed).
     func padding(_ width: Int) -> String {
         count >= width ? self : self + String(repeating: " ", count: width - count)
+    }
+}
+
+extension Unicode.Scalar {
+    var isControlOrFormat: Bool {
+        switch properties.generalCategory {
+        case .control, .format: true
+        default: false
+        }
     }
 }
 

@@ -320,8 +320,8 @@ final class Replay {
             ])
             output.write((listed == 0 ? "\n" : ",\n") + String(decoding: line.encoded(), as: UTF8.self))
         } else {
-            output.write("would send \(id)  app \(letter.appId)  token \(maskedToken(letter.deviceToken))  "
-                         + "replayOf \(original)  (\(letter.reason))\n")
+            output.write(("would send \(id)  app \(letter.appId)  token \(maskedToken(letter.deviceToken))  "
+                          + "replayOf \(original)  (\(letter.reason))").escapingControls + "\n")
         }
         listed += 1
     }

@@ -75,6 +75,21 @@ struct DLQCommandTests {
         #expect(document["byReason"]?["ServiceUnavailable"]?.numberValue == 2)
     }
 
+    @Test("what a record says cannot steer the terminal: control and format characters are printed escaped")
+    func controlCharactersAreEscaped() async throws {
+        let harness = try await CtlHarness.make()
+        defer { Task { await harness.close() } }
+        let hostile = "Evil\u{1b}[2J\u{07}\u{202e}Topic"
+        try await harness.publish([harness.deadLetter(reason: hostile, status: 400)])
+        for arguments in [["dlq", "list"], ["dlq", "stats"]] {
+            let result = try await harness.heraldctl(arguments)
+            #expect(result.status == 0, "\(result.stderr)")
+            #expect(!result.stdout.unicodeScalars.contains { $0 == "\u{1b}" || $0 == "\u{07}" || $0 == "\u{202e}" },
+                    "\(arguments): raw control characters printed")
+            #expect(result.stdout.contains(#"Evil\u{1b}[2J\u{7}\u{202e}Topic"#), "\(arguments): \(result.stdout)")
+        }
+    }
+
     @Test("stats counts by reason, status, app and push type")
     func stats() async throws {
         let harness = try await CtlHarness.make()
