@@ -92,6 +92,7 @@ struct DispatcherSettings {
 
 func main() async {
     if CommandLineTool.helpRequested() { CommandLineTool.exitWithUsage(usage) }
+    CoreDumps.disable() // it holds the apps' APNs signing keys
     let settings: DispatcherSettings
     let apps: AppRegistry
     do {

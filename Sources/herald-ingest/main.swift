@@ -75,6 +75,7 @@ struct IngestSettings {
 func main() async {
     if CommandLineTool.helpRequested() { CommandLineTool.exitWithUsage(usage) }
     MallocCache.enlargeByReexecuting()
+    CoreDumps.disable() // it holds the apps' OAuth verification keys and its Redis and Kafka credentials
     let settings: IngestSettings
     let apps: AppRegistry
     do {

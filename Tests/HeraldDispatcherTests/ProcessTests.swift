@@ -58,6 +58,8 @@ struct ProcessTests {
             #expect(metrics.contains(name), "\(name) missing from /metrics")
         }
         #expect(metricValue(metrics, "herald_dispatcher_pushes_total", labels: ["status": "200"]) == 2)
+        // It holds APNs signing keys: no core dump may write them out.
+        #expect(coreFileLimit(pid: dispatcher.child.pid).map { [$0.soft, $0.hard] } == ["0", "0"])
 
         let stopping = ContinuousClock.now
         dispatcher.child.signal(SIGTERM)

@@ -216,6 +216,13 @@ import Testing
         return false
     }
 
+    /// herald-ingest holds OAuth verification keys and its Redis and Kafka credentials: core dumps are off.
+    @Test func ingestWritesNoCoreDump() async throws {
+        let ingest = try await ReliabilityIngest()
+        #expect(coreFileLimit(pid: ingest.child.pid).map { [$0.soft, $0.hard] } == ["0", "0"])
+        await ingest.stop()
+    }
+
     /// `heraldctl keys new` prints the key once and its SHA-256 entry for the apps file, and stores nothing.
     @Test func heraldctlPrintsTheKeyOnceAndItsHash() throws {
         for kind in ["public", "secret"] {

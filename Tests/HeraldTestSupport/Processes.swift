@@ -52,6 +52,15 @@ private func bindsOnLoopback(_ port: UInt16) throws -> Bool {
     return false
 }
 
+/// A running process's core file limit ("Max core file size" in /proc/<pid>/limits): soft and hard.
+public func coreFileLimit(pid: Int32) -> (soft: String, hard: String)? {
+    guard let text = try? String(contentsOfFile: "/proc/\(pid)/limits", encoding: .utf8),
+          let line = text.split(separator: "\n").first(where: { $0.hasPrefix("Max core file size") }) else { return nil }
+    let fields = line.dropFirst("Max core file size".count).split(separator: " ")
+    guard fields.count >= 2 else { return nil }
+    return (String(fields[0]), String(fields[1]))
+}
+
 /// Thrown by `eventually` when its condition did not hold in time.
 public struct TimedOut: Error, CustomStringConvertible {
     public var what: String
