@@ -45,6 +45,8 @@ LUA
 # Starts herald-ingest $1 on a free port against those files, logging to $2 (appended); waits until it is ready.
 # Sets STARTED_PID and STARTED_PORT.
 start_bench_ingest() {
+  [[ -f $WORK/jobs.secret ]] || head -c 32 /dev/urandom | base64 > "$WORK/jobs.secret"
+  export HERALD_JOB_SIGNING_SECRET_FILE=$WORK/jobs.secret
   STARTED_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   HERALD_INGEST_ADDR=127.0.0.1:$STARTED_PORT HERALD_APPS_FILE=$WORK/apps.json \
     HERALD_REDIS_URL=redis://127.0.0.1:$HERALD_SERVICES_REDIS_PORT/0 \

@@ -25,7 +25,8 @@ public struct App: Sendable {
         public var teamId: String
         public var keyId: String
         public var bundleId: String
-        public var privateKey: PrivateKey
+        /// Loaded only by processes that send (`AppDirectory.Reader.dispatcher`): herald-ingest signs nothing.
+        public var privateKey: PrivateKey?
     }
 
     public struct OAuth: Sendable {
@@ -38,6 +39,16 @@ public struct App: Sendable {
     public var keys: [Key]
     public var apns: APNs
     public var oauth: OAuth?
+    /// Secrets this app's own producers sign job records with (`jobSigningSecretPaths`; the first signs, any
+    /// verifies). Loaded by the dispatcher only.
+    public var jobSigningSecrets: [SharedSecret] = []
+    /// Channels whose names start with one of these need a channel grant to subscribe to.
+    public var privateChannelPrefixes: [String] = []
+    /// The HS256 key of this app's channel grants (`channelGrantSecretPath`); loaded by herald-ingest only.
+    public var channelGrantSecret: SharedSecret?
+
+    /// True when subscribing to `channel` needs a channel grant.
+    public func isPrivate(channel: String) -> Bool { privateChannelPrefixes.contains { channel.hasPrefix($0) } }
 
     /// True when `bundleID` is the app's bundle id or one of its extensions (`<bundleId>.<suffix>`).
     ///
@@ -72,15 +83,23 @@ public struct AppDirectory: Sendable {
     /// Keys this directory authenticated lately. Per directory, so a reload starts afresh.
     private let recentKeys = RecentKeys()
 
+    /// Which process reads the apps file: each loads only the key material it uses.
+    public enum Reader: Sendable {
+        /// herald-ingest: channel-grant secrets, never an APNs private key or a job-signing secret.
+        case ingest
+        /// herald-dispatcher: APNs private keys and job-signing secrets.
+        case dispatcher
+    }
+
     /// Reads and checks the apps file; key paths are relative to the file's folder.
-    public static func load(path: String) throws -> AppDirectory {
+    public static func load(path: String, for reader: Reader = .dispatcher) throws -> AppDirectory {
         let url = URL(fileURLWithPath: path)
         let data: Data
         do { data = try Data(contentsOf: url) } catch {
             throw AppsFileError("cannot read \(path): \(error.localizedDescription)")
         }
         let folder = url.deletingLastPathComponent().path
-        return try parse(data) { relative in
+        return try parse(data, for: reader) { relative in
             let full = relative.hasPrefix("/") ? relative : folder + "/" + relative
             guard let text = try? String(contentsOfFile: full, encoding: .utf8) else {
                 throw AppsFileError("cannot read key file \(relative)")
@@ -90,7 +109,8 @@ public struct AppDirectory: Sendable {
     }
 
     /// Parses apps-file JSON; `readFile` returns the text of a key file named in it.
-    public static func parse(_ data: Data, readFile: (String) throws -> String) throws -> AppDirectory {
+    public static func parse(_ data: Data, for reader: Reader = .dispatcher,
+                             readFile: (String) throws -> String) throws -> AppDirectory {
         let file: AppsFile
         do { file = try JSONDecoder().decode(AppsFile.self, from: data) } catch {
             throw AppsFileError("not a valid apps file: \(describe(error))")
@@ -123,12 +143,37 @@ public struct AppDirectory: Sendable {
             guard !entry.apns.bundleId.isEmpty, !entry.apns.bundleId.hasSuffix(".") else {
                 throw AppsFileError("app \(entry.id): apns.bundleId is required")
             }
-            let privateKey: PrivateKey
-            do { privateKey = try PrivateKey(pem: readFile(entry.apns.privateKeyPath)) } catch {
-                throw AppsFileError("app \(entry.id): apns.privateKeyPath: \(error)")
+            var privateKey: PrivateKey?
+            if reader == .dispatcher {
+                do { privateKey = try PrivateKey(pem: readFile(entry.apns.privateKeyPath)) } catch {
+                    throw AppsFileError("app \(entry.id): apns.privateKeyPath: \(error)")
+                }
+                guard privateKey?.algorithm == .es256 else {
+                    throw AppsFileError("app \(entry.id): the APNs key must be a P-256 (.p8) key")
+                }
             }
-            guard privateKey.algorithm == .es256 else {
-                throw AppsFileError("app \(entry.id): the APNs key must be a P-256 (.p8) key")
+            func secret(_ field: String, _ path: String) throws -> SharedSecret {
+                let text = try readFile(path)
+                do throws(ConfigurationError) { return try SharedSecret(bytes: Array(text.utf8)) } catch {
+                    throw AppsFileError("app \(entry.id): \(field): \(error.message)")
+                }
+            }
+            var jobSigningSecrets: [SharedSecret] = []
+            if reader == .dispatcher {
+                for (index, path) in (entry.jobSigningSecretPaths ?? []).enumerated() {
+                    jobSigningSecrets.append(try secret("jobSigningSecretPaths[\(index)]", path))
+                }
+            }
+            let prefixes = entry.privateChannelPrefixes ?? []
+            guard prefixes.allSatisfy({ !$0.isEmpty }) else {
+                throw AppsFileError("app \(entry.id): privateChannelPrefixes must not contain an empty prefix")
+            }
+            guard prefixes.isEmpty || entry.channelGrantSecretPath != nil else {
+                throw AppsFileError("app \(entry.id): privateChannelPrefixes needs channelGrantSecretPath")
+            }
+            var grantSecret: SharedSecret?
+            if reader == .ingest, let path = entry.channelGrantSecretPath {
+                grantSecret = try secret("channelGrantSecretPath", path)
             }
             var oauth: App.OAuth?
             if let o = entry.oauth {
@@ -146,7 +191,8 @@ public struct AppDirectory: Sendable {
             apps[entry.id] = App(id: entry.id, keys: keys,
                                  apns: .init(teamId: entry.apns.teamId, keyId: entry.apns.keyId,
                                              bundleId: entry.apns.bundleId, privateKey: privateKey),
-                                 oauth: oauth)
+                                 oauth: oauth, jobSigningSecrets: jobSigningSecrets,
+                                 privateChannelPrefixes: prefixes, channelGrantSecret: grantSecret)
         }
         return AppDirectory(apps: apps, keysByHash: keysByHash, appsByIssuer: appsByIssuer)
     }
@@ -242,6 +288,9 @@ struct AppsFile: Decodable {
         var keys: [Key]
         var apns: APNs
         var oauth: OAuth?
+        var jobSigningSecretPaths: [String]?
+        var privateChannelPrefixes: [String]?
+        var channelGrantSecretPath: String?
     }
     var apps: [Entry]
 }

@@ -18,6 +18,8 @@ public struct DeadLetter: Sendable, Equatable {
         case retriesExhausted = "retries_exhausted"
         /// The record is not a valid job, or names an unknown app.
         case invalidJob = "invalid_job"
+        /// The record has no `herald-signature` header by the deployment's or its app's secret: nothing was sent.
+        case invalidSignature = "invalid_signature"
         /// Redis answered the job's reads or writes with the same error on every try (a key of the wrong
         /// type, say): the whole job is kept, to be produced again once the data is fixed.
         case storeError = "store_error"

@@ -18,6 +18,22 @@ public enum SHA256 {
     public static func hex(_ string: String) -> String { Hex.encode(hash(string)) }
 }
 
+/// HMAC-SHA256 through OpenSSL (job signatures, channel grants).
+public enum HMACSHA256 {
+    public static func authenticate(_ message: [UInt8], key: [UInt8]) -> [UInt8] {
+        var digest = [UInt8](repeating: 0, count: Int(SHA256_DIGEST_LENGTH))
+        var length: UInt32 = 0
+        let done = key.withUnsafeBufferPointer { keyBytes in
+            message.withUnsafeBufferPointer { messageBytes in
+                HMAC(EVP_sha256(), keyBytes.baseAddress, Int32(keyBytes.count), messageBytes.baseAddress,
+                     messageBytes.count, &digest, &length)
+            }
+        }
+        guard done != nil, length == digest.count else { fatalError("HMAC-SHA256 failed") }
+        return digest
+    }
+}
+
 /// Lowercase hexadecimal.
 public enum Hex {
     // Written straight into the string's storage: no digit table or byte array to allocate per call (this runs

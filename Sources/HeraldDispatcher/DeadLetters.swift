@@ -23,6 +23,16 @@ extension DeadLetter {
         self.source = source
     }
 
+    /// A job record whose signature is missing or wrong: kept as an unusable record, never decoded or replayed.
+    init(unsignedJob record: [UInt8], keyApp: String, source: Source, at time: Date = Date()) {
+        self.init(invalidJob: record, source: source, job: nil,
+                  error: ValidationError(code: "invalid_signature",
+                                         message: "the record has no valid \(JobSignature.header) header"), at: time)
+        appId = keyApp
+        reason = Disposition.invalidSignature.rawValue
+        disposition = .invalidSignature
+    }
+
     /// A whole job Redis kept refusing (`StoreRefusal`): the job as read, to be produced again once fixed.
     init(storeRefused job: PushJob, source: Source, refusal: StoreRefusal, at time: Date = Date()) {
         self.init(appId: job.appId, job: job, reason: Disposition.storeError.rawValue, attempts: refusal.tries,
@@ -105,7 +115,7 @@ struct DeadLetterWriter: Sendable {
                 logger.warning("dead-lettered", [
                     "dlq.reason": disposition, "job.id": letter.jobId ?? "", "app": letter.appId,
                     "apns.status": letter.status.map(String.init) ?? "",
-                    "apns.reason": letter.disposition == .invalidJob ? "" : letter.reason,
+                    "apns.reason": [.invalidJob, .invalidSignature].contains(letter.disposition) ? "" : letter.reason,
                     "token": letter.deviceToken.map { Redaction.tag($0) } ?? "",
                 ])
                 return true

@@ -1,4 +1,5 @@
 import HeraldAPNs
+import HeraldCore
 import HeraldKafka
 import HeraldRuntime
 
@@ -45,6 +46,9 @@ public struct DispatcherConfiguration: Sendable {
     public var batchSize = 500
     /// `HERALD_MAX_JOB_BYTES`: a job record larger than this is dead-lettered (`invalid_job`) without being parsed.
     public var maxJobBytes = 256 * 1024
+    /// How job records prove who wrote them. The executable requires `HERALD_JOB_SIGNING_SECRET_FILE` or an
+    /// explicit `HERALD_JOB_SIGNATURES=unverified`.
+    public var jobSigning: JobSigning = .unverified
     /// Batches of one fan-out being sent at once; with `batchSize` it bounds how far a fan-out runs ahead of its
     /// saved progress, hence the duplicates after a crash.
     public var maxBatchesInFlightPerJob = 3

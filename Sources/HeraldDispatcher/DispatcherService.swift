@@ -40,7 +40,7 @@ public final class DispatcherService: Service {
                                progress: FanOutProgress(redis: redis, group: configuration.consumerGroup,
                                                         ttl: configuration.progressTTL),
                                limit: limit, batchSize: max(1, configuration.batchSize),
-                               maxJobBytes: configuration.maxJobBytes,
+                               maxJobBytes: configuration.maxJobBytes, signing: configuration.jobSigning,
                                maxBatchesInFlight: max(1, configuration.maxBatchesInFlightPerJob),
                                retryDelay: configuration.infrastructureRetryDelay, metrics: counters, logger: logger)
         let consumer = try JobConsumer(configuration: configuration, runner: runner, metrics: counters, logger: logger)

@@ -40,7 +40,10 @@ struct JobPlan: Sendable {
     init(job: PushJob, app: App, timestamp: Int64) throws(Refusal) {
         self.job = job
         self.app = app
-        credentials = APNsCredentials(teamID: app.apns.teamId, keyID: app.apns.keyId, privateKey: app.apns.privateKey)
+        guard let privateKey = app.apns.privateKey else {
+            throw Refusal(error: .invalid("appId", "app \(app.id)'s APNs key is not loaded"))
+        }
+        credentials = APNsCredentials(teamID: app.apns.teamId, keyID: app.apns.keyId, privateKey: privateKey)
         priority = job.priority.flatMap(APNsPriority.init(rawValue:))
         expiration = job.expiration.map { Date(timeIntervalSince1970: TimeInterval($0)) }
         createdAt = Timestamp.parse(job.createdAt)

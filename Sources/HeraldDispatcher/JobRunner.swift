@@ -18,6 +18,7 @@ struct JobRunner: Sendable {
     let limit: ConcurrencyLimit
     let batchSize: Int
     let maxJobBytes: Int
+    let signing: JobSigning
     let maxBatchesInFlight: Int
     let retryDelay: Duration
     let metrics: DispatcherMetrics
@@ -36,9 +37,19 @@ struct JobRunner: Sendable {
                 throw ValidationError(code: "job_too_large",
                                       message: "the record is \(record.value.count) bytes, over the limit of \(maxJobBytes) (HERALD_MAX_JOB_BYTES)")
             }
+            let keyApp = record.key.map { String(decoding: $0.prefix { $0 != UInt8(ascii: "/") }, as: UTF8.self) } ?? ""
+            guard signatureAccepted(record, keyApp: keyApp) else {
+                metrics.jobsInvalid.increment()
+                logger.warning("job record without a valid signature; dead-lettered, nothing sent",
+                               ["record.app": keyApp, "partition": "\(record.partition)", "offset": "\(record.offset)"])
+                return await deadLetters.write(DeadLetter(unsignedJob: record.value, keyApp: keyApp, source: source))
+            }
             let job = try PushJob.decode(record.value)
             parsed = job
             try job.validate()
+            guard job.appId == keyApp else {
+                throw ValidationError.invalid("appId", "appId \(job.appId) is not the record key's app (\(keyApp))")
+            }
             guard let app = apps.directory.apps[job.appId] else {
                 throw ValidationError(code: "unknown_app", message: "app \(job.appId) is not in the apps file",
                                       field: "appId")
@@ -78,6 +89,14 @@ struct JobRunner: Sendable {
         }
         if settled { metrics.jobsCompleted.increment() }
         return settled
+    }
+
+    /// True when signatures are off, or the record carries a signature by the deployment's secret or one of the
+    /// record key's app's secrets (so an app's producer can write only that app's jobs).
+    private func signatureAccepted(_ record: KafkaRecord, keyApp: String) -> Bool {
+        guard case .signed(let deployment) = signing else { return true }
+        let appSecrets = apps.directory.apps[keyApp]?.jobSigningSecrets ?? []
+        return JobSignature.verifies(record.headers, record: record.value, secrets: [deployment] + appSecrets)
     }
 
     private func deadLetterWhole(_ job: PushJob, source: DeadLetter.Source, _ refusal: StoreRefusal) async -> Bool {

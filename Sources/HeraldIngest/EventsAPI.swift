@@ -10,6 +10,8 @@ struct EventsAPI: Sendable {
     let producer: KafkaProducer
     let idempotency: IdempotencyStore
     let topic: String
+    /// Signs every job record (the dispatcher refuses unsigned ones).
+    let signing: JobSigning
     /// How long a request waits for the broker's acknowledgement before answering 503 (`producer`'s
     /// `message.timeout.ms`).
     let publishTimeout: Duration
@@ -80,7 +82,9 @@ struct EventsAPI: Sendable {
     private func awaitAck(_ job: PushJob) async -> PublishOutcome {
         await withCheckedContinuation { continuation in
             do throws(KafkaError) {
-                try producer.send(topic: topic, key: Array(job.recordKey.utf8), value: job.encoded()) { result in
+                let value = job.encoded()
+                try producer.send(topic: topic, key: Array(job.recordKey.utf8), value: value,
+                                  headers: signing.headers(for: value)) { result in
                     switch result {
                     case .success: continuation.resume(returning: .acknowledged)
                     case .failure(let error) where error.code == .messageTimedOut: continuation.resume(returning: .timedOut)

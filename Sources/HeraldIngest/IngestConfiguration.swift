@@ -1,3 +1,4 @@
+import HeraldCore
 import HeraldHTTP
 import HeraldRuntime
 
@@ -13,6 +14,9 @@ public struct IngestConfiguration: Sendable {
     public var maxBodyBytes = 65_536
     /// `HERALD_TOPIC_JOBS`.
     public var jobsTopic = "herald.jobs"
+    /// How job records are signed. The executable requires `HERALD_JOB_SIGNING_SECRET_FILE` or an explicit
+    /// `HERALD_JOB_SIGNATURES=unverified`.
+    public var jobSigning: JobSigning = .unverified
     /// How long a producer request waits for the broker's acknowledgement before answering 503.
     public var publishTimeout: Duration = .seconds(5)
     /// `HERALD_HTTP_THREADS`: HTTP worker loops, each a thread with its own epoll set and Redis connection; about

@@ -20,7 +20,7 @@ public final class IngestService: Service {
         ActivitiesAPI(store: ActivityStore(redis: redis, ttl: configuration.activityTTL), gate: gate, logger: logger)
             .register(on: &router)
         EventsAPI(producer: producer, idempotency: IdempotencyStore(redis: redis), topic: configuration.jobsTopic,
-                  publishTimeout: configuration.publishTimeout, gate: gate, logger: logger)
+                  signing: configuration.jobSigning, publishTimeout: configuration.publishTimeout, gate: gate, logger: logger)
             .register(on: &router)
         let readiness = Operations.readiness(redis: redis, producer: producer, topic: configuration.jobsTopic)
         router.addOperations(readiness: readiness)

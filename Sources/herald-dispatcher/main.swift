@@ -16,6 +16,8 @@ let usage = """
     Environment (defaults in brackets):
       HERALD_DISPATCHER_ADDR          health and metrics address [\(defaults.address)]
       HERALD_APPS_FILE                apps file [config/apps.json]; SIGHUP reloads it
+      HERALD_JOB_SIGNING_SECRET_FILE  the deployment's job-signing secret; required unless
+                                      HERALD_JOB_SIGNATURES=unverified (jobs are then not checked)
       HERALD_REDIS_URL                [redis://127.0.0.1:6379/0]
       HERALD_KAFKA_BROKERS            [127.0.0.1:9092]
       HERALD_TOPIC_JOBS               [\(defaults.jobsTopic)]
@@ -60,6 +62,7 @@ struct DispatcherSettings {
         configuration.maxInFlightPushes = try env.int("HERALD_MAX_IN_FLIGHT_PUSHES", default: defaults.maxInFlightPushes, range: 1...100_000)
         configuration.batchSize = try env.int("HERALD_FANOUT_BATCH_SIZE", default: defaults.batchSize, range: 1...100_000)
         configuration.maxJobBytes = try env.int("HERALD_MAX_JOB_BYTES", default: defaults.maxJobBytes, range: 1024...16 * 1024 * 1024)
+        configuration.jobSigning = try JobSigning(env)
         configuration.sessionTimeout = try env.seconds("HERALD_KAFKA_SESSION_TIMEOUT_SECONDS", default: defaults.sessionTimeout)
         configuration.maxPollInterval = try env.seconds("HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS", default: defaults.maxPollInterval)
         configuration.fetchMaxWait = .milliseconds(try env.int("HERALD_KAFKA_FETCH_MAX_WAIT_MS", default: Int(defaults.fetchMaxWait.inMilliseconds), range: 1...5000))
@@ -97,7 +100,7 @@ func main() async {
     let apps: AppRegistry
     do {
         settings = try DispatcherSettings(EnvironmentReader())
-        apps = try AppRegistry(loading: settings.appsFile)
+        apps = try AppRegistry(loading: settings.appsFile, for: .dispatcher)
     } catch { CommandLineTool.exitWithConfigurationError("herald-dispatcher", error) }
 
     let logger = Logger(label: "herald.dispatcher", minimumLevel: settings.logLevel)
@@ -112,6 +115,7 @@ func main() async {
                                         producer: producer, apns: apns, logger: logger)
     } catch { CommandLineTool.exitWithConfigurationError("herald-dispatcher", error) }
 
+    if case .unverified = settings.configuration.jobSigning { logger.warning(JobSigning.unverifiedWarning) }
     logger.info("started", ["addr": service.address.description, "apps": "\(apps.directory.apps.count)",
                             "group": settings.configuration.consumerGroup, "topic": settings.configuration.jobsTopic])
     var failed = false

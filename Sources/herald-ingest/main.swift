@@ -14,6 +14,8 @@ let usage = """
     Environment (defaults in brackets):
       HERALD_INGEST_ADDR            listen address [\(defaults.address)]
       HERALD_APPS_FILE              apps file [config/apps.json]; SIGHUP reloads it
+      HERALD_JOB_SIGNING_SECRET_FILE  the deployment's job-signing secret; required unless
+                                    HERALD_JOB_SIGNATURES=unverified (jobs are then not signed)
       HERALD_REDIS_URL              [redis://127.0.0.1:6379/0]
       HERALD_REDIS_CONNECTIONS      Redis connections off the HTTP loops (each loop has its own) [1]
       HERALD_KAFKA_BROKERS          [127.0.0.1:9092]
@@ -46,6 +48,7 @@ struct IngestSettings {
                                                           range: 1...86_400 * 30))
         configuration.maxBodyBytes = try env.int("HERALD_MAX_BODY_BYTES", default: defaults.maxBodyBytes, range: 1024...16 << 20)
         configuration.jobsTopic = env.string("HERALD_TOPIC_JOBS", default: defaults.jobsTopic)
+        configuration.jobSigning = try JobSigning(env)
         configuration.publishTimeout = try env.seconds("HERALD_PUBLISH_TIMEOUT_SECONDS", default: defaults.publishTimeout)
         configuration.threads = try env.int("HERALD_HTTP_THREADS", default: defaults.threads, range: 1...64)
         configuration.idleTimeout = try env.seconds("HERALD_HTTP_IDLE_TIMEOUT_SECONDS", default: defaults.idleTimeout)
@@ -80,7 +83,7 @@ func main() async {
     let apps: AppRegistry
     do {
         settings = try IngestSettings(EnvironmentReader())
-        apps = try AppRegistry(loading: settings.appsFile)
+        apps = try AppRegistry(loading: settings.appsFile, for: .ingest)
     } catch { CommandLineTool.exitWithConfigurationError("herald-ingest", error) }
 
     let logger = Logger(label: "herald.ingest", minimumLevel: settings.logLevel)
@@ -93,6 +96,7 @@ func main() async {
                                     producer: producer, logger: logger)
     } catch { CommandLineTool.exitWithConfigurationError("herald-ingest", error) }
 
+    if case .unverified = settings.configuration.jobSigning { logger.warning(JobSigning.unverifiedWarning) }
     logger.info("listening", ["addr": service.address.description, "apps": "\(apps.directory.apps.count)"])
     let reloader = AppsReloader(apps: apps, path: settings.appsFile, logger: logger)
     do {

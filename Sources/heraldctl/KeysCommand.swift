@@ -1,7 +1,8 @@
 import HeraldCore
 import HeraldRuntime
 
-/// `heraldctl keys new`: a fresh API key and the apps-file entry that accepts it.
+/// `heraldctl keys new`: a fresh API key and the apps-file entry that accepts it; `heraldctl keys new-secret`: a
+/// fresh shared secret (job signing, channel grants) to store in a file.
 enum KeysCommand {
     static func new(_ flags: Flags) throws {
         guard let app = flags["app"] else { throw ConfigurationError("--app", "is required") }
@@ -18,5 +19,10 @@ enum KeysCommand {
             Add this entry to the "keys" of app "\(app)" in the apps file, then send SIGHUP to the services:
               \(entry)
             """)
+    }
+
+    static func newSecret() {
+        // Only the secret on stdout, so `heraldctl keys new-secret > keys/shop-jobs.secret` makes the file.
+        print(SharedSecret.generateText())
     }
 }

@@ -57,7 +57,8 @@ enum ReplayCommand {
           heraldctl replay --channel order-1234 --include-removed --limit 100
 
         Environment: HERALD_KAFKA_BROKERS [127.0.0.1:9092], HERALD_REDIS_URL [redis://127.0.0.1:6379/0],
-        HERALD_TOPIC_JOBS [herald.jobs], HERALD_TOPIC_DLQ [herald.dlq].
+        HERALD_TOPIC_JOBS [herald.jobs], HERALD_TOPIC_DLQ [herald.dlq], HERALD_JOB_SIGNING_SECRET_FILE (the
+        deployment's secret replayed jobs are signed with; required unless HERALD_JOB_SIGNATURES=unverified).
         """
 
     enum Exit: Int32 {
@@ -85,9 +86,11 @@ enum ReplayCommand {
         let options = Options(name: name, limit: limit, rate: rate, dryRun: flags.has("dry-run"),
                               includeRemoved: flags.has("include-removed"), json: flags.has("json"))
         let connections = Connections()
+        // Replayed jobs are signed as ingest signs events: the dispatcher refuses unsigned ones.
+        let signing = options.dryRun ? JobSigning.unverified : try JobSigning(EnvironmentReader())
         let redis = try connections.redis()
         do {
-            let code = try await run(options, filter: filter, connections: connections, redis: redis)
+            let code = try await run(options, filter: filter, connections: connections, signing: signing, redis: redis)
             await redis.close()
             return code
         } catch {
@@ -96,7 +99,7 @@ enum ReplayCommand {
         }
     }
 
-    private static func run(_ options: Options, filter: DLQFilter, connections: Connections,
+    private static func run(_ options: Options, filter: DLQFilter, connections: Connections, signing: JobSigning,
                             redis: RedisClient) async throws -> Int32 {
         do {
             _ = try await redis.command(["PING"])
@@ -122,8 +125,8 @@ enum ReplayCommand {
             await producer?.close()
             throw error
         }
-        let replay = Replay(options: options, filter: filter, connections: connections, redis: redis,
-                            producer: producer, reader: reader)
+        let replay = Replay(options: options, filter: filter, connections: connections, signing: signing,
+                            redis: redis, producer: producer, reader: reader)
         let summary = await replay.run()
         await reader.close()
         await producer?.close()
@@ -163,6 +166,7 @@ final class Replay {
     let options: ReplayCommand.Options
     let filter: DLQFilter
     let connections: Connections
+    let signing: JobSigning
     let redis: RedisClient
     let producer: KafkaProducer?
     let reader: DLQReader
@@ -174,10 +178,10 @@ final class Replay {
     private var nextSendAt = ContinuousClock.now
     private var listed = 0
 
-    init(options: ReplayCommand.Options, filter: DLQFilter, connections: Connections, redis: RedisClient,
-         producer: KafkaProducer?, reader: DLQReader) {
-        (self.options, self.filter, self.connections, self.redis, self.producer, self.reader) =
-            (options, filter, connections, redis, producer, reader)
+    init(options: ReplayCommand.Options, filter: DLQFilter, connections: Connections, signing: JobSigning,
+         redis: RedisClient, producer: KafkaProducer?, reader: DLQReader) {
+        (self.options, self.filter, self.connections, self.signing, self.redis, self.producer, self.reader) =
+            (options, filter, connections, signing, redis, producer, reader)
         ledger = ReplayLedger(name: options.name, redis: redis)
         summary.name = options.name
     }
@@ -300,7 +304,8 @@ final class Replay {
         let ledger = self.ledger
         ledger.sending()
         do {
-            try producer.send(topic: connections.jobsTopic, key: Array(key.utf8), value: job) { result in
+            try producer.send(topic: connections.jobsTopic, key: Array(key.utf8), value: job,
+                              headers: signing.headers(for: job)) { result in
                 ledger.delivered(member, result)
             }
         } catch {

@@ -7,6 +7,8 @@ let usage = """
     Usage:
       heraldctl keys new --app ID --kind public|secret [--user USER]
           Prints a new API key and the apps-file entry that accepts it (only the key's SHA-256 is stored).
+      heraldctl keys new-secret
+          Prints a new random secret for a job-signing or channel-grant secret file (keys new-secret > FILE).
       heraldctl topics create [--partitions N] [--replication-factor R]
           Creates HERALD_TOPIC_JOBS and HERALD_TOPIC_DLQ (existing topics are left as they are).
       heraldctl dlq list [FILTERS] [--limit N] [--json]
@@ -24,7 +26,7 @@ let usage = """
     Run `heraldctl dlq --help` or `heraldctl replay --help` for details and examples.
 
     Environment: HERALD_KAFKA_BROKERS [127.0.0.1:9092], HERALD_TOPIC_JOBS [herald.jobs], HERALD_TOPIC_DLQ [herald.dlq],
-    HERALD_REDIS_URL [redis://127.0.0.1:6379/0] (replay only).
+    HERALD_REDIS_URL [redis://127.0.0.1:6379/0] and HERALD_JOB_SIGNING_SECRET_FILE (replay only).
     Exit codes: 0 done, 1 failed (the reason is printed), 2 bad usage or configuration; replay also uses 3 and 4
     (see heraldctl replay --help).
     """
@@ -83,6 +85,9 @@ func runCommand() async {
     do {
         switch (group, rest.first) {
         case ("keys", "new"): try KeysCommand.new(Flags(rest.dropFirst(), allowed: ["app", "kind", "user"]))
+        case ("keys", "new-secret"):
+            _ = try Flags(rest.dropFirst(), allowed: [])
+            KeysCommand.newSecret()
         case ("topics", "create"):
             try await TopicsCommand.create(Flags(rest.dropFirst(), allowed: ["partitions", "replication-factor"]))
         case ("dlq", "list"):

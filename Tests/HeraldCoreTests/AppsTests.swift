@@ -116,12 +116,92 @@ struct AppsFixture {
         }
         let path = folder.appendingPathComponent("apps.json").path
         try write([kept, removed])
-        let registry = try AppRegistry(loading: path)
+        let registry = try AppRegistry(loading: path, for: .dispatcher)
         #expect(registry.directory.authenticate(apiKey: removed.key)?.appID == "shop")
         #expect(registry.directory.authenticate(apiKey: removed.key)?.appID == "shop")
         try write([kept])
         try registry.reload(path: path)
         #expect(registry.directory.authenticate(apiKey: removed.key) == nil)
         #expect(registry.directory.authenticate(apiKey: kept.key)?.appID == "shop")
+    }
+}
+
+@Suite struct SecretsAndSignaturesTests {
+    static let apps = #"""
+        {"apps": [{"id": "shop", "keys": [],
+                   "apns": {"teamId": "TEAM123456", "keyId": "KEY1234567", "privateKeyPath": "shop.p8", "bundleId": "b"},
+                   "jobSigningSecretPaths": ["jobs-new.secret", "jobs-old.secret"],
+                   "privateChannelPrefixes": ["order:", "user:"], "channelGrantSecretPath": "grants.secret"}]}
+        """#
+
+    /// Each process reads only the key material it uses: ingest never opens a `.p8` or a job-signing secret.
+    @Test func eachReaderOpensOnlyItsOwnKeyFiles() throws {
+        let key = try PrivateKey.generateP256().pem
+        var opened: [String] = []
+        let read = { (path: String) throws -> String in
+            opened.append(path)
+            return path.hasSuffix(".p8") ? key : "  \(path)-0123456789abcdef\n"
+        }
+        let ingest = try #require(try AppDirectory.parse(Data(Self.apps.utf8), for: .ingest, readFile: read).apps["shop"])
+        #expect(opened == ["grants.secret"])
+        #expect(ingest.apns.privateKey == nil && ingest.jobSigningSecrets.isEmpty && ingest.channelGrantSecret != nil)
+        #expect(ingest.isPrivate(channel: "order:42:status") && ingest.isPrivate(channel: "user:7")
+                && !ingest.isPrivate(channel: "news:sport") && !ingest.isPrivate(channel: "orders"))
+        opened = []
+        let dispatcher = try #require(try AppDirectory.parse(Data(Self.apps.utf8), for: .dispatcher, readFile: read).apps["shop"])
+        #expect(opened == ["shop.p8", "jobs-new.secret", "jobs-old.secret"])
+        #expect(dispatcher.apns.privateKey != nil && dispatcher.jobSigningSecrets.count == 2
+                && dispatcher.channelGrantSecret == nil)
+    }
+
+    @Test func secretsAreTrimmedAndMustBeLongEnough() throws {
+        let padded = try SharedSecret(bytes: Array(" \t0123456789abcdef\r\n".utf8))
+        let plain = try SharedSecret(bytes: Array("0123456789abcdef".utf8))
+        let record = Array(#"{"id":"j1"}"#.utf8)
+        #expect(JobSignature.value(for: record, secret: padded) == JobSignature.value(for: record, secret: plain))
+        #expect(throws: ConfigurationError.self) { try SharedSecret(bytes: Array("  short-secret  \n".utf8)) }
+        #expect(throws: (any Error).self) {
+            _ = try AppDirectory.parse(Data(Self.apps.utf8), for: .dispatcher) { path in
+                path.hasSuffix(".p8") ? try PrivateKey.generateP256().pem : "tiny"
+            }
+        }
+        let noGrantSecret = Self.apps.replacingOccurrences(of: #", "channelGrantSecretPath": "grants.secret""#, with: "")
+        #expect { _ = try AppDirectory.parse(Data(noGrantSecret.utf8), for: .ingest) { _ in "0123456789abcdef" } }
+            throws: { "\($0)".contains("channelGrantSecretPath") }
+    }
+
+    /// RFC 4231 test case 2, so the HMAC is the standard one a producer's library computes.
+    @Test func hmacMatchesRFC4231() {
+        let mac = HMACSHA256.authenticate(Array("what do ya want for nothing?".utf8), key: Array("Jefe".utf8))
+        #expect(Hex.encode(mac) == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+    }
+
+    @Test func signaturesVerifyWithAnyListedSecretAndOnlyThen() throws {
+        let new = try SharedSecret(bytes: Array("new-secret-0123456789".utf8))
+        let old = try SharedSecret(bytes: Array("old-secret-0123456789".utf8))
+        let other = try SharedSecret(bytes: Array("another-app-0123456789".utf8))
+        let record = Array(#"{"appId":"shop","id":"j1"}"#.utf8)
+        let signed = JobSignature.value(for: record, secret: old)
+        #expect(String(decoding: signed, as: UTF8.self).hasPrefix("v1=") && signed.count == 67)
+        let header = { (value: [UInt8]) in [(name: JobSignature.header, value: value)] }
+        #expect(JobSignature.verifies(header(signed), record: record, secrets: [new, old]))
+        #expect(!JobSignature.verifies(header(signed), record: record, secrets: [new, other]))
+        #expect(!JobSignature.verifies(header(signed), record: record + [0x20], secrets: [old]))
+        #expect(!JobSignature.verifies([], record: record, secrets: [old]))
+        #expect(!JobSignature.verifies(header(signed) + header(signed), record: record, secrets: [old]), "two signatures")
+        let upper = Array(String(decoding: signed, as: UTF8.self).uppercased().replacingOccurrences(of: "V1=", with: "v1=").utf8)
+        #expect(!JobSignature.verifies(header(upper), record: record, secrets: [old]), "upper-case hex")
+        #expect(!JobSignature.verifies(header(Array("v2=".utf8) + signed.dropFirst(3)), record: record, secrets: [old]))
+    }
+
+    @Test func signingIsRequiredUnlessExplicitlyOff() throws {
+        #expect { try JobSigning(EnvironmentReader([:])) } throws: { "\($0)".contains("HERALD_JOB_SIGNING_SECRET_FILE") }
+        guard case .unverified = try JobSigning(EnvironmentReader(["HERALD_JOB_SIGNATURES": "unverified"])) else {
+            Issue.record("unverified was not taken"); return
+        }
+        #expect(throws: ConfigurationError.self) { try JobSigning(EnvironmentReader(["HERALD_JOB_SIGNATURES": "off"])) }
+        #expect(throws: ConfigurationError.self) {
+            try JobSigning(EnvironmentReader(["HERALD_JOB_SIGNING_SECRET_FILE": "/nonexistent/jobs.secret"]))
+        }
     }
 }

@@ -87,8 +87,11 @@ struct CtlHarness {
     let redisURL: String
     let producer: KafkaProducer
     let redis: RedisClient
+    /// The deployment's job-signing secret replays sign with (`HERALD_JOB_SIGNING_SECRET_FILE`).
+    let jobSigningSecretPath: String
 
-    static func make(partitions: Int = 2) async throws -> CtlHarness {
+    /// `jobSigningSecretPath`: the secret file of the dispatcher that will read the replayed jobs, if any.
+    static func make(partitions: Int = 2, jobSigningSecretPath: String? = nil) async throws -> CtlHarness {
         let brokers = try TestEnvironment.kafkaBrokers()
         let redisURL = try TestEnvironment.redisURL()
         let suffix = SecureRandom.hex(5)
@@ -100,8 +103,12 @@ struct CtlHarness {
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
             kafka: KafkaConfiguration(brokerList: brokers), messageTimeout: .seconds(10)), logger: logger)
         let redis = RedisClient(configuration: try RedisConfiguration(url: redisURL))
+        let secretPath = jobSigningSecretPath ?? NSTemporaryDirectory() + "herald-ctl-jobs-\(suffix).secret"
+        if jobSigningSecretPath == nil {
+            try SharedSecret.generateText().write(toFile: secretPath, atomically: true, encoding: .utf8)
+        }
         return CtlHarness(app: "app" + suffix, dlqTopic: dlqTopic, jobsTopic: jobsTopic, brokers: brokers,
-                          redisURL: redisURL, producer: producer, redis: redis)
+                          redisURL: redisURL, producer: producer, redis: redis, jobSigningSecretPath: secretPath)
     }
 
     func close() async {
@@ -113,6 +120,7 @@ struct CtlHarness {
         ProcessInfo.processInfo.environment.merging([
             "HERALD_KAFKA_BROKERS": brokers, "HERALD_REDIS_URL": redisURL,
             "HERALD_TOPIC_DLQ": dlqTopic, "HERALD_TOPIC_JOBS": jobsTopic,
+            "HERALD_JOB_SIGNING_SECRET_FILE": jobSigningSecretPath,
         ]) { _, new in new }
     }
 

@@ -17,7 +17,7 @@ struct ReplayEndToEndTests {
         let directory = try scratchDirectory("herald-replay-e2e-")
         let apps = try TestApps()
         defer { apps.remove() }
-        let harness = try await CtlHarness.make(partitions: 1)
+        let harness = try await CtlHarness.make(partitions: 1, jobSigningSecretPath: apps.jobSigningSecretPath)
         let app = apps.apps[0]
         let channel = "order:\(SecureRandom.hex(4)):status"
         // Two rejections that leave subscriptions in place (unlike 410 / BadDeviceToken), so replay sends to them.
@@ -43,7 +43,8 @@ struct ReplayEndToEndTests {
 
         var job = PushJob(id: "e2e-" + SecureRandom.hex(4), appId: app.id, target: .channel(channel))
         job.alert = .object(["aps": .object(["alert": .object(["title": .string("Shipped")])]), "order": .number(7)])
-        _ = try await harness.producer.send(topic: harness.jobsTopic, key: job.recordKey, value: job.encoded())
+        _ = try await harness.producer.send(topic: harness.jobsTopic, key: job.recordKey, value: job.encoded(),
+                                            headers: apps.signatureHeaders(job.encoded()))
 
         // Six dead letters in the shared format, one per device, with APNs' reason.
         let records = try await readRecords(harness.dlqTopic, brokers: harness.brokers, count: tokens.count)

@@ -317,6 +317,50 @@ struct DeliveryTests {
         await harness.stop()
     }
 
+    @Test("forged jobs (unsigned, badly signed, signed by another app, another app's appId) are dead-lettered and send nothing; the app's own signed job is delivered")
+    func forgedJobs() async throws {
+        let harness = try await DispatcherHarness.start()
+        let (app, other) = (harness.apps.apps[0], harness.apps.apps[1])
+        let token = deviceToken()
+        func job(_ id: String) -> [UInt8] {
+            var job = PushJob(id: id, appId: app.id, target: .device(token, tokenType: .alert, environment: .production))
+            job.payload = .object(["aps": .object(["alert": .string(id)])])
+            return job.encoded()
+        }
+        let key = "\(app.id)/device/\(token)"
+        try await harness.produce(raw: job("unsigned"), key: key, headers: [])
+        try await harness.produce(raw: job("zeros"), key: key,
+                                  headers: [(JobSignature.header, Array("v1=".utf8) + Array(repeating: UInt8(ascii: "0"), count: 64))])
+        try await harness.produce(raw: job("other-app-secret"), key: key,
+                                  headers: JobSignature.headers(for: job("other-app-secret"), secret: other.jobSecret))
+        var tampered = job("tampered")
+        let signature = JobSignature.headers(for: tampered, secret: app.jobSecret)
+        tampered.append(UInt8(ascii: " "))
+        try await harness.produce(raw: tampered, key: key, headers: signature)
+        // The other app's producer, validly signed under its own key prefix, naming this app inside.
+        try await harness.produce(raw: job("cross-app"), key: "\(other.id)/device/\(token)",
+                                  headers: JobSignature.headers(for: job("cross-app"), secret: other.jobSecret))
+        try await harness.produce(raw: job("own"), key: key, headers: JobSignature.headers(for: job("own"), secret: app.jobSecret))
+
+        try await eventually("the app's own signed job was delivered") {
+            harness.simulators.accepted().contains { $0["token"]?.stringValue == token }
+        }
+        let letters = try await harness.deadLetters(expecting: 5)
+        #expect(letters.count == 5)
+        let unsigned = letters.filter { $0["reason"]?.stringValue == "invalid_signature" }
+        #expect(unsigned.count == 4 && unsigned.allSatisfy {
+            $0["disposition"]?.stringValue == "invalid_signature" && $0["appId"]?.stringValue == app.id && $0["job"] == nil
+        })
+        let cross = letters.first { $0["reason"]?.stringValue == "invalid_job" }
+        #expect(cross?["message"]?.stringValue?.contains("record key's app") == true, "\(String(describing: cross))")
+        #expect(cross?["appId"]?.stringValue == app.id)
+        try validateAgainstSchema(letters.map { $0.encoded() }, schema: "dead-letter.schema.json")
+        let sent = harness.simulators.accepted().compactMap { $0[path: "payload", "aps", "alert"]?.stringValue }
+        #expect(sent == ["own"])
+        #expect(harness.metric("herald_dispatcher_dead_letters_total", labels: ["reason": "invalid_signature"]) == 4)
+        await harness.stop()
+    }
+
     @Test("a 600 KB garbage record is dead-lettered unread (16 KiB of it, its size and SHA-256), and the valid job behind it is delivered and committed")
     func hugeGarbageRecord() async throws {
         let harness = try await DispatcherHarness.start()
@@ -394,15 +438,19 @@ struct DeliveryTests {
         let app = harness.apps.apps[1]
         let token = deviceToken()
         let job = #"{"version": 1, "id": "py-1", "appId": "\#(app.id)", "createdAt": "2025-01-01T00:00:00.000Z", "target": {"kind": "device", "deviceToken": "\#(token)", "tokenType": "alert"}, "payload": {"aps": {"alert": {"title": "from python"}}, "k": [1, 2]}, "priority": 5}"#
+        // Signed with the app's own secret (jobSigningSecretPaths), as a direct producer signs.
         let script = """
-            import sys
+            import hashlib, hmac, sys
             from confluent_kafka import Producer
+            value = sys.stdin.read().encode()
+            secret = open(sys.argv[4], "rb").read().strip()
+            signature = "v1=" + hmac.new(secret, value, hashlib.sha256).hexdigest()
             p = Producer({"bootstrap.servers": sys.argv[1], "enable.idempotence": True, "acks": "all"})
-            p.produce(sys.argv[2], key=sys.argv[3].encode(), value=sys.stdin.read().encode())
+            p.produce(sys.argv[2], key=sys.argv[3].encode(), value=value, headers=[("herald-signature", signature)])
             assert p.flush(10) == 0
             """
-        _ = try runTool("python3", ["-c", script, harness.topics.brokers, harness.topics.jobs, "\(app.id)/device/\(token)"],
-                        input: Data(job.utf8))
+        _ = try runTool("python3", ["-c", script, harness.topics.brokers, harness.topics.jobs, "\(app.id)/device/\(token)",
+                                    app.jobSecretPath], input: Data(job.utf8))
         try await eventually("the push arrived") { !harness.simulators.accepted().isEmpty }
         let push = try #require(harness.simulators.accepted().first)
         #expect(push["token"]?.stringValue == token)

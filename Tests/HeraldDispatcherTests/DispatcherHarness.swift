@@ -111,6 +111,7 @@ final class DispatcherHarness: Sendable {
         let apns = try APNsClient(configuration: apnsConfiguration, logger: testLogger, metrics: metrics)
         var configuration = DispatcherConfiguration.forTests(topics: topics)
         configuration.maxAttempts = maxAttempts
+        configuration.jobSigning = apps.jobSigning
         configure(&configuration)
         let service = try DispatcherService(configuration: configuration, apps: AppRegistry(apps.directory),
                                             redis: redis, producer: producer, apns: apns, logger: testLogger,
@@ -174,12 +175,18 @@ final class DispatcherHarness: Sendable {
         _ = try await activities.register(app: app.id, user: "default", input)
     }
 
+    /// Produces `job` signed with the deployment's secret, as ingest writes it.
     func produce(_ job: PushJob) async throws {
-        _ = try await producer.send(topic: topics.jobs, key: job.recordKey, value: job.encoded())
+        try await produce(raw: job.encoded(), key: job.recordKey)
+    }
+
+    /// Produces a record with `headers`, by default the deployment's signature of `raw`.
+    func produce(raw: [UInt8], key: String, headers: [(String, [UInt8])]? = nil) async throws {
+        _ = try await producer.send(topic: topics.jobs, key: key, value: raw, headers: headers ?? apps.signatureHeaders(raw))
     }
 
     func produce(raw: String, key: String) async throws {
-        _ = try await producer.send(topic: topics.jobs, key: key, value: Array(raw.utf8))
+        try await produce(raw: Array(raw.utf8), key: key)
     }
 
     /// The value of an unlabelled metric (or the sum over a family's children matching `labels`).

@@ -97,7 +97,8 @@ struct ProcessTests {
         job.alert = .object(["aps": .object(["alert": .string("flash sale")])])
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
             kafka: KafkaConfiguration(brokerList: topics.brokers)), logger: testLogger)
-        _ = try await producer.send(topic: topics.jobs, key: job.recordKey, value: job.encoded())
+        _ = try await producer.send(topic: topics.jobs, key: job.recordKey, value: job.encoded(),
+                                        headers: apps.signatureHeaders(job.encoded()))
         await producer.close()
 
         try await eventually("a third of the fan-out was delivered", timeout: .seconds(60)) {
@@ -151,7 +152,8 @@ struct ProcessTests {
         for (index, token) in tokens.enumerated() {
             var job = PushJob(id: "two-\(index)", appId: app.id, target: .device(token, tokenType: .alert, environment: .production))
             job.payload = .object(["aps": .object(["alert": .string("job \(index)")])])
-            _ = try await producer.send(topic: topics.jobs, key: job.recordKey, value: job.encoded())
+            _ = try await producer.send(topic: topics.jobs, key: job.recordKey, value: job.encoded(),
+                                        headers: apps.signatureHeaders(job.encoded()))
         }
         await producer.close()
         try await eventually("every job was delivered") { simulator.acceptedCount() >= tokens.count }

@@ -360,7 +360,7 @@ import Testing
         let process = Process()
         process.executableURL = executable
         process.environment = ProcessInfo.processInfo.environment.merging([
-            "HERALD_INGEST_ADDR": "127.0.0.1:0", "HERALD_APPS_FILE": apps.path, "HERALD_LOG_LEVEL": "debug",
+            "HERALD_INGEST_ADDR": "127.0.0.1:0", "HERALD_APPS_FILE": apps.path, "HERALD_JOB_SIGNING_SECRET_FILE": apps.jobSigningSecretPath, "HERALD_LOG_LEVEL": "debug",
             "HERALD_REDIS_URL": try TestEnvironment.redisURL(), "HERALD_KAFKA_BROKERS": try TestEnvironment.kafkaBrokers(),
             "HERALD_RATE_LIMIT_PER_MINUTE": "10",
         ]) { _, new in new }

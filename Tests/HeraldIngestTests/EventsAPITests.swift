@@ -64,6 +64,8 @@ import Testing
         let records = try await JobsReader.recordsBeforeMarker(ingest, app: app)
         try #require(records.count == 2, "expected two records, got \(records.count)")
         #expect(records.allSatisfy { $0.keyText == "\(app.id)/post/\(post)" })
+        #expect(records.allSatisfy { JobSignature.verifies($0.headers, record: $0.value, secrets: [ingest.apps.deploymentSecret]) },
+                "every job carries the deployment's signature")
         try await validateJobs(records.map(\.value))
         // Same key, same partition: the broker keeps them in the order they were accepted.
         let jobs = try records.map { try PushJob.decode($0.value) }
@@ -322,9 +324,13 @@ import Testing
         admin.close()
         let python = heraldDependencies.appendingPathComponent("venv/bin/python").path
         let script = TestEnvironment.repositoryRoot.appendingPathComponent("examples/produce_job.py").path
+        let secretFile = NSTemporaryDirectory() + "herald-example-\(SecureRandom.hex(4)).secret"
+        let secret = SharedSecret.generateText()
+        try "\(secret)\n".write(toFile: secretFile, atomically: true, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: secretFile) }
         let output = try await onThread {
             try runTool(python, [script, "--brokers", brokers, "--topic", topic, "--app", "shop",
-                                 "--channel", "order:42:status"])
+                                 "--channel", "order:42:status", "--secret-file", secretFile])
         }
         let printed = try #require(try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any])
 
@@ -333,6 +339,8 @@ import Testing
         await reader.close()
         try #require(records.count == 1)
         #expect(records[0].keyText == "shop/order:42:status")
+        #expect(JobSignature.verifies(records[0].headers, record: records[0].value,
+                                      secrets: [try SharedSecret(bytes: Array(secret.utf8))]))
         try await validateJobs([records[0].value])
         let job = try PushJob.decode(records[0].value)
         try job.validate()

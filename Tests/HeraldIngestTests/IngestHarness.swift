@@ -38,10 +38,11 @@ final class IngestHarness: Sendable {
         configuration.activityTTL = activityTTL
         configuration.jobsTopic = topic
         configuration.publishTimeout = publishTimeout
+        configuration.jobSigning = apps.jobSigning
         let redis = RedisClient(configuration: try RedisConfiguration(url: try redisURL ?? TestEnvironment.redisURL()))
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
             kafka: KafkaConfiguration(brokerList: brokerList), messageTimeout: publishTimeout), logger: Self.logger)
-        let service = try IngestService(configuration: configuration, apps: AppRegistry(apps.directory), redis: redis,
+        let service = try IngestService(configuration: configuration, apps: AppRegistry(apps.ingestDirectory, reader: .ingest), redis: redis,
                                         producer: producer, logger: Self.logger)
         return IngestHarness(apps: apps, redis: redis, producer: producer, topic: topic, brokers: brokerList,
                              port: service.address.port, task: Task { try await service.run() })

@@ -29,7 +29,7 @@ final class ReliabilityIngest: Sendable {
         port = try freePort()
         child = try ChildProcess("herald-ingest", executable: try builtExecutable("herald-ingest"), environment: [
             "HERALD_INGEST_ADDR": "127.0.0.1:\(port)",
-            "HERALD_APPS_FILE": apps.path,
+            "HERALD_APPS_FILE": apps.path, "HERALD_JOB_SIGNING_SECRET_FILE": apps.jobSigningSecretPath,
             "HERALD_REDIS_URL": try TestEnvironment.redisURL(),
             "HERALD_KAFKA_BROKERS": brokers,
             "HERALD_TOPIC_JOBS": topic,

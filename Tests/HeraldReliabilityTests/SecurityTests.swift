@@ -223,6 +223,47 @@ import Testing
         await ingest.stop()
     }
 
+    /// herald-ingest signs nothing, so it never opens an APNs key: it starts and serves with every `.p8` gone,
+    /// where the dispatcher refuses to start.
+    @Test func ingestStartsWithoutTheAPNsKeys() async throws {
+        let apps = try TestApps()
+        defer { apps.remove() }
+        for app in apps.apps { try FileManager.default.removeItem(at: apps.folder.appendingPathComponent("\(app.id).p8")) }
+        let ingest = try await ReliabilityIngest(apps: apps)
+        let app = apps.apps[0]
+        let created = try await ingest.request("POST", "/v1/apps/\(app.id)/subscriptions", headers: ["X-API-Key": app.publicKey],
+                                               json: #"{"channel": "news", "deviceToken": "\#(SecureRandom.hex(32))", "tokenType": "alert"}"#)
+        #expect(created.status == 201, "\(created.text)")
+        let directory = try scratchDirectory("herald-no-keys-")
+        let dispatcher = try ChildProcess("herald-dispatcher", executable: try builtExecutable("herald-dispatcher"),
+                                          environment: apps.environment.merging(["HERALD_DISPATCHER_ADDR": "127.0.0.1:0"]) { _, new in new },
+                                          logPath: directory + "/dispatcher.log")
+        #expect(await dispatcher.waitForExit(timeout: .seconds(10)) == 2)
+        #expect(dispatcher.log.contains("privateKeyPath"), "\(dispatcher.log)")
+        await ingest.stop()
+    }
+
+    /// Without the deployment's job-signing secret both services refuse to start (exit 2, one line naming the
+    /// variable); `HERALD_JOB_SIGNATURES=unverified` starts them with a warning.
+    @Test func servicesRefuseToStartWithoutASigningSecret() async throws {
+        let apps = try TestApps()
+        defer { apps.remove() }
+        let directory = try scratchDirectory("herald-unsigned-")
+        for name in ["herald-ingest", "herald-dispatcher"] {
+            let environment = ["HERALD_APPS_FILE": apps.path, "HERALD_INGEST_ADDR": "127.0.0.1:0",
+                               "HERALD_DISPATCHER_ADDR": "127.0.0.1:0"]
+            let refused = try ChildProcess(name, executable: try builtExecutable(name), environment: environment,
+                                           logPath: directory + "/\(name).log")
+            #expect(await refused.waitForExit(timeout: .seconds(10)) == 2, "\(name)")
+            let lines = refused.log.split(separator: "\n")
+            #expect(lines.count == 1 && lines[0].contains("HERALD_JOB_SIGNING_SECRET_FILE"), "\(name): \(refused.log)")
+        }
+        let ingest = try await ReliabilityIngest(apps: apps, extra: ["HERALD_JOB_SIGNING_SECRET_FILE": "",
+                                                                     "HERALD_JOB_SIGNATURES": "unverified"])
+        #expect(ingest.child.log.contains("HERALD_JOB_SIGNATURES=unverified"), "\(ingest.child.log)")
+        await ingest.stop()
+    }
+
     /// `heraldctl keys new` prints the key once and its SHA-256 entry for the apps file, and stores nothing.
     @Test func heraldctlPrintsTheKeyOnceAndItsHash() throws {
         for kind in ["public", "secret"] {

@@ -250,7 +250,7 @@ public final class DispatcherProcess: Sendable {
         port = try freePort()
         let environment = [
             "HERALD_DISPATCHER_ADDR": "127.0.0.1:\(port)",
-            "HERALD_APPS_FILE": apps.path,
+            "HERALD_APPS_FILE": apps.path, "HERALD_JOB_SIGNING_SECRET_FILE": apps.jobSigningSecretPath,
             "HERALD_REDIS_URL": try TestEnvironment.redisURL(),
             "HERALD_KAFKA_BROKERS": brokers,
             "HERALD_TOPIC_JOBS": jobsTopic,

@@ -54,6 +54,14 @@ def check(path, problems):
                     if resource not in resources.get(part, {}):
                         problems.append(f"{where}: resources.{part}.{resource} missing")
             env_names.update(e["name"] for e in container.get("env", []) if e["name"].startswith("HERALD_"))
+            for volume in pod.get("volumes", []):
+                secrets = [volume["secret"]["secretName"]] if "secret" in volume else \
+                    [s["secret"]["name"] for s in volume.get("projected", {}).get("sources", []) if "secret" in s]
+                mode = (volume.get("secret") or volume.get("projected") or {}).get("defaultMode")
+                if secrets and mode != 0o400:
+                    problems.append(f"{where}: secret volume {volume['name']} must have defaultMode 0400")
+                if "herald-apns-keys" in secrets and container["command"][0] != "herald-dispatcher":
+                    problems.append(f"{where}: only herald-dispatcher may mount the APNs keys (herald-apns-keys)")
             if obj["kind"] == "Deployment":
                 for probe, path_ in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
                     if container.get(probe, {}).get("httpGet", {}).get("path") != path_:

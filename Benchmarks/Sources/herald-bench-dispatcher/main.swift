@@ -59,6 +59,12 @@ case "fanout", "rate":
     let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
         kafka: KafkaConfiguration(brokerList: option("brokers"))), logger: logger)
     let topic = option("topic"), app = option("app")
+    // Signed as ingest signs (HERALD_JOB_SIGNING_SECRET_FILE, as the dispatcher under test reads it).
+    let signing = try JobSigning(EnvironmentReader())
+    func send(_ job: PushJob) async throws {
+        let value = job.encoded()
+        _ = try await producer.send(topic: topic, key: job.recordKey, value: value, headers: signing.headers(for: value))
+    }
     func job(channel: String, sentAt: Int64, warmUp: Bool = false) -> PushJob {
         var job = PushJob(id: UUID().uuidString.lowercased(), appId: app, target: .channel(channel))
         var payload: [String: JSONValue] = ["aps": .object(["alert": .object(["title": .string("Benchmark"), "body": .string("Hello")])]),
@@ -70,7 +76,7 @@ case "fanout", "rate":
     func now() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
     if command == "fanout" {
         let one = job(channel: option("channel"), sentAt: now())
-        _ = try await producer.send(topic: topic, key: one.recordKey, value: one.encoded())
+        try await send(one)
         print("produced job \(one.id) at \(now())")
     } else {
         let channels = Int(option("channels")) ?? 1, rate = Double(option("rate")) ?? 1000
@@ -83,7 +89,7 @@ case "fanout", "rate":
                 // An open-loop schedule: job n leaves at n / rate, however long earlier ones took.
                 try await clock.sleep(until: start + .seconds(Double(n) / rate))
                 let next = job(channel: "\(option("channel"))-\(n % channels)", sentAt: now(), warmUp: n < warmUpCount)
-                group.addTask { _ = try await producer.send(topic: topic, key: next.recordKey, value: next.encoded()) }
+                group.addTask { try await send(next) }
             }
             try await group.waitForAll()
         }
