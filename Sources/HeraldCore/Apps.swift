@@ -69,9 +69,13 @@ public struct Principal: Sendable, Equatable {
     public var user: String
     /// What rate limits count against: the key's hash, or a hash of app and `sub` for OAuth tokens.
     public var rateLimitKey: String
+    /// True for a public API key: one credential shared by every installed copy of the app, so its rate limit
+    /// counts per device.
+    public var isSharedByDevices: Bool
 
-    public init(appID: String, kind: APIKeyKind, user: String, rateLimitKey: String) {
-        (self.appID, self.kind, self.user, self.rateLimitKey) = (appID, kind, user, rateLimitKey)
+    public init(appID: String, kind: APIKeyKind, user: String, rateLimitKey: String, isSharedByDevices: Bool = false) {
+        (self.appID, self.kind, self.user, self.rateLimitKey, self.isSharedByDevices) =
+            (appID, kind, user, rateLimitKey, isSharedByDevices)
     }
 }
 
@@ -208,7 +212,8 @@ public struct AppDirectory: Sendable {
         let hex = Hex.encode(digest)
         guard let (appID, key) = keysByHash[hex], let stored = Hex.decode(key.sha256),
               ConstantTime.equals(stored, digest) else { return nil }
-        let principal = Principal(appID: appID, kind: key.kind, user: key.user ?? "default", rateLimitKey: "key:" + hex)
+        let principal = Principal(appID: appID, kind: key.kind, user: key.user ?? "default", rateLimitKey: "key:" + hex,
+                                  isSharedByDevices: key.kind == .public)
         recentKeys.remember(presented, as: principal)
         return principal
     }

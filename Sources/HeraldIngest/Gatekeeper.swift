@@ -5,7 +5,8 @@ import HeraldHTTP
 import HeraldRuntime
 import HeraldStore
 
-/// Who may call what: API-key or OAuth authentication, app scoping, key kinds, and the per-key rate limit.
+/// Who may call what: API-key or OAuth authentication, app scoping, key kinds, and the rate limits (see
+/// `RateLimiter`: a public key counts per device token, within an app-wide ceiling).
 struct Gatekeeper: Sendable {
     enum Audience: Sendable {
         /// Device endpoints: a public or secret key.
@@ -29,12 +30,15 @@ struct Gatekeeper: Sendable {
                                                       help: "Requests refused with 429.")
 
     /// Wraps an endpoint: admits the request, runs `body`, and puts the rate-limit headers on whatever it
-    /// answers, errors included.
+    /// answers, errors included. `device` reads the device token a request is about (what a public key's
+    /// request counts for; nil when it names none or a bad one).
     func endpoint(_ audience: Audience, appFromPath: Bool = true, oauth: Bool = false,
+                  device: @escaping @Sendable (HTTPRequest) -> String? = { _ in nil },
                   _ body: @escaping @Sendable (HTTPRequest, Admission) async throws -> HTTPResponse) -> HTTPHandler {
         { request in
             let admission = try await admit(request, audience: audience,
-                                            appID: appFromPath ? try request.pathParameter("appID") : nil, oauth: oauth)
+                                            appID: appFromPath ? try request.pathParameter("appID") : nil, oauth: oauth,
+                                            device: device)
             do {
                 var response = try await body(request, admission)
                 for (name, value) in admission.headers { response.headers[name] = value }
@@ -52,18 +56,32 @@ struct Gatekeeper: Sendable {
     /// Without a lock (one per request was two allocations and a mutex on the hot path): a meter belongs to one
     /// request's task, which records into it inside the handler and reads it only after the handler returned.
     final class Meter: @unchecked Sendable { // used by one task, in sequence: record in the handler, read after it
-        /// The window to count the request in.
-        let window: RateLimiter.Window
+        private let limiter: RateLimiter
+        private let principal: Principal
+        private let app: String
         /// What counting the request decided, once it has been counted.
         private(set) var decision: RateLimiter.Decision?
 
-        init(window: RateLimiter.Window) { self.window = window }
+        init(limiter: RateLimiter, principal: Principal, app: String) {
+            (self.limiter, self.principal, self.app) = (limiter, principal, app)
+        }
+
+        /// The window to count the request in, for the device token it is about.
+        func window(device: String?) -> RateLimiter.Window {
+            limiter.window(for: principal.rateLimitKey, device: Gatekeeper.rateLimitDevice(principal, device), app: app)
+        }
 
         func record(_ decision: RateLimiter.Decision) { self.decision = decision }
     }
 
+    /// The device a request counts for: for a public key its device token ("-" when the request names none or a
+    /// bad one, so those share one window per key), nil for a credential of one caller.
+    static func rateLimitDevice(_ principal: Principal, _ device: String?) -> String? {
+        principal.isSharedByDevices ? device ?? "-" : nil
+    }
+
     /// Like `endpoint`, for a handler that counts its request itself, in the Redis call that does its work (one
-    /// round trip instead of two): it counts in `meter.window`, then records an allowed decision with
+    /// round trip instead of two): it counts in `meter.window(device:)`, then records an allowed decision with
     /// `meter.record(_:)` or throws `refuse(_:_:)` for a refused one. A request whose handler fails before counting
     /// (bad input) is counted here instead, so every admitted request counts once and over the limit 429 wins over
     /// any other answer, as with `endpoint`. `admission.headers` is empty: the wrapper adds them to the answer.
@@ -74,7 +92,7 @@ struct Gatekeeper: Sendable {
             let (app, principal) = try identify(request, audience: audience,
                                                 appID: appFromPath ? try request.pathParameter("appID") : nil,
                                                 oauth: oauth)
-            let meter = Meter(window: limiter.window(for: principal.rateLimitKey, app: app.id))
+            let meter = Meter(limiter: limiter, principal: principal, app: app.id)
             let admission = Admission(app: app, principal: principal, headers: [:])
             do {
                 var response = try await body(request, admission, meter)
@@ -101,15 +119,19 @@ struct Gatekeeper: Sendable {
     /// The meter's decision, counting the request now if the handler did not; throws the 429 past the limit.
     private func decision(of meter: Meter, principal: Principal, app: App) async throws -> RateLimiter.Decision {
         if let decision = meter.decision { return decision }
-        let decision = try await Failures.mapping(logger) { try await limiter.hit(principal.rateLimitKey, app: app.id) }
+        let decision = try await Failures.mapping(logger) { try await limiter.hit(meter.window(device: nil)) }
         guard decision.allowed else { throw refuse(meter, decision) }
         meter.record(decision)
         return decision
     }
 
-    func admit(_ request: HTTPRequest, audience: Audience, appID: String?, oauth: Bool) async throws -> Admission {
+    func admit(_ request: HTTPRequest, audience: Audience, appID: String?, oauth: Bool,
+               device: (HTTPRequest) -> String?) async throws -> Admission {
         let (app, principal) = try identify(request, audience: audience, appID: appID, oauth: oauth)
-        let decision = try await Failures.mapping(logger) { try await limiter.hit(principal.rateLimitKey, app: app.id) }
+        let window = limiter.window(for: principal.rateLimitKey,
+                                    device: Self.rateLimitDevice(principal, principal.isSharedByDevices ? device(request) : nil),
+                                    app: app.id)
+        let decision = try await Failures.mapping(logger) { try await limiter.hit(window) }
         guard decision.allowed else { throw refusal(decision) }
         return Admission(app: app, principal: principal, headers: Self.headers(decision))
     }

@@ -6,8 +6,11 @@ import HeraldRuntime
 public struct IngestConfiguration: Sendable {
     /// `HERALD_INGEST_ADDR`.
     public var address: HostPort = HostPort(host: "127.0.0.1", port: 8080)
-    /// `HERALD_RATE_LIMIT_PER_MINUTE`: requests per key per fixed 60 s window.
+    /// `HERALD_RATE_LIMIT_PER_MINUTE`: requests per fixed 60 s window of one credential (secret key, OAuth
+    /// subject), or of one device token behind a public key.
     public var rateLimitPerMinute = 240
+    /// `HERALD_APP_RATE_LIMIT_PER_MINUTE`: requests per window of one public key across all its devices.
+    public var appRateLimitPerMinute = 600_000
     /// `HERALD_ACTIVITY_TTL_SECONDS`: a Live Activity registration lives this long after its last re-post.
     public var activityTTL: Duration = .seconds(3600)
     /// `HERALD_MAX_BODY_BYTES`.

@@ -13,7 +13,9 @@ public final class IngestService: Service {
     /// Binds the listening socket (so a taken port fails here, and port 0 is resolved before `run()`).
     public init(configuration: IngestConfiguration, apps: AppRegistry, redis: RedisClient, producer: KafkaProducer,
                 logger: Logger) throws {
-        let gate = Gatekeeper(apps: apps, limiter: RateLimiter(redis: redis, limit: configuration.rateLimitPerMinute),
+        let limiter = RateLimiter(redis: redis, limit: configuration.rateLimitPerMinute,
+                                  appLimit: configuration.appRateLimitPerMinute)
+        let gate = Gatekeeper(apps: apps, limiter: limiter,
                               clockSkew: configuration.clockSkew, logger: logger)
         var router = Router()
         SubscriptionsAPI(store: SubscriptionStore(redis: redis), gate: gate, logger: logger).register(on: &router)

@@ -19,7 +19,7 @@ struct SubscriptionsAPI: Sendable {
         router.post(path, gate.selfCountingEndpoint(.device) { request, admission, meter in
             let input = try SubscriptionInput(try request.jsonBody())
             let subscription: Subscription, created: Bool
-            switch try await store.upsert(app: admission.app.id, input, counting: meter.window) {
+            switch try await store.upsert(app: admission.app.id, input, counting: meter.window(device: input.deviceToken)) {
             case .rateLimited(let decision):
                 throw gate.refuse(meter, decision)
             case .stored(let stored, let isNew, let decision):
@@ -34,17 +34,26 @@ struct SubscriptionsAPI: Sendable {
             return .json(bytes: Self.json(subscription, encodedMetadata: input.encodedMetadata),
                          status: created ? 201 : 200)
         })
-        router.get(path, gate.endpoint(.device) { request, admission in
+        router.get(path, gate.endpoint(.device, device: Self.queryDevice) { request, admission in
             guard let raw = request.query["deviceToken"] else { throw ValidationError.missing("deviceToken") }
             let token = try DeviceToken.normalized(raw, field: "deviceToken")
             let subscriptions = try await store.list(app: admission.app.id, deviceToken: token)
             return .json(bytes: Self.json(list: subscriptions))
         })
-        router.delete(path, body: .json, gate.endpoint(.device) { request, admission in
+        router.delete(path, body: .json, gate.endpoint(.device, device: Self.bodyDevice) { request, admission in
             let removal = try SubscriptionRemoval(try request.jsonBody())
             let removed = try await store.remove(app: admission.app.id, removal)
             return .json(bytes: Array("{\"removed\":\(removed)}".utf8))
         })
+    }
+
+    /// The device a request is about, for its rate limit (nil when absent or malformed: the handler refuses it).
+    @Sendable static func queryDevice(_ request: HTTPRequest) -> String? {
+        request.query["deviceToken"].flatMap { try? DeviceToken.normalized($0, field: "deviceToken") }
+    }
+
+    @Sendable static func bodyDevice(_ request: HTTPRequest) -> String? {
+        (try? request.jsonBody()).flatMap { try? SubscriptionRemoval($0) }?.deviceToken
     }
 
     /// A subscription as the API shows it (schemas/openapi.yaml `Subscription`): `activityID` and `metadata` only

@@ -51,7 +51,7 @@ public struct ActivityStore: Sendable {
     public func register(app: String, user: String, _ input: ActivityRegistrationInput,
                          counting window: RateLimiter.Window, now: Date = Date()) async throws -> CountedRegistration {
         let outcome = try await run(app: app, user: user, input, counting: window, now: now)
-        let decision = window.decision(count: outcome.count)
+        let decision = window.decision(count: outcome.counts.count, ceilingCount: outcome.counts.ceiling)
         guard let stored = outcome.stored else { return .rateLimited(decision) }
         return .stored(stored.registration, renewed: stored.renewed, decision)
     }
@@ -59,7 +59,7 @@ public struct ActivityStore: Sendable {
     /// Runs the registration script; `stored` is nil when the count went over the window's limit.
     private func run(app: String, user: String, _ input: ActivityRegistrationInput, counting window: RateLimiter.Window?,
                      now: Date) async throws
-        -> (stored: (registration: ActivityRegistration, renewed: Bool)?, count: Int64) {
+        -> (stored: (registration: ActivityRegistration, renewed: Bool)?, counts: (count: Int64, ceiling: Int64)) {
         let keys = RedisKeys(app: app)
         let id = RedisKeys.identifier(app, user, input.postIDHash, input.pushToken)
         // The stamp is formatted from the stored milliseconds, as readers format `lastSeenMs`, so both agree.
@@ -67,27 +67,22 @@ public struct ActivityStore: Sendable {
         let stamp = Timestamp.rfc3339(milliseconds: nowMs)
         let ttlMs = ttl.inMilliseconds
         var touched = [keys.registration(id), keys.post(input.postIDHash), keys.activityToken(input.pushToken)]
-        if let window { touched.append(window.redisKey) }
+        if let window { touched += window.redisKeys }
         let reply = try await redis.run(Scripts.register, keys: touched,
             args: [id, user, input.postIDHash, input.pushToken, input.environment.rawValue, input.bundleID, stamp,
-                   String(nowMs), String(ttlMs), String(window?.limit ?? 0), String(window?.ttlSeconds ?? 0),
-                   String(nowMs + ttlMs), String(ttlMs + ttlMs / 60)])
-        let count: Int64, createdAt: String?
-        if let new = reply.int {
-            // A new registration (`count`), or nothing stored over the limit (`-count`).
-            guard new >= 0 else { return (nil, -new) }
-            (count, createdAt) = (new, nil)
-        } else {
-            // A renewal: "<createdAt> <count>".
-            guard let text = reply.string, let space = text.utf8.lastIndex(of: UInt8(ascii: " ")),
-                  let renewedCount = Int64(text[text.utf8.index(after: space)...]) else {
-                throw StoreError.unexpectedReply("register")
-            }
-            (count, createdAt) = (renewedCount, String(text[..<space]))
+                   String(nowMs), String(ttlMs), String(nowMs + ttlMs), String(ttlMs + ttlMs / 60)]
+                + (window?.scriptArguments ?? RateLimiter.Window.countingNothing))
+        // "<what> <count> <ceilingCount>", what being + (new), - (over a limit: nothing stored) or the createdAt
+        // of a renewed registration.
+        guard let parts = reply.string?.split(separator: " "), parts.count == 3, let count = Int64(parts[1]),
+              let ceiling = Int64(parts[2]) else {
+            throw StoreError.unexpectedReply("register")
         }
+        guard parts[0] != "-" else { return (nil, (count, ceiling)) }
+        let createdAt = parts[0] == "+" ? nil : String(parts[0])
         return ((ActivityRegistration(id: id, user: user, postIDHash: input.postIDHash, pushToken: input.pushToken,
                                       environment: input.environment, bundleID: input.bundleID,
-                                      createdAt: createdAt ?? stamp, lastSeenAt: stamp), createdAt != nil), count)
+                                      createdAt: createdAt ?? stamp, lastSeenAt: stamp), createdAt != nil), (count, ceiling))
     }
 
     /// One batch of a post's live registrations: ZSCAN from `cursor` ("0" to start; the next cursor is "0" when
@@ -154,13 +149,14 @@ public struct ActivityStore: Sendable {
 }
 
 extension Scripts {
-    /// KEYS: registration, post index, token index, [rate-limit counter: counted when given]. ARGV: id, user, post,
-    /// token, environment, bundle, now (RFC 3339), now (ms), ttl (ms), limit, counter TTL (s), expiry (now + ttl,
-    /// ms), index TTL (ttl + ttl/60, ms). Every number the script hands to Redis comes as text: a Lua number would be
-    /// formatted with `%.17g` and parsed back per call (~8 % of Redis's CPU here).
-    /// Returns `count` (an integer) for a new registration, `-count` over the limit (nothing stored), and
-    /// "<createdAt> <count>" for a renewal: Redis turns an integer or a string into its reply several times cheaper
-    /// than a table (~5 % of the script's instructions for a new registration).
+    /// KEYS: registration, post index, token index, [rate-limit counters]. ARGV: id, user, post, token,
+    /// environment, bundle, now (RFC 3339), now (ms), ttl (ms), expiry (now + ttl, ms), index TTL (ttl + ttl/60,
+    /// ms), then the rate-limit window's `scriptArguments` (counter "" to count nothing). Every number the script
+    /// hands to Redis comes as text: a Lua number would be formatted with `%.17g` and parsed back per call (~8 % of
+    /// Redis's CPU here).
+    /// Returns "+ <count> <ceilingCount>" for a new registration, "- <count> <ceilingCount>" over a limit (nothing
+    /// stored), and "<createdAt> <count> <ceilingCount>" for a renewal: Redis turns a string into its reply several
+    /// times cheaper than a table (~5 % of the script's instructions for a new registration).
     ///
     /// The hash holds createdAt, user, postIdHash, pushToken, environment, bundleId and lastSeenMs: the id is the
     /// key's suffix and readers format lastSeenAt from lastSeenMs (each field stored costs Redis a listpack append
@@ -180,16 +176,11 @@ extension Scripts {
     /// token index is usually new, so its ZADD goes first and `PEXPIRE … NX` (Redis 7.0) both gives a new index
     /// its TTL and tells whether the index was new; only a known one needs its PTTL read. ZADD goes before
     /// ZREMRANGEBYSCORE so the index never vanishes between the two (its new member is live).
-    static let register = RedisScript(source: """
-        local reg, post, tok, counter = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+    static let register = RedisScript(source: RateLimiter.countingLua(first: 12) + """
+
+        if refused then return '- ' .. count .. ' ' .. ceilingCount end
+        local reg, post, tok = KEYS[1], KEYS[2], KEYS[3]
         local id, now, nowMs, ttl = ARGV[1], ARGV[7], ARGV[8], tonumber(ARGV[9])
-        local count = 0
-        if counter then
-          count = redis.call('INCR', counter)
-          -- Atomic here, so the window's first request alone needs to set the lifetime.
-          if count == 1 then redis.call('EXPIRE', counter, ARGV[11]) end
-          if count > tonumber(ARGV[10]) then return -count end
-        end
         local createdAt = redis.call('HGET', reg, 'createdAt')
         if createdAt then
           redis.call('HSET', reg, 'environment', ARGV[5], 'bundleId', ARGV[6], 'lastSeenMs', nowMs)
@@ -201,27 +192,27 @@ extension Scripts {
         -- An existing index is renewed and pruned once its TTL falls below `ttl` (-1: none). Written out per index:
         -- a Lua function would be a closure built by every call (~2 % of the script's instructions).
         local left = redis.call('PTTL', post)
-        redis.call('ZADD', post, ARGV[12], id)
+        redis.call('ZADD', post, ARGV[10], id)
         if left == -2 then
-          redis.call('PEXPIRE', post, ARGV[13])
+          redis.call('PEXPIRE', post, ARGV[11])
         elseif left < ttl then
           redis.call('ZREMRANGEBYSCORE', post, '-inf', nowMs)
-          redis.call('PEXPIRE', post, ARGV[13])
+          redis.call('PEXPIRE', post, ARGV[11])
         end
         if createdAt then
           left = redis.call('PTTL', tok)
-          redis.call('ZADD', tok, ARGV[12], id)
+          redis.call('ZADD', tok, ARGV[10], id)
         else
-          redis.call('ZADD', tok, ARGV[12], id)
+          redis.call('ZADD', tok, ARGV[10], id)
           -- 1: the index is new and now has its TTL (so nothing to renew); 0: it existed, with a TTL.
-          left = redis.call('PEXPIRE', tok, ARGV[13], 'NX') == 1 and ttl or redis.call('PTTL', tok)
+          left = redis.call('PEXPIRE', tok, ARGV[11], 'NX') == 1 and ttl or redis.call('PTTL', tok)
         end
         if left < ttl then
           redis.call('ZREMRANGEBYSCORE', tok, '-inf', nowMs)
-          redis.call('PEXPIRE', tok, ARGV[13])
+          redis.call('PEXPIRE', tok, ARGV[11])
         end
-        if createdAt then return createdAt .. ' ' .. count end
-        return count
+        if createdAt then return createdAt .. ' ' .. count .. ' ' .. ceilingCount end
+        return '+ ' .. count .. ' ' .. ceilingCount
         """)
 
     /// KEYS: post index. ARGV: prefix, post. Deletes the post's registrations and their token-index entries.

@@ -1,9 +1,14 @@
 import Foundation
 import HeraldRedis
 
-/// A per-key fixed-window rate limit counted in Redis (`INCR` + `EXPIRE`), shared by every ingest instance.
+/// Fixed-window rate limits counted in Redis (`INCR` + `EXPIRE`), shared by every ingest instance.
 ///
-/// The counter lives in the app's hash slot (`herald:{app}:rl:<key>:<window>`), so a script that does a request's
+/// A credential of one caller (a secret key, an OAuth subject) has one window. A public key ships inside every
+/// copy of the app, so on device endpoints it is counted per (key, device token), each with `limit`, and also in
+/// the key's app-wide ceiling (`appLimit`): one abusive device cannot lock the others out, and the whole
+/// population still has a bound.
+///
+/// Counters live in the app's hash slot (`herald:{app}:rl:<key>:<window>`), so a script that does a request's
 /// work can count it in the same call (`SubscriptionStore.upsert(app:_:counting:now:)`): one round trip, not two.
 public struct RateLimiter: Sendable {
     public struct Decision: Sendable, Equatable {
@@ -12,50 +17,119 @@ public struct RateLimiter: Sendable {
         public var remaining: Int
         /// Seconds until the window ends (`RateLimit-Reset`, `Retry-After`).
         public var resetSeconds: Int
+
+        public init(allowed: Bool, limit: Int, remaining: Int, resetSeconds: Int) {
+            (self.allowed, self.limit, self.remaining, self.resetSeconds) = (allowed, limit, remaining, resetSeconds)
+        }
     }
 
-    /// One key's current window: the counter to increment and how to read its new value.
-    public struct Window: Sendable, Equatable {
-        /// The Redis counter.
+    /// One counter of a window and its limit.
+    public struct Counter: Sendable, Equatable {
         public var redisKey: String
         public var limit: Int
-        /// The counter's lifetime: a little longer than the window, so it outlives it on any clock.
+    }
+
+    /// What one request counts in: its own counter, and for a device behind a public key the key's app-wide
+    /// ceiling too. The ceiling is counted only when the request is within its own counter's limit, so requests a
+    /// device has already been refused do not use up everyone's ceiling.
+    public struct Window: Sendable, Equatable {
+        public var counter: Counter
+        public var ceiling: Counter?
+        /// The counters' lifetime: a little longer than the window, so they outlive it on any clock.
         public var ttlSeconds: Int
         /// Seconds from now until the window ends.
         public var resetSeconds: Int
 
-        /// The decision for the counter's value after this request's increment.
-        public func decision(count: Int64) -> Decision {
-            Decision(allowed: count <= limit, limit: limit, remaining: max(0, limit - Int(clamping: count)),
-                     resetSeconds: resetSeconds)
+        /// The decision for the counters' values after this request's increments (`ceilingCount` 0 when the
+        /// ceiling was not counted): a refusal names the counter that refused, an allowed request the counter
+        /// closer to its limit.
+        public func decision(count: Int64, ceilingCount: Int64 = 0) -> Decision {
+            let own = decision(counter, count)
+            guard own.allowed, let ceiling, ceilingCount > 0 else { return own }
+            let shared = decision(ceiling, ceilingCount)
+            return !shared.allowed || shared.remaining < own.remaining ? shared : own
+        }
+
+        private func decision(_ counter: Counter, _ count: Int64) -> Decision {
+            Decision(allowed: count <= counter.limit, limit: counter.limit,
+                     remaining: max(0, counter.limit - Int(clamping: count)), resetSeconds: resetSeconds)
+        }
+
+        /// The Redis keys the counting touches.
+        public var redisKeys: [String] { [counter.redisKey] + (ceiling.map { [$0.redisKey] } ?? []) }
+
+        /// The script arguments of a call that counts nothing.
+        public static let countingNothing = ["", "0", "0", "", "0"]
+
+        /// The script arguments that describe the counting: counter, limit, TTL, ceiling ("" for none), its limit.
+        public var scriptArguments: [String] {
+            [counter.redisKey, String(counter.limit), String(ttlSeconds), ceiling?.redisKey ?? "",
+             String(ceiling?.limit ?? 0)]
         }
     }
 
     let redis: RedisClient
+    /// Requests per window of one credential, or of one device behind a public key.
     public let limit: Int
+    /// Requests per window of one public key across all its devices.
+    public let appLimit: Int
     public let windowSeconds: Int
 
-    public init(redis: RedisClient, limit: Int, windowSeconds: Int = 60) {
+    public init(redis: RedisClient, limit: Int, appLimit: Int = 600_000, windowSeconds: Int = 60) {
         self.redis = redis
         self.limit = limit
+        self.appLimit = appLimit
         self.windowSeconds = windowSeconds
     }
 
-    /// `key`'s window in `app` at `now`. Windows are aligned to multiples of the window length, so every instance
-    /// agrees on when one ends.
-    public func window(for key: String, app: String, now: Date = Date()) -> Window {
+    /// The window of a request by `key` in `app` at `now`; `device` names the device when `key` is a public key
+    /// on a device endpoint ("-" when the request did not say which), nil for a credential of one caller.
+    /// Windows are aligned to multiples of the window length, so every instance agrees on when one ends.
+    public func window(for key: String, device: String? = nil, app: String, now: Date = Date()) -> Window {
         let seconds = Int(now.timeIntervalSince1970)
         let window = seconds / windowSeconds
-        return Window(redisKey: RedisKeys(app: app).rateLimit(key, window: window), limit: limit,
-                      ttlSeconds: windowSeconds + 1, resetSeconds: (window + 1) * windowSeconds - seconds)
+        let keys = RedisKeys(app: app)
+        let own = Counter(redisKey: keys.rateLimit(device.map { key + ":d:" + $0 } ?? key, window: window), limit: limit)
+        let ceiling = device == nil ? nil : Counter(redisKey: keys.rateLimit(key, window: window), limit: appLimit)
+        return Window(counter: own, ceiling: ceiling, ttlSeconds: windowSeconds + 1,
+                      resetSeconds: (window + 1) * windowSeconds - seconds)
     }
 
-    /// Counts one request for `key` of `app` in the current window.
-    public func hit(_ key: String, app: String, now: Date = Date()) async throws -> Decision {
-        let window = window(for: key, app: app, now: now)
-        let replies = try await redis.pipeline([["INCR", window.redisKey],
-                                                ["EXPIRE", window.redisKey, String(window.ttlSeconds)]])
-        guard let count = replies.first?.int else { throw StoreError.unexpectedReply("INCR") }
-        return window.decision(count: count)
+    /// Counts one request in `window`.
+    public func hit(_ window: Window) async throws -> Decision {
+        let reply = try await redis.run(Self.count, keys: window.redisKeys, args: window.scriptArguments)
+        guard let counts = reply.array, counts.count == 2, let count = counts[0].int, let ceiling = counts[1].int else {
+            throw StoreError.unexpectedReply("rate limit")
+        }
+        return window.decision(count: count, ceilingCount: ceiling)
     }
+
+    /// Counts one request for `key` of `app` in the current window (a credential of one caller).
+    public func hit(_ key: String, app: String, now: Date = Date()) async throws -> Decision {
+        try await hit(window(for: key, app: app, now: now))
+    }
+
+    /// The Lua that counts a request, shared by every script that counts one in the same call. ARGV from `first`:
+    /// counter ("" to count nothing), limit, TTL, ceiling ("" for none), ceiling's limit. Sets `count` and
+    /// `ceilingCount`, and `refused` when either went over its limit.
+    static func countingLua(first: Int) -> String {
+        """
+        local count, ceilingCount, refused = 0, 0, false
+        if ARGV[\(first)] ~= '' then
+          count = redis.call('INCR', ARGV[\(first)])
+          -- Atomic here, so the window's first request alone needs to set the lifetime.
+          if count == 1 then redis.call('EXPIRE', ARGV[\(first)], ARGV[\(first + 2)]) end
+          if count > tonumber(ARGV[\(first + 1)]) then
+            refused = true
+          elseif ARGV[\(first + 3)] ~= '' then
+            ceilingCount = redis.call('INCR', ARGV[\(first + 3)])
+            if ceilingCount == 1 then redis.call('EXPIRE', ARGV[\(first + 3)], ARGV[\(first + 2)]) end
+            refused = ceilingCount > tonumber(ARGV[\(first + 4)])
+          end
+        end
+        """
+    }
+
+    /// KEYS: the counters. ARGV: `Window.scriptArguments`. Returns {count, ceilingCount}.
+    static let count = RedisScript(source: countingLua(first: 1) + "\nreturn {count, ceilingCount}\n")
 }

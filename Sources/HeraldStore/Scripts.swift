@@ -3,25 +3,20 @@ import HeraldRedis
 /// The Lua scripts of the data model. ARGV[1] is always the app's key prefix (`herald:{app}:`); index keys of
 /// records are derived from it and from stored fields, all in the app's hash slot.
 enum Scripts {
-    /// KEYS: subscription, channel index, device index, [previous token's index], [rate-limit counter].
+    /// KEYS: subscription, channel index, device index, [previous token's index], [rate-limit counters].
     /// ARGV: prefix, id, channel, token, tokenType, environment, activityID, metadata, now (RFC 3339), now (ms),
-    /// previousToken ("" for none), rate-limit counter ("" to count nothing), limit, counter TTL (s), channel target
-    /// (`ChannelTarget.encoded`: the channel index's value for this subscription).
-    /// Returns {created (0/1), createdAt, count}; {-1, "", count} when the count is over the limit, having
-    /// changed nothing else.
+    /// previousToken ("" for none), channel target (`ChannelTarget.encoded`: the channel index's value for this
+    /// subscription), then the rate-limit window's `scriptArguments` (counter "" to count nothing).
+    /// Returns {created (0/1), createdAt, count, ceilingCount}; {-1, "", count, ceilingCount} when a count is over
+    /// its limit, having changed nothing else.
     ///
     /// `createdAt` is read before the one HSET that writes the subscription (with it when new), so an update costs
     /// no second read; the record's own keys come from KEYS rather than being concatenated again here.
-    static let upsert = RedisScript(source: """
+    static let upsert = RedisScript(source: RateLimiter.countingLua(first: 13) + """
+
+        if refused then return {-1, '', count, ceilingCount} end
         local p, id, channel, token, ttype = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-        local previous, counter = ARGV[11], ARGV[12]
-        local count = 0
-        if counter ~= '' then
-          count = redis.call('INCR', counter)
-          -- Atomic here, so the window's first request alone needs to set the lifetime.
-          if count == 1 then redis.call('EXPIRE', counter, ARGV[14]) end
-          if count > tonumber(ARGV[13]) then return {-1, '', count} end
-        end
+        local previous = ARGV[11]
         if previous ~= '' then
           local prevDev = p .. 'dev:' .. previous
           for _, sid in ipairs(redis.call('SMEMBERS', prevDev)) do
@@ -44,9 +39,9 @@ enum Scripts {
                    'tokenType', ttype, 'environment', ARGV[6], 'activityID', ARGV[7], 'metadata', ARGV[8],
                    'updatedAt', ARGV[9], 'updatedMs', ARGV[10])
         -- Always rewritten: an update may change the environment or activityID a push needs.
-        redis.call('HSET', KEYS[2], id, ARGV[15])
+        redis.call('HSET', KEYS[2], id, ARGV[12])
         redis.call('SADD', KEYS[3], id)
-        return {created, createdAt, count}
+        return {created, createdAt, count, ceilingCount}
         """)
 
     /// ARGV: prefix, token, only (one subscription id, or "" for all), keepAfterMs ("" for none), unused.

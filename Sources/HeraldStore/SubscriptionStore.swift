@@ -34,14 +34,14 @@ public struct SubscriptionStore: Sendable {
     public func upsert(app: String, _ input: SubscriptionInput, counting window: RateLimiter.Window,
                        now: Date = Date()) async throws -> CountedUpsert {
         let outcome = try await run(app: app, input, counting: window, now: now)
-        let decision = window.decision(count: outcome.count)
+        let decision = window.decision(count: outcome.counts.count, ceilingCount: outcome.counts.ceiling)
         guard let stored = outcome.stored else { return .rateLimited(decision) }
         return .stored(stored.subscription, created: stored.created, decision)
     }
 
     /// Runs the upsert script; `stored` is nil when the count went over the window's limit.
     private func run(app: String, _ input: SubscriptionInput, counting window: RateLimiter.Window?, now: Date)
-        async throws -> (stored: (subscription: Subscription, created: Bool)?, count: Int64) {
+        async throws -> (stored: (subscription: Subscription, created: Bool)?, counts: (count: Int64, ceiling: Int64)) {
         let keys = RedisKeys(app: app)
         let id = RedisKeys.identifier(input.deviceToken, input.tokenType.rawValue, input.channel)
         let stamp = Timestamp.rfc3339(now)
@@ -49,24 +49,24 @@ public struct SubscriptionStore: Sendable {
         let previous = input.previousToken.flatMap { $0 == input.deviceToken ? nil : $0 } ?? ""
         var touched = [keys.subscription(id), keys.channel(input.channel), keys.device(input.deviceToken)]
         if !previous.isEmpty { touched.append(keys.device(previous)) }
-        if let window { touched.append(window.redisKey) }
+        if let window { touched += window.redisKeys }
         let reply = try await redis.run(Scripts.upsert, keys: touched,
             args: [keys.prefix, id, input.channel, input.deviceToken, input.tokenType.rawValue,
                    input.environment.rawValue, input.activityID ?? "", metadata, stamp,
-                   String(Int64(now.timeIntervalSince1970 * 1000)), previous, window?.redisKey ?? "",
-                   String(window?.limit ?? 0), String(window?.ttlSeconds ?? 0),
+                   String(Int64(now.timeIntervalSince1970 * 1000)), previous,
                    ChannelTarget(deviceToken: input.deviceToken, tokenType: input.tokenType,
-                                 environment: input.environment, activityID: input.activityID).encoded])
-        guard let parts = reply.array, parts.count == 3, let created = parts[0].int, let createdAt = parts[1].string,
-              let count = parts[2].int else {
+                                 environment: input.environment, activityID: input.activityID).encoded]
+                + (window?.scriptArguments ?? RateLimiter.Window.countingNothing))
+        guard let parts = reply.array, parts.count == 4, let created = parts[0].int, let createdAt = parts[1].string,
+              let count = parts[2].int, let ceiling = parts[3].int else {
             throw StoreError.unexpectedReply("upsert")
         }
-        guard created >= 0 else { return (nil, count) }
+        guard created >= 0 else { return (nil, (count, ceiling)) }
         let subscription = Subscription(id: id, channel: input.channel, deviceToken: input.deviceToken,
                                         tokenType: input.tokenType, environment: input.environment,
                                         activityID: input.activityID, metadata: input.metadata,
                                         createdAt: createdAt, updatedAt: stamp)
-        return ((subscription, created == 1), count)
+        return ((subscription, created == 1), (count, ceiling))
     }
 
     /// Every subscription of a device token.

@@ -21,7 +21,8 @@ let usage = """
       HERALD_KAFKA_BROKERS          [127.0.0.1:9092]
       HERALD_KAFKA_LINGER_MS        how long the producer gathers a batch (linger.ms) [3]
       HERALD_TOPIC_JOBS             [\(defaults.jobsTopic)]
-      HERALD_RATE_LIMIT_PER_MINUTE  requests per key per minute [\(defaults.rateLimitPerMinute)]
+      HERALD_RATE_LIMIT_PER_MINUTE  requests per minute per credential, or per device of a public key [\(defaults.rateLimitPerMinute)]
+      HERALD_APP_RATE_LIMIT_PER_MINUTE  requests per minute of one public key, all devices [\(defaults.appRateLimitPerMinute)]
       HERALD_ACTIVITY_TTL_SECONDS   Live Activity registration lifetime [\(defaults.activityTTL.secondsText)]
       HERALD_MAX_BODY_BYTES         largest request body [\(defaults.maxBodyBytes)]
       HERALD_PUBLISH_TIMEOUT_SECONDS  how long a job may wait for the broker's ack (then 503) [\(defaults.publishTimeout.secondsText)]
@@ -44,6 +45,8 @@ struct IngestSettings {
     init(_ env: EnvironmentReader) throws {
         configuration.address = try env.address("HERALD_INGEST_ADDR", default: defaults.address.description)
         configuration.rateLimitPerMinute = try env.int("HERALD_RATE_LIMIT_PER_MINUTE", default: defaults.rateLimitPerMinute, range: 1...1_000_000)
+        configuration.appRateLimitPerMinute = try env.int("HERALD_APP_RATE_LIMIT_PER_MINUTE", default: defaults.appRateLimitPerMinute,
+                                                          range: 1...100_000_000)
         configuration.activityTTL = .seconds(try env.int("HERALD_ACTIVITY_TTL_SECONDS", default: Int(defaults.activityTTL.components.seconds),
                                                           range: 1...86_400 * 30))
         configuration.maxBodyBytes = try env.int("HERALD_MAX_BODY_BYTES", default: defaults.maxBodyBytes, range: 1024...16 << 20)

@@ -317,16 +317,19 @@ import Testing
 
     // MARK: Rate limit
 
-    @Test func overTheRateLimitIs429PerKeyAndPerSubject() async throws {
+    /// A user's public key counts per push token, an OAuth token per subject.
+    @Test func overTheRateLimitIs429PerDeviceAndPerSubject() async throws {
         try await withIngest(rateLimit: 2) { ingest in
             // Counting across the end of a fixed minute window would start over: begin early in one.
             let second = Int(Date().timeIntervalSince1970) % 60
             if second > 55 { try await Task.sleep(for: .seconds(61 - second)) }
             let app = ingest.apps.apps[0]
             let post = postHash()
-            func register(key: String? = nil, bearer: String? = nil) async throws -> RawHTTPClient.Response {
+            let device = SecureRandom.hex(32)
+            func register(key: String? = nil, bearer: String? = nil, token: String? = nil) async throws -> RawHTTPClient.Response {
                 try await ingest.request("POST", Self.path, key: key, bearer: bearer,
-                                         json: registration(SecureRandom.hex(32), post, bundle: app.bundleID))
+                                         json: registration(token ?? (key == nil ? SecureRandom.hex(32) : device), post,
+                                                            bundle: app.bundleID))
             }
             let alice = try ingest.apps.accessToken(for: app, subject: "alice")
             for caller in [(app.userKey, nil), (nil, alice)] as [(String?, String?)] {
@@ -337,9 +340,12 @@ import Testing
                 #expect(refused.headers["retry-after"].flatMap(Int.init).map { (1...61).contains($0) } == true)
                 #expect(refused.headers["ratelimit-remaining"] == "0")
             }
-            // Another subject of the same app has its own window.
+            // Another subject of the same app has its own window, and so has another device behind the same key.
             let bob = try await register(bearer: try ingest.apps.accessToken(for: app, subject: "bob"))
             #expect(bob.status == 201, "\(bob.text)")
+            let otherDevice = try await register(key: app.userKey, token: SecureRandom.hex(32))
+            #expect(otherDevice.status == 201, "\(otherDevice.text)")
+            // The key's device registered twice (one registration renewed), alice twice, bob and the other device once.
             #expect(try await ingest.redis.command(["ZCARD", RedisKeys(app: app.id).post(post)]).int == 5,
                     "refused requests stored nothing")
         }

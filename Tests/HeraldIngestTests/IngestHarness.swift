@@ -21,7 +21,7 @@ final class IngestHarness: Sendable {
     /// Starts a service on a free port. `apps`: the apps file to serve (default: two fresh ES256-issuer apps; the
     /// harness removes it on `stop()`); `brokers` set skips creating the jobs topic; `redisURL` replaces the test
     /// Redis (a closed port, a listener that never answers).
-    static func start(rateLimit: Int = 240, activityTTL: Duration = .seconds(3600),
+    static func start(rateLimit: Int = 240, appRateLimit: Int = 600_000, activityTTL: Duration = .seconds(3600),
                       publishTimeout: Duration = .seconds(5), brokers: String? = nil,
                       redisURL: String? = nil, apps: TestApps? = nil) async throws -> IngestHarness {
         let apps = try apps ?? TestApps()
@@ -35,6 +35,7 @@ final class IngestHarness: Sendable {
         var configuration = IngestConfiguration()
         configuration.address = HostPort(host: "127.0.0.1", port: 0)
         configuration.rateLimitPerMinute = rateLimit
+        configuration.appRateLimitPerMinute = appRateLimit
         configuration.activityTTL = activityTTL
         configuration.jobsTopic = topic
         configuration.publishTimeout = publishTimeout

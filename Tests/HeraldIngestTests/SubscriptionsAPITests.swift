@@ -361,49 +361,86 @@ import Testing
         #expect(secret.status == 200, "\(secret.text)")
     }
 
-    @Test func the241stRequestInAWindowGets429() async throws {
+    /// A public key is in every copy of the app: it counts per device token. 250 devices sharing the key all get
+    /// in; the 241st request of one device in a window gets 429, and that device's refusals leave the others alone.
+    @Test func aPublicKeyCountsPerDeviceAnd241RequestsOfOneDeviceGet429() async throws {
         let ingest = try await IngestHarness.start()
         defer { Task { await ingest.stop() } }
         let app = ingest.apps.apps[0]
-        // All 241 requests must fall in one fixed 60 s window: start early in one.
+        // All requests must fall in one fixed 60 s window: start early in one.
         let intoWindow = Int(Date().timeIntervalSince1970) % 60
-        if intoWindow > 40 { try await Task.sleep(for: .seconds(61 - intoWindow)) }
+        if intoWindow > 30 { try await Task.sleep(for: .seconds(61 - intoWindow)) }
 
         let port = ingest.port, key = app.publicKey, path = "/v1/apps/\(app.id)/subscriptions"
-        let responses = try await onThread {
+        let abuser = deviceToken()
+        let (devices, repeated) = try await onThread {
             let client = try RawHTTPClient(port: port)  // one keep-alive connection
-            // Request 100 is bad input: it counts like any other. Request 242 is bad input over the limit: 429.
-            return try (1...242).map { n in
-                let token = n == 100 || n == 242 ? "not-hex" : deviceToken()
-                return try client.request("POST", path, headers: ["X-API-Key": key, "Content-Type": "application/json"],
-                                          body: #"{"channel": "c\#(n)", "deviceToken": "\#(token)", "tokenType": "alert"}"#)
+            func subscribe(_ token: String, _ channel: String) throws -> RawHTTPClient.Response {
+                try client.request("POST", path, headers: ["X-API-Key": key, "Content-Type": "application/json"],
+                                   body: #"{"channel": "\#(channel)", "deviceToken": "\#(token)", "tokenType": "alert"}"#)
             }
+            let devices = try (1...250).map { n in try subscribe(deviceToken(), "c\(n)") }
+            let repeated = try (1...241).map { n in try subscribe(abuser, "c\(n)") }
+            return (devices, repeated)
         }
-        #expect(responses.prefix(240).enumerated().allSatisfy { $0.element.status == ($0.offset == 99 ? 400 : 201) })
-        #expect(responses[0].headers["ratelimit-remaining"] == "239")
-        #expect(responses[99].headers["ratelimit-remaining"] == "140")
-        #expect(responses[239].headers["ratelimit-remaining"] == "0")
-        #expect(responses[241].status == 429, "over the limit, 429 wins over bad input")
-        let refused = responses[240]
-        #expect(refused.status == 429, "\(refused.text)")
-        #expect(refused.errorCode == "rate_limited")
-        let retryAfter = try #require(refused.headers["retry-after"].flatMap(Int.init))
-        #expect((1...60).contains(retryAfter))
-        #expect(refused.headers["ratelimit-limit"] == "240")
-        #expect(refused.headers["ratelimit-remaining"] == "0")
-        #expect(refused.headers["ratelimit-reset"] == String(retryAfter))
+        #expect(devices.allSatisfy { $0.status == 201 }, "\(devices.map(\.status).filter { $0 != 201 })")
+        #expect(devices.allSatisfy { $0.headers["ratelimit-remaining"] == "239" }, "each device has its own window")
+        #expect(repeated.prefix(240).allSatisfy { $0.status == 201 })
+        #expect(repeated[0].headers["ratelimit-remaining"] == "239")
+        #expect(repeated[99].headers["ratelimit-remaining"] == "140")
+        #expect(repeated[239].headers["ratelimit-remaining"] == "0")
+        for refused in repeated.suffix(1) {
+            #expect(refused.status == 429, "\(refused.text)")
+            #expect(refused.errorCode == "rate_limited")
+            let retryAfter = try #require(refused.headers["retry-after"].flatMap(Int.init))
+            #expect((1...60).contains(retryAfter))
+            #expect(refused.headers["ratelimit-limit"] == "240")
+            #expect(refused.headers["ratelimit-remaining"] == "0")
+            #expect(refused.headers["ratelimit-reset"] == String(retryAfter))
+        }
         let stored = try await ingest.redis.command(["KEYS", StoredKeys(app: app.id).prefix + "sub:*"]).strings ?? []
-        #expect(stored.count == 239, "the refused requests stored nothing")
+        #expect(stored.count == 250 + 240, "the refused request stored nothing")
 
-        // The limit is per key: the app's secret key still gets in.
-        let otherKey = try await ingest.request("GET", path + "?deviceToken=\(deviceToken())", key: app.secretKey)
-        #expect(otherKey.status == 200)
-        #expect(otherKey.headers["ratelimit-remaining"] == "239")
+        // A request that does not say which device (bad input) counts in the key's one window for those.
+        let bad = try await ingest.request("POST", path, key: app.publicKey, json: #"{"channel": "c", "deviceToken": "not-hex"}"#)
+        #expect(bad.status == 400 && bad.headers["ratelimit-remaining"] == "239", "\(bad.status) \(bad.headers)")
+
+        // The abuser is refused; another device behind the same key still gets in, and so does the secret key.
+        let other = try await ingest.request("GET", path + "?deviceToken=\(deviceToken())", key: app.publicKey)
+        #expect(other.status == 200 && other.headers["ratelimit-remaining"] == "239")
+        let abuserAgain = try await ingest.request("GET", path + "?deviceToken=\(abuser)", key: app.publicKey)
+        #expect(abuserAgain.status == 429)
+        let secret = try await ingest.request("GET", path + "?deviceToken=\(abuser)", key: app.secretKey)
+        #expect(secret.status == 200 && secret.headers["ratelimit-remaining"] == "239")
 
         let metrics = try await ingest.request("GET", "/metrics").text
         #expect(metrics.contains(#"herald_http_requests_total{route="/v1/apps/{appID}/subscriptions",method="POST",status="429"}"#))
         #expect(metrics.contains(#"herald_http_request_duration_seconds_bucket{route="/v1/apps/{appID}/subscriptions""#))
         #expect(metrics.contains("herald_ingest_rate_limited_total "))
+    }
+
+    /// The app-wide ceiling of a public key: past it every device is refused, and the headers describe it.
+    @Test func aPublicKeysAppWideCeilingRefusesEveryDevice() async throws {
+        let ingest = try await IngestHarness.start(appRateLimit: 5)
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        let intoWindow = Int(Date().timeIntervalSince1970) % 60
+        if intoWindow > 50 { try await Task.sleep(for: .seconds(61 - intoWindow)) }
+        let path = "/v1/apps/\(app.id)/subscriptions"
+        var statuses: [Int] = [], remaining: [String?] = [], limits: [String?] = []
+        for n in 1...6 {
+            let response = try await ingest.request("POST", path, key: app.publicKey,
+                                                    json: #"{"channel": "c\#(n)", "deviceToken": "\#(deviceToken())", "tokenType": "alert"}"#)
+            statuses.append(response.status)
+            remaining.append(response.headers["ratelimit-remaining"])
+            limits.append(response.headers["ratelimit-limit"])
+        }
+        #expect(statuses == [201, 201, 201, 201, 201, 429])
+        #expect(remaining == ["4", "3", "2", "1", "0", "0"], "the window closer to its limit decides")
+        #expect(limits == ["5", "5", "5", "5", "5", "5"])
+        // Secret keys are not under the public key's ceiling.
+        let secret = try await ingest.request("GET", path + "?deviceToken=\(deviceToken())", key: app.secretKey)
+        #expect(secret.status == 200)
     }
 
     @Test func anAppCannotSeeOrChangeAnotherAppsSubscriptions() async throws {

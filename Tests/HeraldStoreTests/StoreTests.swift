@@ -331,6 +331,22 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await limiter.hit("key:1", app: redis.app, now: now.addingTimeInterval(50)).allowed)
     }
 
+    /// Per device within a shared ceiling: a device's refused requests do not use up the ceiling.
+    @Test func devicesCountApartWithinTheKeysCeiling() async throws {
+        let redis = try TestRedis()
+        let limiter = RateLimiter(redis: redis.client, limit: 2, appLimit: 3)
+        let now = Date(timeIntervalSince1970: 1_800_000_010)
+        func hit(_ device: String) async throws -> RateLimiter.Decision {
+            try await limiter.hit(limiter.window(for: "key:pub", device: device, app: redis.app, now: now))
+        }
+        #expect(try await hit("a") == .init(allowed: true, limit: 2, remaining: 1, resetSeconds: 50))
+        #expect(try await hit("a") == .init(allowed: true, limit: 2, remaining: 0, resetSeconds: 50))
+        for _ in 0..<5 { #expect(try await hit("a").allowed == false) }
+        #expect(try await hit("b") == .init(allowed: true, limit: 3, remaining: 0, resetSeconds: 50),
+                "the ceiling, closer to its limit, decides")
+        #expect(try await hit("c") == .init(allowed: false, limit: 3, remaining: 0, resetSeconds: 50))
+    }
+
     @Test func anIdPublishesOnce() async throws {
         let redis = try TestRedis()
         let store = IdempotencyStore(redis: redis.client)
