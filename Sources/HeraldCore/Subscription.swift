@@ -43,7 +43,7 @@ public enum Channel {
 public struct SubscriptionInput: Sendable, Equatable {
     public static let maxMetadataBytes = 4096
     static let fields: Set<String> = ["channel", "deviceToken", "tokenType", "environment", "activityID", "metadata",
-                                      "previousToken"]
+                                      "previousToken", "channelGrant"]
 
     public var channel: String
     public var deviceToken: String
@@ -58,6 +58,8 @@ public struct SubscriptionInput: Sendable, Equatable {
     /// for Redis and the response.
     public private(set) var encodedMetadata: [UInt8]?
     public var previousToken: String?
+    /// The channel grant (a JWT) for a private channel; not stored.
+    public var channelGrant: String?
 
     public init(_ body: JSONValue) throws(ValidationError) {
         let fields = try FieldReader(body, allowed: Self.fields)
@@ -85,6 +87,7 @@ public struct SubscriptionInput: Sendable, Equatable {
         previousToken = try fields.string("previousToken").map { (raw) throws(ValidationError) in
             try DeviceToken.normalized(raw, field: "previousToken")
         }
+        channelGrant = try fields.string("channelGrant")
     }
 }
 

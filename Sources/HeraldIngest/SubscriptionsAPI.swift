@@ -1,3 +1,4 @@
+import Foundation
 import HeraldCore
 import HeraldCrypto
 import HeraldHTTP
@@ -18,6 +19,7 @@ struct SubscriptionsAPI: Sendable {
         // The rate-limit count rides in the upsert script: one Redis round trip per subscription.
         router.post(path, gate.selfCountingEndpoint(.device) { request, admission, meter in
             let input = try SubscriptionInput(try request.jsonBody())
+            if admission.app.isPrivate(channel: input.channel) { try checkGrant(request, input, app: admission.app) }
             let subscription: Subscription, created: Bool
             switch try await store.upsert(app: admission.app.id, input, counting: meter.window(device: input.deviceToken)) {
             case .rateLimited(let decision):
@@ -45,6 +47,23 @@ struct SubscriptionsAPI: Sendable {
             let removed = try await store.remove(app: admission.app.id, removal)
             return .json(bytes: Array("{\"removed\":\(removed)}".utf8))
         })
+    }
+
+    /// A private channel's subscription needs a grant for it, in the body (`channelGrant`) or the
+    /// `X-Herald-Channel-Grant` header; refused before anything is stored.
+    private func checkGrant(_ request: HTTPRequest, _ input: SubscriptionInput, app: App) throws(HTTPError) {
+        guard let grant = input.channelGrant ?? request.headers["X-Herald-Channel-Grant"] else {
+            throw HTTPError(status: 403, code: "channel_grant_required",
+                            message: "\(input.channel) is a private channel: subscribing needs a channel grant from the app's backend",
+                            field: "channelGrant")
+        }
+        do throws(ChannelGrant.Refusal) {
+            try ChannelGrant.check(grant, channel: input.channel, app: app, now: Date().timeIntervalSince1970,
+                                   skew: Double(gate.clockSkew.components.seconds))
+        } catch {
+            throw HTTPError(status: 403, code: "invalid_channel_grant", message: "the channel grant is not valid: \(error)",
+                            field: "channelGrant")
+        }
     }
 
     /// The device a request is about, for its rate limit (nil when absent or malformed: the handler refuses it).

@@ -1,5 +1,8 @@
 import Foundation
+import HeraldCore
+import HeraldCrypto
 import HeraldRedis
+import HeraldRuntime
 import HeraldTestSupport
 import Testing
 
@@ -441,6 +444,72 @@ import Testing
         // Secret keys are not under the public key's ceiling.
         let secret = try await ingest.request("GET", path + "?deviceToken=\(deviceToken())", key: app.secretKey)
         #expect(secret.status == 200)
+    }
+
+    // MARK: Private channels
+
+    /// Without a grant anyone with the public key could subscribe to every customer's order channel: a private
+    /// channel needs a grant from the app's backend, for that channel, unexpired, signed with the app's secret.
+    @Test func aPrivateChannelNeedsAValidGrantAndARefusalStoresNothing() async throws {
+        let ingest = try await IngestHarness.start(rateLimit: 10_000)
+        defer { Task { await ingest.stop() } }
+        let (app, other) = (ingest.apps.apps[0], ingest.apps.apps[1])
+        let path = "/v1/apps/\(app.id)/subscriptions", token = deviceToken()
+        let channel = app.privateChannelPrefix + "order:\(SecureRandom.hex(4)):status"
+        let now = Date().timeIntervalSince1970
+        let secret = try SharedSecret(bytes: Array(app.grantSecret.utf8))
+        func grant(_ claims: [String: JSONValue], secret: SharedSecret = secret) -> String {
+            ChannelGrant.sign(claims: claims, secret: secret)
+        }
+        let valid: [String: JSONValue] = ["app": .string(app.id), "exp": .number(now + 600), "channel": .string(channel)]
+        func subscribe(grant: String? = nil, header: String? = nil, channel: String = channel) async throws -> RawHTTPClient.Response {
+            var fields: [String: Any] = ["channel": channel, "deviceToken": token, "tokenType": "alert"]
+            if let grant { fields["channelGrant"] = grant }
+            return try await ingest.request("POST", path, key: app.publicKey, json: body(fields),
+                                            headers: header.map { ["X-Herald-Channel-Grant": $0] } ?? [:])
+        }
+
+        let missing = try await subscribe()
+        #expect(missing.status == 403 && missing.errorCode == "channel_grant_required", "\(missing.text)")
+        var forged = valid
+        forged["exp"] = .number(now + 2 * 86_400)
+        var expired = valid
+        expired["exp"] = .number(now - 120)
+        var noExpiry = valid
+        noExpiry["exp"] = nil
+        var otherChannel = valid
+        otherChannel["channel"] = .string(channel + "x")
+        var otherApp = valid
+        otherApp["app"] = .string(other.id)
+        let unsigned = Base64URL.encode(Array(#"{"alg":"none"}"#.utf8)) + "." + Base64URL.encode(JSONValue.object(valid).encoded()) + "."
+        let rs256 = try JSONWebToken.sign(claims: valid, keyID: nil, key: app.oauthKey)
+        for (name, bad) in [("another app's secret", grant(valid, secret: try SharedSecret(bytes: Array(other.grantSecret.utf8)))),
+                            ("more than 24 h", grant(forged)), ("expired", grant(expired)), ("no exp", grant(noExpiry)),
+                            ("another channel", grant(otherChannel)), ("another app", grant(otherApp)),
+                            ("alg none", unsigned), ("RS256", rs256), ("garbage", "not.a.jwt")] {
+            let refused = try await subscribe(grant: bad)
+            #expect(refused.status == 403 && refused.errorCode == "invalid_channel_grant", "\(name): \(refused.text)")
+        }
+        #expect(try await storedState(ingest.redis, app: app.id).isEmpty, "a refused subscription stores nothing")
+
+        #expect(try await subscribe(grant: grant(valid)).status == 201)
+        #expect(try await subscribe(header: grant(valid)).status == 200, "the header works too")
+        let wildcard = grant(["app": .string(app.id), "exp": .number(now + 600),
+                              "channels": .array([.string("news"), .string(app.privateChannelPrefix + "order:*")])])
+        #expect(try await subscribe(grant: wildcard, channel: app.privateChannelPrefix + "order:7:status").status == 201)
+        #expect(try await subscribe(grant: wildcard, channel: app.privateChannelPrefix + "user:7").status == 403)
+        // The README's example issues grants Herald accepts.
+        let script = TestEnvironment.repositoryRoot.appendingPathComponent("examples/channel_grant.py").path
+        let secretFile = ingest.apps.folder.appendingPathComponent("\(app.id)-grants.secret").path
+        let issued = try await onThread {
+            try runTool("python3", [script, "--secret-file", secretFile, "--app", app.id, "--channel", channel])
+        }.trimmingCharacters(in: .whitespacesAndNewlines)
+        let fromExample = try await subscribe(grant: issued)
+        #expect(fromExample.status == 200, "\(fromExample.text)")
+        // Public channels work as before, and the grant is not stored with the subscription.
+        #expect(try await subscribe(channel: "order:\(SecureRandom.hex(4)):status").status == 201)
+        let listed = try await ingest.request("GET", path + "?deviceToken=\(token)", key: app.publicKey)
+        #expect(listed.status == 200 && !listed.text.contains("eyJ"), "\(listed.text)")
     }
 
     @Test func anAppCannotSeeOrChangeAnotherAppsSubscriptions() async throws {
