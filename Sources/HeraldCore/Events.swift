@@ -9,7 +9,7 @@ public enum EventIntake {
     /// `POST /v1/apps/{appID}/events`: a channel event.
     public static func channelEvent(_ body: JSONValue, appID: String, jobID: String?) throws(ValidationError) -> PushJob {
         let fields = try FieldReader(body, allowed: ["channel", "alert", "liveActivity", "start", "priority",
-                                                     "expiration", "collapseId", "id"])
+                                                     "expiration", "collapseId", "id", "final"])
         let channel = try fields.requiredString("channel")
         try PushJob.validateChannel(channel, field: "channel")
         var job = PushJob(id: try jobIdentifier(fields, jobID), appId: appID, target: .channel(channel))
@@ -29,6 +29,7 @@ public enum EventIntake {
             throw ValidationError(code: "missing_field", message: "an event needs at least one of alert, liveActivity or start",
                                   field: "alert")
         }
+        job.final = try fields.bool("final")
         try common(fields, into: &job)
         try job.validate()
         return job

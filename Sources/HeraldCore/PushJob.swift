@@ -216,7 +216,7 @@ public struct PushJob: Sendable, Equatable {
             guard alert != nil || liveActivity != nil || start != nil else {
                 throw ValidationError(code: "missing_field", message: "a channel job needs alert, liveActivity or start")
             }
-            try rejectParts(payload: true, final: true)
+            try rejectParts(payload: true, final: false)
         case .post(let hash):
             try PostIDHash.validate(hash, field: "target.postIdHash")
             guard liveActivity != nil else { throw .missing("liveActivity") }
@@ -286,7 +286,7 @@ public struct PushJob: Sendable, Equatable {
             throw ValidationError(code: "invalid_field", message: "payload and pushType belong to device jobs", field: "payload")
         }
         if rejectFinal, final != nil {
-            throw ValidationError(code: "invalid_field", message: "final belongs to post jobs", field: "final")
+            throw ValidationError(code: "invalid_field", message: "final belongs to channel and post jobs", field: "final")
         }
     }
 

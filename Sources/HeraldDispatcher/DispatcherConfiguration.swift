@@ -52,6 +52,8 @@ public struct DispatcherConfiguration: Sendable {
     /// Batches of one fan-out being sent at once; with `batchSize` it bounds how far a fan-out runs ahead of its
     /// saved progress, hence the duplicates after a crash.
     public var maxBatchesInFlightPerJob = 3
+    /// How often expired subscriptions are swept out of Redis.
+    public var subscriptionSweepInterval: Duration = .seconds(60)
     /// How long fan-out progress records live in Redis (a job resumed later starts again from the beginning).
     public var progressTTL: Duration = .seconds(86_400)
     /// How often completed offsets are committed.

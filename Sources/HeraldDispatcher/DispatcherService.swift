@@ -55,8 +55,10 @@ public final class DispatcherService: Service {
         server = try HTTPServer(configuration: HTTPServerConfiguration(address: configuration.address, threads: 1,
                                                                        shutdownGracePeriod: .seconds(1)),
                                 router: router, logger: logger, metrics: metrics)
+        let sweeper = SubscriptionSweeper(apps: apps, subscriptions: subscriptions,
+                                          interval: configuration.subscriptionSweepInterval, metrics: metrics, logger: logger)
         // Stopped newest first: the consumer drains while the operations server still answers.
-        parts = ServiceGroup(services: [server, readiness, HeapTrimmer(),
+        parts = ServiceGroup(services: [server, readiness, HeapTrimmer(), sweeper,
                                         OffsetCommitter(consumer: consumer, interval: configuration.commitInterval),
                                         consumer],
                              signals: [], gracePeriod: configuration.drainTimeout + .seconds(5), logger: logger)

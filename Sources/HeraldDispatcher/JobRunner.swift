@@ -75,6 +75,9 @@ struct JobRunner: Sendable {
             } load: { targets in
                 targets.compactMap(plan.push(for:))
             } } catch { return await deadLetterWhole(plan.job, source: source, error) }
+            if settled, plan.job.final == true {
+                guard await removeChannel(app: plan.app.id, channel: channel) else { return false }
+            }
         case .post(let post):
             do throws(StoreRefusal) { settled = try await fanOut(context) { cursor in
                 let batch = try await activities.postIDs(app: plan.app.id, postIDHash: post, cursor: cursor,
@@ -317,15 +320,29 @@ struct JobRunner: Sendable {
     static let pushesPerSend = 100
 
     private func removePost(app: String, post: String) async -> Bool {
+        await removeAfterFinal(app: app, what: "the post's registrations", ["post": post]) {
+            try await activities.removePost(app: app, postIDHash: post)
+        }
+    }
+
+    /// A channel's final event closes it: once every push settled, its subscriptions go.
+    private func removeChannel(app: String, channel: String) async -> Bool {
+        await removeAfterFinal(app: app, what: "the channel's subscriptions", ["channel": channel]) {
+            try await subscriptions.removeChannel(app: app, channel: channel)
+        }
+    }
+
+    /// Runs a final job's clean-up until it is done; false only when cancelled first (the job is then not
+    /// settled and runs again). Redis refusing the data for good is logged and settles it: what is left expires.
+    private func removeAfterFinal(app: String, what: String, _ fields: [String: String],
+                                  _ body: () async throws -> Int) async -> Bool {
         do {
-            let removed = try await retrying("remove the post's registrations") {
-                try await activities.removePost(app: app, postIDHash: post)
-            }
-            logger.info("final update sent; registrations removed", ["app": app, "post": post, "removed": "\(removed)"])
+            let removed = try await retrying("remove \(what)", body)
+            logger.info("final update sent; \(what) removed", fields.merging(["app": app, "removed": "\(removed)"]) { a, _ in a })
             return true
         } catch let refusal as StoreRefusal {
-            logger.error("final update sent; Redis refused removing the registrations, which expire by themselves",
-                         ["app": app, "post": post, "error": refusal.error.message])
+            logger.error("final update sent; Redis refused removing \(what), which expire by themselves",
+                         fields.merging(["app": app, "error": refusal.error.message]) { a, _ in a })
             return true
         } catch {
             return false

@@ -13,6 +13,10 @@ public struct IngestConfiguration: Sendable {
     public var appRateLimitPerMinute = 600_000
     /// `HERALD_ACTIVITY_TTL_SECONDS`: a Live Activity registration lives this long after its last re-post.
     public var activityTTL: Duration = .seconds(3600)
+    /// `HERALD_MAX_SUBSCRIPTIONS_PER_DEVICE`: a device token's subscriptions; a new one past it gets 409.
+    public var maxSubscriptionsPerDevice = 500
+    /// `HERALD_SUBSCRIPTION_TTL_DAYS`: a subscription not renewed (re-subscribed) for this long ends; nil: never.
+    public var subscriptionTTL: Duration? = .seconds(90 * 86_400)
     /// `HERALD_MAX_BODY_BYTES`.
     public var maxBodyBytes = 65_536
     /// `HERALD_TOPIC_JOBS`.

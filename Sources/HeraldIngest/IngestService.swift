@@ -18,7 +18,9 @@ public final class IngestService: Service {
         let gate = Gatekeeper(apps: apps, limiter: limiter,
                               clockSkew: configuration.clockSkew, logger: logger)
         var router = Router()
-        SubscriptionsAPI(store: SubscriptionStore(redis: redis), gate: gate, logger: logger).register(on: &router)
+        let subscriptions = SubscriptionStore(redis: redis, ttl: configuration.subscriptionTTL,
+                                              maxPerDevice: configuration.maxSubscriptionsPerDevice)
+        SubscriptionsAPI(store: subscriptions, gate: gate, logger: logger).register(on: &router)
         ActivitiesAPI(store: ActivityStore(redis: redis, ttl: configuration.activityTTL), gate: gate, logger: logger)
             .register(on: &router)
         EventsAPI(producer: producer, idempotency: IdempotencyStore(redis: redis), topic: configuration.jobsTopic,

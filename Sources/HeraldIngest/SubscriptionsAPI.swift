@@ -24,6 +24,11 @@ struct SubscriptionsAPI: Sendable {
             switch try await store.upsert(app: admission.app.id, input, counting: meter.window(device: input.deviceToken)) {
             case .rateLimited(let decision):
                 throw gate.refuse(meter, decision)
+            case .tooMany(let decision):
+                meter.record(decision)
+                throw HTTPError(status: 409, code: "too_many_subscriptions",
+                                message: "the device already has \(store.maxPerDevice) subscriptions (HERALD_MAX_SUBSCRIPTIONS_PER_DEVICE); remove some first",
+                                field: "channel")
             case .stored(let stored, let isNew, let decision):
                 meter.record(decision)
                 (subscription, created) = (stored, isNew)
@@ -39,15 +44,47 @@ struct SubscriptionsAPI: Sendable {
         router.get(path, gate.endpoint(.device, device: Self.queryDevice) { request, admission in
             guard let raw = request.query["deviceToken"] else { throw ValidationError.missing("deviceToken") }
             let token = try DeviceToken.normalized(raw, field: "deviceToken")
-            let subscriptions = try await store.list(app: admission.app.id, deviceToken: token)
-            return .json(bytes: Self.json(list: subscriptions))
+            let limit = try Self.pageLimit(request)
+            let page = try await store.list(app: admission.app.id, deviceToken: token,
+                                            after: try Self.cursor(request), limit: limit)
+            return .json(bytes: Self.json(list: page.subscriptions, nextCursor: page.next.map(Self.cursor(after:))))
         })
         router.delete(path, body: .json, gate.endpoint(.device, device: Self.bodyDevice) { request, admission in
             let removal = try SubscriptionRemoval(try request.jsonBody())
             let removed = try await store.remove(app: admission.app.id, removal)
             return .json(bytes: Array("{\"removed\":\(removed)}".utf8))
         })
+        // A producer closes a channel (an order that was delivered): every subscription of it goes.
+        router.delete("/v1/apps/{appID}/channels/{channel}", gate.endpoint(.producer) { request, admission in
+            let channel = try request.pathParameter("channel")
+            try Channel.validate(channel)
+            let removed = try await store.removeChannel(app: admission.app.id, channel: channel)
+            logger.info("channel closed", ["app": admission.app.id, "removed": String(removed), "request.id": request.requestID])
+            return .json(bytes: Array("{\"removed\":\(removed)}".utf8))
+        })
     }
+
+    static let maxPageLimit = 500
+
+    /// `limit`: 1–500, default 100.
+    static func pageLimit(_ request: HTTPRequest) throws(ValidationError) -> Int {
+        guard let raw = request.query["limit"] else { return 100 }
+        guard let limit = Int(raw), (1...maxPageLimit).contains(limit) else {
+            throw .invalid("limit", "limit must be a whole number from 1 to \(maxPageLimit)")
+        }
+        return limit
+    }
+
+    /// The opaque `cursor` of a page: base64url of the last subscription id of the page before.
+    static func cursor(_ request: HTTPRequest) throws(ValidationError) -> String? {
+        guard let raw = request.query["cursor"] else { return nil }
+        guard let bytes = Base64URL.decode(raw), bytes.count == 12 else {
+            throw .invalid("cursor", "cursor must be a nextCursor this API returned")
+        }
+        return Hex.encode(bytes)
+    }
+
+    static func cursor(after id: String) -> String { Base64URL.encode(Hex.decode(id) ?? []) }
 
     /// A private channel's subscription needs a grant for it, in the body (`channelGrant`) or the
     /// `X-Herald-Channel-Grant` header; refused before anything is stored.
@@ -110,13 +147,18 @@ struct SubscriptionsAPI: Sendable {
         return out
     }
 
-    static func json(list subscriptions: [Subscription]) -> [UInt8] {
+    static func json(list subscriptions: [Subscription], nextCursor: String?) -> [UInt8] {
         var out = Array(#"{"subscriptions":["#.utf8)
         for (index, subscription) in subscriptions.enumerated() {
             if index > 0 { out.append(UInt8(ascii: ",")) }
             json(subscription, into: &out)
         }
-        out += "]}".utf8
+        out += "]".utf8
+        if let nextCursor {
+            out += #","nextCursor":"#.utf8
+            JSONValue.appendQuoted(nextCursor, to: &out)
+        }
+        out += "}".utf8
         return out
     }
 }

@@ -8,6 +8,7 @@ import HeraldCrypto
 /// | `herald:{app}:sub:<id>` | hash | one subscription |
 /// | `herald:{app}:ch:<channel>` | hash | subscription id → what a push needs of it (`ChannelTarget.encoded`) |
 /// | `herald:{app}:dev:<token>` | set | ids of the token's subscriptions |
+/// | `herald:{app}:subexp` | zset | subscription ids by expiry (UNIX seconds), for the sweep |
 /// | `herald:{app}:act:<id>` | hash, TTL | one Live Activity registration: createdAt, user, postIdHash, pushToken, environment, bundleId, lastSeenMs |
 /// | `herald:{app}:post:<hash>` | zset, TTL | registration ids of a post, scored by expiry (ms) |
 /// | `herald:{app}:acttok:<token>` | zset, TTL | registration ids of a push token, scored by expiry (ms) |
@@ -26,6 +27,7 @@ public struct RedisKeys: Sendable {
     public func subscription(_ id: String) -> String { key("sub:", id) }
     public func channel(_ name: String) -> String { key("ch:", name) }
     public func device(_ token: String) -> String { key("dev:", token) }
+    public var subscriptionExpiry: String { prefix + "subexp" }
     public func registration(_ id: String) -> String { key("act:", id) }
     public func post(_ hash: String) -> String { key("post:", hash) }
     public func activityToken(_ token: String) -> String { key("acttok:", token) }

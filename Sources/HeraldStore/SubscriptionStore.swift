@@ -7,18 +7,32 @@ import HeraldRuntime
 /// token removal for the dispatcher. Each change is one Lua script, so a subscription and its indexes never
 /// disagree: the channel index holds each subscription's push target (`ChannelTarget.encoded`) beside its id, and
 /// every script that writes or removes a subscription writes or removes that entry too.
+///
+/// State per device is bounded (`maxPerDevice`), subscriptions end (`ttl` after their last upsert, swept by
+/// `expire`, skipped by readers meanwhile), and removals of many subscriptions go in batches of `batchSize`.
 public struct SubscriptionStore: Sendable {
     let redis: RedisClient
+    /// A subscription not renewed for this long receives nothing and is removed; nil: never.
+    public let ttl: Duration?
+    /// Subscriptions one device token may have; a new one past it is refused.
+    public let maxPerDevice: Int
+    /// Entries one script removes or looks at per call, so no call holds Redis long.
+    public let batchSize: Int
 
-    public init(redis: RedisClient) { self.redis = redis }
+    public init(redis: RedisClient, ttl: Duration? = .seconds(90 * 86_400), maxPerDevice: Int = 500, batchSize: Int = 500) {
+        (self.redis, self.ttl, self.maxPerDevice, self.batchSize) = (redis, ttl, maxPerDevice, batchSize)
+    }
 
     /// Creates or updates the subscription for (token, tokenType, channel); with `previousToken`, first removes
     /// every subscription of that token with the same tokenType. `created` is false for an update.
     public func upsert(app: String, _ input: SubscriptionInput, now: Date = Date()) async throws
         -> (subscription: Subscription, created: Bool) {
         let outcome = try await run(app: app, input, counting: nil, now: now)
-        guard let stored = outcome.stored else { throw StoreError.unexpectedReply("upsert") }
-        return stored
+        switch outcome.result {
+        case .stored(let subscription, let created): return (subscription, created)
+        case .tooMany: throw StoreError.tooManySubscriptions(maxPerDevice)
+        case .rateLimited: throw StoreError.unexpectedReply("upsert")
+        }
     }
 
     /// What a counted upsert did.
@@ -27,6 +41,14 @@ public struct SubscriptionStore: Sendable {
         case stored(Subscription, created: Bool, RateLimiter.Decision)
         /// Over the limit: nothing was stored.
         case rateLimited(RateLimiter.Decision)
+        /// A new subscription the device has no room for (`maxPerDevice`): nothing was stored.
+        case tooMany(RateLimiter.Decision)
+    }
+
+    enum Result {
+        case stored(Subscription, created: Bool)
+        case rateLimited
+        case tooMany
     }
 
     /// `upsert(app:_:now:)` that first counts the request in `window` and stores only within the limit, in the
@@ -35,19 +57,24 @@ public struct SubscriptionStore: Sendable {
                        now: Date = Date()) async throws -> CountedUpsert {
         let outcome = try await run(app: app, input, counting: window, now: now)
         let decision = window.decision(count: outcome.counts.count, ceilingCount: outcome.counts.ceiling)
-        guard let stored = outcome.stored else { return .rateLimited(decision) }
-        return .stored(stored.subscription, created: stored.created, decision)
+        switch outcome.result {
+        case .stored(let subscription, let created): return .stored(subscription, created: created, decision)
+        case .rateLimited: return .rateLimited(decision)
+        case .tooMany: return .tooMany(decision)
+        }
     }
 
-    /// Runs the upsert script; `stored` is nil when the count went over the window's limit.
+    /// Runs the upsert script.
     private func run(app: String, _ input: SubscriptionInput, counting window: RateLimiter.Window?, now: Date)
-        async throws -> (stored: (subscription: Subscription, created: Bool)?, counts: (count: Int64, ceiling: Int64)) {
+        async throws -> (result: Result, counts: (count: Int64, ceiling: Int64)) {
         let keys = RedisKeys(app: app)
         let id = RedisKeys.identifier(input.deviceToken, input.tokenType.rawValue, input.channel)
         let stamp = Timestamp.rfc3339(now)
         let metadata = input.encodedMetadata.map { String(decoding: $0, as: UTF8.self) } ?? ""
         let previous = input.previousToken.flatMap { $0 == input.deviceToken ? nil : $0 } ?? ""
-        var touched = [keys.subscription(id), keys.channel(input.channel), keys.device(input.deviceToken)]
+        let expiresAt = ttl.map { Int64(now.timeIntervalSince1970) + $0.components.seconds }
+        var touched = [keys.subscription(id), keys.channel(input.channel), keys.device(input.deviceToken),
+                       keys.subscriptionExpiry]
         if !previous.isEmpty { touched.append(keys.device(previous)) }
         if let window { touched += window.redisKeys }
         let reply = try await redis.run(Scripts.upsert, keys: touched,
@@ -55,46 +82,98 @@ public struct SubscriptionStore: Sendable {
                    input.environment.rawValue, input.activityID ?? "", metadata, stamp,
                    String(Int64(now.timeIntervalSince1970 * 1000)), previous,
                    ChannelTarget(deviceToken: input.deviceToken, tokenType: input.tokenType,
-                                 environment: input.environment, activityID: input.activityID).encoded]
+                                 environment: input.environment, activityID: input.activityID,
+                                 expiresAt: expiresAt).encoded,
+                   expiresAt.map(String.init) ?? "", String(maxPerDevice)]
                 + (window?.scriptArguments ?? RateLimiter.Window.countingNothing))
         guard let parts = reply.array, parts.count == 4, let created = parts[0].int, let createdAt = parts[1].string,
               let count = parts[2].int, let ceiling = parts[3].int else {
             throw StoreError.unexpectedReply("upsert")
         }
-        guard created >= 0 else { return (nil, (count, ceiling)) }
+        guard created >= 0 else { return (created == -2 ? .tooMany : .rateLimited, (count, ceiling)) }
         let subscription = Subscription(id: id, channel: input.channel, deviceToken: input.deviceToken,
                                         tokenType: input.tokenType, environment: input.environment,
                                         activityID: input.activityID, metadata: input.metadata,
                                         createdAt: createdAt, updatedAt: stamp)
-        return ((subscription, created == 1), (count, ceiling))
+        return (.stored(subscription, created: created == 1), (count, ceiling))
     }
 
-    /// Every subscription of a device token.
-    public func list(app: String, deviceToken: String) async throws -> [Subscription] {
+    /// One page of a device token's subscriptions, in id order: at most `limit`, those after the subscription id
+    /// `after` (the previous page's last). `next` is the id to continue after, nil on the last page. Expired
+    /// subscriptions not yet swept are left out.
+    public func list(app: String, deviceToken: String, after: String? = nil, limit: Int = 100,
+                     now: Date = Date()) async throws -> (subscriptions: [Subscription], next: String?) {
         let keys = RedisKeys(app: app)
-        let ids = try await redis.command(["SMEMBERS", keys.device(deviceToken)]).strings ?? []
-        return try await load(keys: keys, ids: ids.sorted())
+        // Ids only (24 hex digits each, at most `maxPerDevice` of them for a device within its cap): only the
+        // page's records are read.
+        var ids = (try await redis.command(["SMEMBERS", keys.device(deviceToken)]).strings ?? []).sorted()
+        if let after { ids = Array(ids.drop { $0 <= after }) }
+        let page = Array(ids.prefix(limit))
+        let subscriptions = try await load(keys: keys, ids: page, now: now)
+        return (subscriptions, ids.count > limit ? page.last : nil)
     }
 
     /// Removes one subscription (channel + tokenType) or all of the device's; returns how many went.
     public func remove(app: String, _ removal: SubscriptionRemoval) async throws -> Int {
-        let keys = RedisKeys(app: app)
         let only = removal.channel.flatMap { channel in
             removal.tokenType.map { RedisKeys.identifier(removal.deviceToken, $0.rawValue, channel) }
         } ?? ""
-        let reply = try await redis.run(Scripts.removeToken, keys: [keys.device(removal.deviceToken)],
-                                        args: [keys.prefix, removal.deviceToken, only, "", ""])
-        return Int(reply.int ?? 0)
+        return try await removeToken(app: app, deviceToken: removal.deviceToken, only: only, keepAfterMs: "")
     }
 
     /// Removes a token APNs reported invalid: all its subscriptions, except those updated after
     /// `keepUpdatedAfter` (a 410's timestamp: the device registered again since). Returns how many went.
     public func removeInvalidToken(app: String, deviceToken: String, keepUpdatedAfter: Date? = nil) async throws -> Int {
-        let keys = RedisKeys(app: app)
         let cutoff = keepUpdatedAfter.map { String(Int64($0.timeIntervalSince1970 * 1000)) } ?? ""
-        let reply = try await redis.run(Scripts.removeToken, keys: [keys.device(deviceToken)],
-                                        args: [keys.prefix, deviceToken, "", cutoff, ""])
-        return Int(reply.int ?? 0)
+        return try await removeToken(app: app, deviceToken: deviceToken, only: "", keepAfterMs: cutoff)
+    }
+
+    /// Runs the token-removal script batch by batch until the device's index is scanned.
+    private func removeToken(app: String, deviceToken: String, only: String, keepAfterMs: String) async throws -> Int {
+        let keys = RedisKeys(app: app)
+        var cursor = "0", removed = 0
+        repeat {
+            let reply = try await redis.run(Scripts.removeToken, keys: [keys.device(deviceToken), keys.subscriptionExpiry],
+                                            args: [keys.prefix, deviceToken, only, keepAfterMs, cursor, String(batchSize)])
+            guard let parts = reply.array, parts.count == 2, let count = parts[0].int, let next = parts[1].string else {
+                throw StoreError.unexpectedReply("remove token")
+            }
+            removed += Int(count)
+            cursor = next
+        } while cursor != "0"
+        return removed
+    }
+
+    /// Removes every subscription of a channel (a closed channel), batch by batch; returns how many went.
+    public func removeChannel(app: String, channel: String) async throws -> Int {
+        let keys = RedisKeys(app: app)
+        var cursor = "0", removed = 0
+        repeat {
+            let reply = try await redis.run(Scripts.removeChannel, keys: [keys.channel(channel), keys.subscriptionExpiry],
+                                            args: [keys.prefix, cursor, String(batchSize)])
+            guard let parts = reply.array, parts.count == 2, let count = parts[0].int, let next = parts[1].string else {
+                throw StoreError.unexpectedReply("remove channel")
+            }
+            removed += Int(count)
+            cursor = next
+        } while cursor != "0"
+        return removed
+    }
+
+    /// Removes the app's subscriptions whose expiry has passed, a batch per call until none is left; returns how
+    /// many went.
+    public func expire(app: String, now: Date = Date()) async throws -> Int {
+        let keys = RedisKeys(app: app)
+        var removed = 0
+        while true {
+            let reply = try await redis.run(Scripts.expire, keys: [keys.subscriptionExpiry],
+                                            args: [keys.prefix, String(Int64(now.timeIntervalSince1970)), String(batchSize)])
+            guard let parts = reply.array, parts.count == 2, let count = parts[0].int, let seen = parts[1].int else {
+                throw StoreError.unexpectedReply("expire")
+            }
+            removed += Int(count)
+            if seen < batchSize { return removed }
+        }
     }
 
     /// One batch of a channel's subscribers, as much of each as a push needs: `HSCAN` of the channel index from
@@ -102,8 +181,9 @@ public struct SubscriptionStore: Sendable {
     /// command whatever its size, with no read per subscriber. The next cursor is "0" when the channel is done;
     /// memory stays bounded by `count` whatever the channel's size (a small index, which Redis keeps as a
     /// listpack, comes whole in one reply).
-    public func channelBatch(app: String, channel: String, cursor: String, count: Int = 500) async throws
+    public func channelBatch(app: String, channel: String, cursor: String, count: Int = 500, now: Date = Date()) async throws
         -> (cursor: String, targets: [ChannelTarget]) {
+        let nowSeconds = Int64(now.timeIntervalSince1970)
         let reply = try await redis.command(["HSCAN", RedisKeys(app: app).channel(channel), cursor, "COUNT", String(count)])
         // Read straight from the reply's bytes: the ids are not needed, and a String per field would be most of
         // a fan-out's cost here.
@@ -117,7 +197,9 @@ public struct SubscriptionStore: Sendable {
         targets.reserveCapacity(fields.count / 2)
         var index = 1
         while index < fields.count {
-            if case .bulk(let bytes) = fields[index], let target = ChannelTarget(encoded: bytes) {
+            // An expired subscription the sweep has not removed yet receives nothing.
+            if case .bulk(let bytes) = fields[index], let target = ChannelTarget(encoded: bytes),
+               (target.expiresAt ?? .max) > nowSeconds {
                 targets.append(target)
             }
             index += 2
@@ -125,10 +207,15 @@ public struct SubscriptionStore: Sendable {
         return (next, targets)
     }
 
-    private func load(keys: RedisKeys, ids: [String]) async throws -> [Subscription] {
+    private func load(keys: RedisKeys, ids: [String], now: Date) async throws -> [Subscription] {
         guard !ids.isEmpty else { return [] }
+        let nowSeconds = Int64(now.timeIntervalSince1970)
         let replies = try await redis.pipeline(ids.map { ["HGETALL", keys.subscription($0)] })
-        return replies.compactMap { reply in reply.fieldValues.flatMap(Self.decode) }
+        return replies.compactMap { reply in
+            guard let fields = reply.fieldValues,
+                  (fields["expiresAt"].flatMap { Int64($0) } ?? .max) > nowSeconds else { return nil }
+            return Self.decode(fields)
+        }
     }
 
     static func decode(_ fields: [String: String]) -> Subscription? {
@@ -151,21 +238,29 @@ public struct ChannelTarget: Sendable, Equatable {
     public var environment: APNsEnvironment
     /// The Live Activity a `liveactivity-update` subscription is for, if it names one.
     public var activityID: String?
+    /// When the subscription expires (UNIX seconds) unless renewed; nil: never.
+    public var expiresAt: Int64?
 
-    public init(deviceToken: String, tokenType: TokenType, environment: APNsEnvironment, activityID: String?) {
-        (self.deviceToken, self.tokenType, self.environment, self.activityID) =
-            (deviceToken, tokenType, environment, activityID)
+    public init(deviceToken: String, tokenType: TokenType, environment: APNsEnvironment, activityID: String?,
+                expiresAt: Int64? = nil) {
+        (self.deviceToken, self.tokenType, self.environment, self.activityID, self.expiresAt) =
+            (deviceToken, tokenType, environment, activityID, expiresAt)
     }
 
     /// The channel index's value for this subscription: one letter for the token type (`a` alert, `s`
-    /// liveactivity-start, `u` liveactivity-update), one for the environment (`p` production, `s` sandbox), the
-    /// token (hex), then `:` and the activityID when there is one. The token is hex, so the first `:` ends it and
-    /// the activityID (any text) is the rest, whatever it holds.
+    /// liveactivity-start, `u` liveactivity-update), one for the environment (`p` production, `s` sandbox), then
+    /// `~<expiresAt>~` when it expires, the token (hex), then `:` and the activityID when there is one. The token is
+    /// hex, so the first `:` ends it and the activityID (any text) is the rest, whatever it holds.
     var encoded: String {
         var text = ""
-        text.reserveCapacity(3 + deviceToken.utf8.count + (activityID?.utf8.count ?? 0))
+        text.reserveCapacity(16 + deviceToken.utf8.count + (activityID?.utf8.count ?? 0))
         text.unicodeScalars.append(Unicode.Scalar(Self.code(of: tokenType)))
         text.unicodeScalars.append(Unicode.Scalar(environment == .production ? UInt8(ascii: "p") : UInt8(ascii: "s")))
+        if let expiresAt {
+            text += "~"
+            text += String(expiresAt)
+            text += "~"
+        }
         text += deviceToken
         if let activityID {
             text += ":"
@@ -190,12 +285,18 @@ public struct ChannelTarget: Sendable, Equatable {
         case UInt8(ascii: "s"): environment = .sandbox
         default: return nil
         }
-        let separator = bytes[2...].firstIndex(of: UInt8(ascii: ":")) ?? bytes.endIndex
-        guard separator > 2 else { return nil }
+        var start = 2, expiresAt: Int64?
+        if bytes[2] == UInt8(ascii: "~") {
+            guard let end = bytes[3...].firstIndex(of: UInt8(ascii: "~")),
+                  let seconds = Int64(String(decoding: bytes[3..<end], as: UTF8.self)) else { return nil }
+            (start, expiresAt) = (end + 1, seconds)
+        }
+        let separator = bytes[start...].firstIndex(of: UInt8(ascii: ":")) ?? bytes.endIndex
+        guard separator > start else { return nil }
         let activityID = separator + 1 < bytes.endIndex
             ? String(decoding: bytes[(separator + 1)...], as: UTF8.self) : nil
-        self.init(deviceToken: String(decoding: bytes[2..<separator], as: UTF8.self), tokenType: tokenType,
-                  environment: environment, activityID: activityID)
+        self.init(deviceToken: String(decoding: bytes[start..<separator], as: UTF8.self), tokenType: tokenType,
+                  environment: environment, activityID: activityID, expiresAt: expiresAt)
     }
 
     private static func code(of tokenType: TokenType) -> UInt8 {
@@ -209,10 +310,13 @@ public struct ChannelTarget: Sendable, Equatable {
 
 public enum StoreError: Error, CustomStringConvertible {
     case unexpectedReply(String)
+    /// A new subscription past the device's cap.
+    case tooManySubscriptions(Int)
 
     public var description: String {
         switch self {
         case .unexpectedReply(let what): "unexpected Redis reply to \(what)"
+        case .tooManySubscriptions(let cap): "the device already has \(cap) subscriptions"
         }
     }
 }

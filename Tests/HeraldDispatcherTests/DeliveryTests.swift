@@ -171,11 +171,11 @@ struct DeliveryTests {
         try await harness.produce(job)
 
         try await eventually("the dead token's subscriptions are gone") {
-            try await harness.subscriptions.list(app: app.id, deviceToken: gone).isEmpty
+            try await harness.subscriptions.list(app: app.id, deviceToken: gone).subscriptions.isEmpty
         }
         try await eventually("the job is settled") { harness.metric("herald_dispatcher_jobs_completed_total") == 1 }
-        #expect(try await harness.subscriptions.list(app: app.id, deviceToken: renewed).count == 1)
-        #expect(try await harness.subscriptions.list(app: app.id, deviceToken: healthy).count == 1)
+        #expect(try await harness.subscriptions.list(app: app.id, deviceToken: renewed).subscriptions.count == 1)
+        #expect(try await harness.subscriptions.list(app: app.id, deviceToken: healthy).subscriptions.count == 1)
         #expect(harness.simulators.accepted().map { $0["token"]?.stringValue } == [healthy])
         #expect(harness.metric("herald_dispatcher_tokens_removed_total", labels: ["kind": "subscription"]) == 2)
         #expect(harness.metric("herald_dispatcher_dead_letters_total") == nil)
@@ -358,6 +358,59 @@ struct DeliveryTests {
         let sent = harness.simulators.accepted().compactMap { $0[path: "payload", "aps", "alert"]?.stringValue }
         #expect(sent == ["own"])
         #expect(harness.metric("herald_dispatcher_dead_letters_total", labels: ["reason": "invalid_signature"]) == 4)
+        await harness.stop()
+    }
+
+    @Test("final: true on a channel event removes the channel's subscriptions once its pushes settled; a later event sends nothing")
+    func finalChannelEventClosesTheChannel() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let channel = "order:\(SecureRandom.hex(4)):status"
+        let tokens = (0..<3).map { _ in deviceToken() }
+        for token in tokens { try await harness.subscribe(app, channel: channel, token: token) }
+        var delivered = PushJob(id: "final-\(SecureRandom.hex(3))", appId: app.id, target: .channel(channel))
+        delivered.alert = .object(["aps": .object(["alert": .string("delivered")])])
+        delivered.final = true
+        try await harness.produce(delivered)
+        try await eventually("every subscriber got the final event") { harness.simulators.accepted().count == 3 }
+        try await eventually("the channel's subscriptions are gone") {
+            try await harness.redis.command(["EXISTS", RedisKeys(app: app.id).channel(channel)]).int == 0
+        }
+        for token in tokens {
+            #expect(try await harness.subscriptions.list(app: app.id, deviceToken: token).subscriptions.isEmpty)
+        }
+        var later = PushJob(id: "later-\(SecureRandom.hex(3))", appId: app.id, target: .channel(channel))
+        later.alert = .object(["aps": .object(["alert": .string("later")])])
+        try await harness.produce(later)
+        try await eventually("the later job settled") { harness.metric("herald_dispatcher_jobs_completed_total") ?? 0 >= 2 }
+        #expect(harness.simulators.accepted().count == 3, "nothing sent to a closed channel")
+        await harness.stop()
+    }
+
+    @Test("a subscription not renewed within its lifetime receives nothing and the sweep removes it from every index")
+    func expiredSubscriptionsAreSwept() async throws {
+        let harness = try await DispatcherHarness.start { $0.subscriptionSweepInterval = .milliseconds(200) }
+        let app = harness.apps.apps[0]
+        let channel = "news-\(SecureRandom.hex(4))"
+        let (expiring, lasting) = (deviceToken(), deviceToken())
+        let shortLived = SubscriptionStore(redis: harness.redis, ttl: .seconds(1))
+        for token in [expiring, lasting] {
+            _ = try await shortLived.upsert(app: app.id, SubscriptionInput(.object([
+                "channel": .string(channel), "deviceToken": .string(token), "tokenType": .string("alert")])))
+        }
+        // Renewed with the usual lifetime: it stays.
+        try await harness.subscribe(app, channel: channel, token: lasting)
+        try await eventually("the sweep removed the expired subscription", timeout: .seconds(10)) {
+            harness.metric("herald_dispatcher_subscriptions_expired_total") ?? 0 >= 1
+        }
+        #expect(try await harness.redis.command(["HLEN", RedisKeys(app: app.id).channel(channel)]).int == 1)
+        #expect(try await harness.redis.command(["EXISTS", RedisKeys(app: app.id).device(expiring)]).int == 0)
+        var job = PushJob(id: "sweep-\(SecureRandom.hex(3))", appId: app.id, target: .channel(channel))
+        job.alert = .object(["aps": .object(["alert": .string("hi")])])
+        try await harness.produce(job)
+        try await eventually("the push arrived") { !harness.simulators.accepted().isEmpty }
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(harness.simulators.accepted().compactMap { $0["token"]?.stringValue } == [lasting])
         await harness.stop()
     }
 

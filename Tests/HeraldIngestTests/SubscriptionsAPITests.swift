@@ -446,6 +446,88 @@ import Testing
         #expect(secret.status == 200)
     }
 
+    // MARK: Bounded state
+
+    /// 500 subscriptions of one device: the 501st is refused (409, nothing stored) while updates still work, and
+    /// GET pages through them 100 (or `limit`) at a time with a cursor, each page a bounded size.
+    @Test func aDeviceHasAtMost500SubscriptionsAndTheyArePaged() async throws {
+        let ingest = try await IngestHarness.start(rateLimit: 100_000)
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        let port = ingest.port, key = app.publicKey, path = "/v1/apps/\(app.id)/subscriptions", device = deviceToken()
+        let statuses = try await onThread {
+            let client = try RawHTTPClient(port: port)
+            return try (1...501).map { n in
+                try client.request("POST", path, headers: ["X-API-Key": key, "Content-Type": "application/json"],
+                                   body: #"{"channel": "c\#(n)", "deviceToken": "\#(device)", "tokenType": "alert", "metadata": {"pad": "\#(String(repeating: "x", count: 2000))"}}"#).status
+            }
+        }
+        #expect(statuses.prefix(500).allSatisfy { $0 == 201 })
+        #expect(statuses.last == 409)
+        let refused = try await ingest.request("POST", path, key: key,
+                                               json: #"{"channel": "c501", "deviceToken": "\#(device)", "tokenType": "alert"}"#)
+        #expect(refused.status == 409 && refused.errorCode == "too_many_subscriptions", "\(refused.text)")
+        #expect(try await ingest.redis.command(["EXISTS", StoredKeys(app: app.id).prefix + "ch:c501"]).int == 0)
+        let update = try await ingest.request("POST", path, key: key,
+                                              json: #"{"channel": "c1", "deviceToken": "\#(device)", "tokenType": "alert"}"#)
+        #expect(update.status == 200, "an update is not a new subscription")
+
+        var seen: Set<String> = [], cursor: String?, pages = 0, largest = 0
+        repeat {
+            let query = "?deviceToken=\(device)" + (cursor.map { "&cursor=\($0)" } ?? "")
+            let page = try await ingest.request("GET", path + query, key: key)
+            #expect(page.status == 200, "\(page.text)")
+            let body = try page.json()
+            let items = try #require(body["subscriptions"] as? [[String: Any]])
+            #expect(items.count <= 100)
+            seen.formUnion(items.compactMap { $0["id"] as? String })
+            cursor = body["nextCursor"] as? String
+            largest = max(largest, page.body.count)
+            pages += 1
+        } while cursor != nil && pages < 10
+        #expect(pages == 5 && seen.count == 500)
+        #expect(largest < 100 * 2400, "a page is at most 100 subscriptions: \(largest) bytes")
+        let wide = try await ingest.request("GET", path + "?deviceToken=\(device)&limit=500", key: key)
+        let wideBody = try wide.json()
+        #expect((wideBody["subscriptions"] as? [Any])?.count == 500 && wideBody["nextCursor"] == nil)
+        for bad in ["limit=0", "limit=501", "limit=ten", "cursor=%21%21"] {
+            let answer = try await ingest.request("GET", path + "?deviceToken=\(device)&\(bad)", key: key)
+            #expect(answer.status == 400, "\(bad): \(answer.text)")
+        }
+        // Removing all 500 at once goes through in batches.
+        let removed = try await ingest.request("DELETE", path, key: key, json: #"{"deviceToken": "\#(device)"}"#)
+        let removedCount = try removed.json()["removed"] as? Int
+        #expect(removed.status == 200 && removedCount == 500, "\(removed.text)")
+    }
+
+    /// A producer closes a channel: every subscription of it goes, and only a secret key may.
+    @Test func closingAChannelRemovesItsSubscriptions() async throws {
+        let ingest = try await IngestHarness.start(rateLimit: 10_000)
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0]
+        let channel = "order:\(SecureRandom.hex(4)):status"
+        let devices = (0..<3).map { _ in deviceToken() }
+        for device in devices {
+            _ = try await subscribe(ingest, app, device, channel)
+            _ = try await subscribe(ingest, app, device, "news")
+        }
+        let encoded = channel.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? channel
+        let asDevice = try await ingest.request("DELETE", "/v1/apps/\(app.id)/channels/\(encoded)", key: app.publicKey)
+        #expect(asDevice.status == 403)
+        let closed = try await ingest.request("DELETE", "/v1/apps/\(app.id)/channels/\(encoded)", key: app.secretKey)
+        let closedCount = try closed.json()["removed"] as? Int
+        #expect(closed.status == 200 && closedCount == 3, "\(closed.text)")
+        #expect(try await ingest.redis.command(["EXISTS", StoredKeys(app: app.id).prefix + "ch:" + channel]).int == 0)
+        for device in devices {
+            let listed = try await ingest.request("GET", "/v1/apps/\(app.id)/subscriptions?deviceToken=\(device)", key: app.publicKey)
+            let channels = (try listed.json()["subscriptions"] as? [[String: Any]])?.compactMap { $0["channel"] as? String }
+            #expect(channels == ["news"])
+        }
+        let again = try await ingest.request("DELETE", "/v1/apps/\(app.id)/channels/\(encoded)", key: app.secretKey)
+        let againCount = try again.json()["removed"] as? Int
+        #expect(againCount == 0)
+    }
+
     // MARK: Private channels
 
     /// Without a grant anyone with the public key could subscribe to every customer's order channel: a private
@@ -623,8 +705,15 @@ private struct StoredKeys {
 }
 
 /// A channel index: subscription id → stored push target.
+/// A channel index's entries, each without its expiry (`~<seconds>~` after the two letters), which must be there
+/// and in the future: every subscription made through the API expires unless renewed.
 private func targets(_ redis: RedisClient, _ key: String) async throws -> [String: String] {
-    try #require(try await redis.command(["HGETALL", key]).fieldValues)
+    let now = Int64(Date().timeIntervalSince1970)
+    return try #require(try await redis.command(["HGETALL", key]).fieldValues).mapValues { value in
+        let parts = value.split(separator: "~", maxSplits: 2, omittingEmptySubsequences: false)
+        #expect(parts.count == 3 && (Int64(parts[1]) ?? 0) > now, "\(value) has no expiry")
+        return parts.count == 3 ? String(parts[0] + parts[2]) : value
+    }
 }
 
 /// A set's members, sorted.

@@ -25,10 +25,11 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
     return try SubscriptionInput(json(#"{"channel": "\#(channel)", "deviceToken": "\#(token)", "tokenType": "\#(type)"\#(activity)\#(extra)}"#))
 }
 
+/// Without expiry (`ttl: nil`), so stored targets compare equal to ones built without `expiresAt`.
 @Suite struct SubscriptionStoreTests {
     @Test func upsertCreatesThenUpdatesWithoutDuplicates() async throws {
         let redis = try TestRedis()
-        let store = SubscriptionStore(redis: redis.client)
+        let store = SubscriptionStore(redis: redis.client, ttl: nil)
         let device = token()
         let first = try await store.upsert(app: redis.app, try subscription("order:42:status", device, extra: #", "metadata": {"a": 1}"#),
                                            now: Date(timeIntervalSince1970: 1_000))
@@ -36,7 +37,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let second = try await store.upsert(app: redis.app, try subscription("order:42:status", device),
                                             now: Date(timeIntervalSince1970: 2_000))
         #expect(!second.created && second.subscription.id == first.subscription.id)
-        let listed = try await store.list(app: redis.app, deviceToken: device)
+        let listed = try await store.list(app: redis.app, deviceToken: device).subscriptions
         #expect(listed.count == 1)
         #expect(listed.first?.createdAt == first.subscription.createdAt)
         #expect(listed.first?.updatedAt == second.subscription.updatedAt && listed.first?.metadata == nil)
@@ -47,7 +48,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
     @Test func idsAreTheDocumentedDigestPrefixes() async throws {
         let redis = try TestRedis()
         let device = token()
-        let stored = try await SubscriptionStore(redis: redis.client)
+        let stored = try await SubscriptionStore(redis: redis.client, ttl: nil)
             .upsert(app: redis.app, try subscription("order:é:status", device, "liveactivity-start"))
         #expect(stored.subscription.id == String(SHA256.hex(device + "\nliveactivity-start\norder:é:status").prefix(24)))
         let app = try ActivityStoreTests.app(), push = token()
@@ -58,14 +59,14 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
 
     @Test func rotationRemovesOnlySameTypeSubscriptionsOfTheOldToken() async throws {
         let redis = try TestRedis()
-        let store = SubscriptionStore(redis: redis.client)
+        let store = SubscriptionStore(redis: redis.client, ttl: nil)
         let old = token(), new = token()
         _ = try await store.upsert(app: redis.app, try subscription("a", old, "liveactivity-start"))
         _ = try await store.upsert(app: redis.app, try subscription("b", old, "liveactivity-start"))
         _ = try await store.upsert(app: redis.app, try subscription("a", old, "alert"))
         _ = try await store.upsert(app: redis.app, try subscription("a", new, "liveactivity-start",
                                                                     extra: #", "previousToken": "\#(old)""#))
-        let remaining = try await store.list(app: redis.app, deviceToken: old)
+        let remaining = try await store.list(app: redis.app, deviceToken: old).subscriptions
         #expect(remaining.map(\.tokenType) == [.alert])
         let (_, channelA) = try await store.channelBatch(app: redis.app, channel: "a", cursor: "0")
         #expect(Set(channelA.map(\.deviceToken)) == [old, new])
@@ -75,7 +76,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
 
     @Test func channelBatchReadsWhatAPushNeeds() async throws {
         let redis = try TestRedis()
-        let store = SubscriptionStore(redis: redis.client)
+        let store = SubscriptionStore(redis: redis.client, ttl: nil)
         let alert = token(), update = token()
         _ = try await store.upsert(app: redis.app, try subscription("c", alert, extra: #", "environment": "sandbox""#))
         _ = try await store.upsert(app: redis.app, try subscription("c", update, "liveactivity-update"))
@@ -90,7 +91,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
 
     @Test func channelBatchSkipsEntriesNotWrittenByTheScripts() async throws {
         let redis = try TestRedis()
-        let store = SubscriptionStore(redis: redis.client)
+        let store = SubscriptionStore(redis: redis.client, ttl: nil)
         let kept = token()
         _ = try await store.upsert(app: redis.app, try subscription("odd", kept))
         let index = RedisKeys(app: redis.app).channel("odd")
@@ -102,26 +103,26 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
 
     @Test func removesOneOrAllAndCounts() async throws {
         let redis = try TestRedis()
-        let store = SubscriptionStore(redis: redis.client)
+        let store = SubscriptionStore(redis: redis.client, ttl: nil)
         let device = token()
         for channel in ["a", "b", "c"] { _ = try await store.upsert(app: redis.app, try subscription(channel, device)) }
         let one = try SubscriptionRemoval(json(#"{"deviceToken": "\#(device)", "channel": "a", "tokenType": "alert"}"#))
         #expect(try await store.remove(app: redis.app, one) == 1)
         #expect(try await store.remove(app: redis.app, one) == 0)
         #expect(try await store.remove(app: redis.app, try SubscriptionRemoval(json(#"{"deviceToken": "\#(device)"}"#))) == 2)
-        #expect(try await store.list(app: redis.app, deviceToken: device).isEmpty)
+        #expect(try await store.list(app: redis.app, deviceToken: device).subscriptions.isEmpty)
     }
 
     @Test func invalidTokenRemovalKeepsSubscriptionsRenewedAfterTheTimestamp() async throws {
         let redis = try TestRedis()
-        let store = SubscriptionStore(redis: redis.client)
+        let store = SubscriptionStore(redis: redis.client, ttl: nil)
         let device = token()
         _ = try await store.upsert(app: redis.app, try subscription("old", device), now: Date(timeIntervalSince1970: 1_000))
         _ = try await store.upsert(app: redis.app, try subscription("new", device), now: Date(timeIntervalSince1970: 3_000))
         let removed = try await store.removeInvalidToken(app: redis.app, deviceToken: device,
                                                          keepUpdatedAfter: Date(timeIntervalSince1970: 2_000))
         #expect(removed == 1)
-        #expect(try await store.list(app: redis.app, deviceToken: device).map(\.channel) == ["new"])
+        #expect(try await store.list(app: redis.app, deviceToken: device).subscriptions.map(\.channel) == ["new"])
         let keys = RedisKeys(app: redis.app)
         #expect(try await redis.client.command(["EXISTS", keys.channel("old")]).int == 0)
         #expect(try await redis.client.command(["HLEN", keys.channel("new")]).int == 1)
@@ -131,7 +132,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
     /// creates, updates (environment, activityID), rotations and removals, whatever the activityID holds.
     @Test func channelBatchesReturnExactlyTheLiveTargets() async throws {
         let redis = try TestRedis()
-        let store = SubscriptionStore(redis: redis.client)
+        let store = SubscriptionStore(redis: redis.client, ttl: nil)
         let odd = "a:b c é/\\\"🙂:"
         var expected: [String: ChannelTarget] = [:] // by token
         func add(_ device: String, _ type: String, activity: String? = nil, sandbox: Bool = false) async throws {
@@ -314,6 +315,80 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(left.map(\.pushToken) == [kept])
         #expect(try await store.removePost(app: redis.app, postIDHash: "aaaabbbb") == 1)
         #expect(try await store.postBatch(app: redis.app, postIDHash: "aaaabbbb", cursor: "0").registrations.isEmpty)
+    }
+}
+
+/// Bounded state per device and subscriptions that end.
+@Suite struct SubscriptionLifetimeTests {
+    @Test func aDevicePastItsCapIsRefusedWithNothingChangedButUpdatesStillWork() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client, maxPerDevice: 3)
+        let device = token()
+        for n in 1...3 { _ = try await store.upsert(app: redis.app, try subscription("c\(n)", device)) }
+        await #expect(throws: StoreError.self) { try await store.upsert(app: redis.app, try subscription("c4", device)) }
+        #expect(try await redis.client.command(["EXISTS", RedisKeys(app: redis.app).channel("c4")]).int == 0)
+        let update = try await store.upsert(app: redis.app, try subscription("c1", device, extra: #", "metadata": {"v": 2}"#))
+        #expect(!update.created, "an update of an existing subscription is not a new one")
+        #expect(try await store.list(app: redis.app, deviceToken: device).subscriptions.count == 3)
+    }
+
+    @Test func anExpiredSubscriptionReceivesNothingAndTheSweepRemovesItEverywhere() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client, ttl: .seconds(100))
+        let keys = RedisKeys(app: redis.app)
+        let (old, renewed) = (token(), token())
+        let start = Date()
+        _ = try await store.upsert(app: redis.app, try subscription("news", old), now: start)
+        _ = try await store.upsert(app: redis.app, try subscription("news", renewed), now: start)
+        // Renewed (re-subscribed) 90 s later: it lives 100 s from then.
+        _ = try await store.upsert(app: redis.app, try subscription("news", renewed), now: start.addingTimeInterval(90))
+        let later = start.addingTimeInterval(150)
+        let batch = try await store.channelBatch(app: redis.app, channel: "news", cursor: "0", now: later)
+        #expect(batch.targets.map(\.deviceToken) == [renewed], "the expired one is skipped before the sweep")
+        #expect(try await store.list(app: redis.app, deviceToken: old, now: later).subscriptions.isEmpty)
+        #expect(try await store.expire(app: redis.app, now: later) == 1)
+        #expect(try await redis.client.command(["HLEN", keys.channel("news")]).int == 1)
+        #expect(try await redis.client.command(["EXISTS", keys.device(old)]).int == 0)
+        #expect(try await redis.client.command(["ZCARD", keys.subscriptionExpiry]).int == 1)
+        #expect(try await store.expire(app: redis.app, now: later) == 0)
+        #expect(try await store.expire(app: redis.app, now: start.addingTimeInterval(200)) == 1)
+        #expect(try await redis.client.command(["KEYS", keys.prefix + "*"]).strings == [], "nothing left anywhere")
+    }
+
+    @Test func closingAChannelRemovesEverySubscriptionInBatches() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client, batchSize: 7)
+        let keys = RedisKeys(app: redis.app)
+        let devices = (0..<40).map { _ in token() }
+        for device in devices {
+            _ = try await store.upsert(app: redis.app, try subscription("order:1:status", device))
+            _ = try await store.upsert(app: redis.app, try subscription("news", device))
+        }
+        #expect(try await store.removeChannel(app: redis.app, channel: "order:1:status") == 40)
+        #expect(try await redis.client.command(["EXISTS", keys.channel("order:1:status")]).int == 0)
+        for device in devices.prefix(3) {
+            #expect(try await store.list(app: redis.app, deviceToken: device).subscriptions.map(\.channel) == ["news"])
+        }
+        #expect(try await redis.client.command(["ZCARD", keys.subscriptionExpiry]).int == 40)
+        #expect(try await store.removeChannel(app: redis.app, channel: "order:1:status") == 0)
+    }
+
+    @Test func aDevicesSubscriptionsPageInIdOrderAndGoInBatches() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client, batchSize: 4)
+        let device = token()
+        for n in 0..<25 { _ = try await store.upsert(app: redis.app, try subscription("c\(n)", device)) }
+        var seen: [String] = [], after: String?, pages = 0
+        repeat {
+            let page = try await store.list(app: redis.app, deviceToken: device, after: after, limit: 10)
+            #expect(page.subscriptions.count <= 10)
+            seen += page.subscriptions.map(\.id)
+            after = page.next
+            pages += 1
+        } while after != nil
+        #expect(pages == 3 && seen.count == 25 && seen == seen.sorted() && Set(seen).count == 25)
+        #expect(try await store.remove(app: redis.app, SubscriptionRemoval(json(#"{"deviceToken": "\#(device)"}"#))) == 25)
+        #expect(try await redis.client.command(["KEYS", RedisKeys(app: redis.app).prefix + "*"]).strings == [])
     }
 }
 
