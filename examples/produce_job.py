@@ -9,12 +9,14 @@ The record key decides the partition, so one target's jobs stay in order; use ex
 
     channel jobs  <appId>/<channel>          target {"kind": "channel", "channel": ...}
     post jobs     <appId>/post/<postIdHash>  target {"kind": "post", "postIdHash": ...}
-    device jobs   <appId>/device/<token>     target {"kind": "device", "deviceToken": <lowercase hex>, "tokenType": ...}
+    device jobs   <appId>/device/<sha256>    target {"kind": "device", "deviceToken": <lowercase hex>, "tokenType": ...}
 
 Sign every record: the header `herald-signature` is `v1=` and the lowercase hex HMAC-SHA256 of the exact value
 bytes, keyed with one of the app's job-signing secrets (the first of `jobSigningSecretPaths` in the apps file; the
 file's bytes, surrounding whitespace trimmed). herald-dispatcher dead-letters an unsigned or badly signed record
 (reason `invalid_signature`) and a job whose appId is not the key's app (reason `invalid_job`), sending nothing.
+
+(<sha256>: lowercase hex SHA-256 of the lowercase hex token: a key names a device without carrying its token.)
 
 Produce with acks=all and the idempotent producer, and count a job as sent only once its delivery report says so.
 herald-dispatcher checks every job and dead-letters an invalid one (reason `invalid_job`) to herald.dlq.

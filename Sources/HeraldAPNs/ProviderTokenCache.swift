@@ -2,7 +2,9 @@ import Foundation
 import HeraldCrypto
 import HeraldRuntime
 
-/// APNs provider tokens (ES256 JWTs), one per (team id, key id), shared by every connection and request.
+/// APNs provider tokens (ES256 JWTs), one per (team id, key id, key), shared by every connection and request. The
+/// key's fingerprint is part of the cache key, so a `.p8` replaced under the same key id (a reload) never reuses a
+/// token the old key signed, and two apps that happen to share ids never share tokens.
 ///
 /// A token is re-signed when older than `maximumAge`, and never sooner than `minimumInterval` after the previous
 /// one, so APNs never sees a token per push (429 TooManyProviderTokenUpdates) nor one older than an hour (403
@@ -17,6 +19,11 @@ public final class APNsProviderTokenCache: Sendable {
     private struct Key: Hashable {
         let teamID: String
         let keyID: String
+        let fingerprint: String
+
+        init(_ credentials: APNsCredentials) {
+            (teamID, keyID, fingerprint) = (credentials.teamID, credentials.keyID, credentials.privateKey.fingerprint)
+        }
     }
 
     private let tokens = Lock<[Key: Token]>([:])
@@ -39,7 +46,7 @@ public final class APNsProviderTokenCache: Sendable {
 
     /// The current token for `credentials`, signed when missing or older than the maximum age.
     public func token(for credentials: APNsCredentials) throws(APNsError) -> Token {
-        let key = Key(teamID: credentials.teamID, keyID: credentials.keyID)
+        let key = Key(credentials)
         let now = now()
         return try tokens.withLock { (all: inout [Key: Token]) throws(APNsError) -> Token in
             if let current = all[key], now.timeIntervalSince(current.issuedAt) < maximumAge {
@@ -54,7 +61,7 @@ public final class APNsProviderTokenCache: Sendable {
     /// After APNs answered 403 ExpiredProviderToken to `rejected`: the token to retry with, or `nil` when the
     /// 20-minute rule forbids signing a new one yet. A token another request already replaced is not re-signed.
     public func token(afterRejecting rejected: Token, for credentials: APNsCredentials) throws(APNsError) -> Token? {
-        let key = Key(teamID: credentials.teamID, keyID: credentials.keyID)
+        let key = Key(credentials)
         let now = now()
         return try tokens.withLock { (all: inout [Key: Token]) throws(APNsError) -> Token? in
             if let current = all[key], current != rejected { return current }

@@ -9,9 +9,7 @@ public struct AccessToken: Sendable {
     public enum Failure: Error, Equatable, Sendable {
         /// Malformed, unknown issuer, bad signature, wrong audience, expired, not yet valid or no subject (401).
         case invalid(String)
-        /// The request names an app that does not exist (404).
-        case unknownApp(String)
-        /// The request names another app than the token's (403).
+        /// The request names another app than the token's, existing or not (403).
         case otherApp(String)
         /// A valid token for the app without `activities:write` (403).
         case insufficientScope
@@ -45,7 +43,7 @@ public struct AccessToken: Sendable {
         if let notBefore = jwt.numericClaim("nbf"), notBefore - skew > now { throw .invalid("not valid yet") }
         guard let subject = jwt.stringClaim("sub"), !subject.isEmpty else { throw .invalid("no subject") }
         if let appID, appID != app.id {
-            throw directory.apps[appID] == nil ? .unknownApp(appID) : .otherApp(appID)
+            throw .otherApp(appID)
         }
         let scopes = (jwt.stringClaim("scope")?.split(separator: " ").map(String.init) ?? [])
             + (jwt.claims["scp"]?.arrayValue?.compactMap(\.stringValue) ?? [])

@@ -6,7 +6,7 @@ import HeraldRuntime
 /// with everything needed to see why and to send it again (`heraldctl replay`). The dispatcher writes it and
 /// heraldctl reads it, both through `encoded()` and `decode(_:)`.
 ///
-/// Record key: `<appId>/device/<deviceToken>`, or `<appId>/job/<jobId>` for a job that was invalid as a whole.
+/// Record key: `<appId>/device/<SHA-256 of the token>`, or `<appId>/job/<jobId>` for a job that was invalid as a whole.
 public struct DeadLetter: Sendable, Equatable {
     public static let currentVersion = 1
 
@@ -81,7 +81,7 @@ public struct DeadLetter: Sendable, Equatable {
 
     /// The Kafka record key.
     public var recordKey: String {
-        if let deviceToken { return "\(appId)/device/\(deviceToken)" }
+        if let deviceToken { return "\(appId)/device/\(DeviceToken.keyHash(deviceToken))" }
         return "\(appId)/job/\(jobId ?? "unknown")"
     }
 

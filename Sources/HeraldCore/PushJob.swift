@@ -157,7 +157,7 @@ public struct PushJob: Sendable, Equatable {
         switch target {
         case .channel(let name): "\(appId)/\(name)"
         case .post(let hash): "\(appId)/post/\(hash)"
-        case .device(let device): "\(appId)/device/\(device.token)"
+        case .device(let device): "\(appId)/device/\(DeviceToken.keyHash(device.token))"
         }
     }
 

@@ -1,3 +1,4 @@
+import HeraldCrypto
 @_exported import HeraldAPNsCore
 
 /// What a device token is for (the subscription API's `tokenType`).
@@ -14,6 +15,10 @@ public enum TokenType: String, Sendable, Codable, CaseIterable {
 public enum DeviceToken {
     /// Apple's tokens are 32 bytes today and documented as variable length; accept 8–100 bytes.
     public static let hexLengths = 16...200
+
+    /// What a Kafka record key says instead of the token (a credential): the lowercase hex SHA-256 of the
+    /// (lowercase hex) token, stable so one device's records share a partition.
+    public static func keyHash(_ token: String) -> String { SHA256.hex(token) }
 
     /// The token in lowercase, or a validation error naming `field`.
     public static func normalized(_ raw: String, field: String) throws(ValidationError) -> String {

@@ -69,24 +69,29 @@ final class KeyHandle: @unchecked Sendable {  // @unchecked: the key is immutabl
 public struct PrivateKey: Sendable {
     let handle: KeyHandle
     public let algorithm: SignatureAlgorithm
+    /// Lowercase hex SHA-256 of the public key (DER SubjectPublicKeyInfo): tells two keys apart without them.
+    public let fingerprint: String
 
     /// Reads a PEM private key (PKCS#8 `BEGIN PRIVATE KEY`, as in Apple's `.p8` files, or traditional forms).
     public init(pem: String) throws {
         guard let key = PEMReader.read(pem, { bio in PEM_read_bio_PrivateKey(bio, nil, nil, nil) }) else {
             throw CryptoError(.invalidKey, "not a PEM private key")
         }
-        let handle = KeyHandle(key)
-        guard let algorithm = handle.algorithm else {
-            throw CryptoError(.unsupportedKey, KeyHandle.supported)
-        }
-        self.handle = handle
-        self.algorithm = algorithm
+        try self.init(handle: KeyHandle(key))
     }
 
     private init(handle: KeyHandle) throws {
         guard let algorithm = handle.algorithm else { throw CryptoError(.unsupportedKey, KeyHandle.supported) }
         self.handle = handle
         self.algorithm = algorithm
+        let length = i2d_PUBKEY(handle.pointer, nil)
+        guard length > 0 else { throw CryptoError(.invalidKey, "the public key cannot be encoded") }
+        var der = [UInt8](repeating: 0, count: Int(length))
+        der.withUnsafeMutableBufferPointer { buffer in
+            var cursor = buffer.baseAddress
+            _ = i2d_PUBKEY(handle.pointer, &cursor)
+        }
+        fingerprint = Hex.encode(SHA256.hash(der))
     }
 
     /// A fresh P-256 key (for tests, `heraldctl`, and the simulator's own material).

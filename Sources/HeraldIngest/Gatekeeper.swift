@@ -182,10 +182,8 @@ struct Gatekeeper: Sendable {
               let app = directory.apps[principal.appID] else {
             throw HTTPError(status: 401, code: "unauthorized", message: "the API key is not valid")
         }
-        if let appID, appID != principal.appID {
-            if directory.apps[appID] == nil { throw HTTPError.notFound("no app \(appID)") }
-            throw HTTPError(status: 403, code: "forbidden", message: "the key does not belong to app \(appID)")
-        }
+        // The same answer whether or not the app exists: a key says nothing about other apps.
+        if let appID, appID != principal.appID { throw Self.otherApp(appID, "key") }
         return (app, principal)
     }
 
@@ -201,10 +199,8 @@ struct Gatekeeper: Sendable {
             case .invalid(let why):
                 throw HTTPError(status: 401, code: "invalid_token", message: "the access token is not valid: \(why)",
                                 headers: ["WWW-Authenticate": "Bearer error=\"invalid_token\""])
-            case .unknownApp(let id):
-                throw HTTPError.notFound("no app \(id)")
             case .otherApp(let id):
-                throw HTTPError(status: 403, code: "forbidden", message: "the token does not belong to app \(id)")
+                throw Self.otherApp(id, "token")
             case .insufficientScope:
                 let scope = AccessToken.activitiesScope
                 throw HTTPError(status: 403, code: "insufficient_scope", message: "the token lacks the \(scope) scope",
@@ -214,6 +210,10 @@ struct Gatekeeper: Sendable {
         let principal = Principal(appID: access.app.id, kind: .public, user: access.subject,
                                   rateLimitKey: "oauth:" + Hex.encode(SHA256.hash(access.app.id + "\n" + access.subject)))
         return (access.app, principal)
+    }
+
+    private static func otherApp(_ id: String, _ credential: String) -> HTTPError {
+        HTTPError(status: 403, code: "forbidden", message: "the \(credential) does not belong to app \(id)")
     }
 
     private static func credential(_ request: HTTPRequest) -> (value: String, bearer: Bool)? {

@@ -204,6 +204,26 @@ import Testing
         #expect(try cache.token(for: other) != second)
     }
 
+    /// A `.p8` replaced under the same team and key id (an apps-file reload) gets a token of its own at once,
+    /// signed by the new key: the cache is keyed by the key's fingerprint too.
+    @Test func aReplacedKeyUnderTheSameIdsGetsItsOwnToken() throws {
+        let clock = TestClock()
+        let cache = APNsProviderTokenCache(now: { clock.now }, metrics: MetricsRegistry())
+        let old = try cache.token(for: Fixtures.credentials)
+        let replacement = APNsCredentials(teamID: Fixtures.credentials.teamID, keyID: Fixtures.credentials.keyID,
+                                          privateKey: try PrivateKey.generateP256())
+        #expect(replacement.privateKey.fingerprint != Fixtures.credentials.privateKey.fingerprint)
+        let new = try cache.token(for: replacement)
+        #expect(new != old)
+        try JSONWebToken(parsing: new.value).verify(with: replacement.privateKey.publicKey)
+        #expect(throws: JSONWebToken.Failure.self) {
+            try JSONWebToken(parsing: new.value).verify(with: Fixtures.credentials.privateKey.publicKey)
+        }
+        #expect(try cache.token(for: Fixtures.credentials) == old)
+        let same = try PrivateKey(pem: Fixtures.credentials.privateKey.pem)
+        #expect(same.fingerprint == Fixtures.credentials.privateKey.fingerprint, "the fingerprint is the key's, not the load's")
+    }
+
     @Test func expiredProviderTokenRefreshesOnlyAfterTheMinimumInterval() throws {
         let clock = TestClock()
         let cache = APNsProviderTokenCache(now: { clock.now }, metrics: MetricsRegistry())

@@ -1,5 +1,6 @@
 import Foundation
 import HeraldCore
+import HeraldCrypto
 import HeraldTestSupport
 import HeraldRuntime
 import Testing
@@ -52,7 +53,7 @@ import Testing
         }
         let push = try EventIntake.devicePush(json(#"{"payload": {"aps": {"content-available": 1}}, "pushType": "background", "priority": 5}"#),
                                               appID: "shop", deviceToken: token.uppercased(), jobID: nil)
-        #expect(push.recordKey == "shop/device/\(token)" && push.resolvedPushType == .background)
+        #expect(push.recordKey == "shop/device/\(SHA256.hex(token))" && push.resolvedPushType == .background)
         #expect(throws: ValidationError.self) {
             try EventIntake.devicePush(json(#"{"payload": {"aps": {}}, "pushType": "background", "priority": 10}"#),
                                        appID: "shop", deviceToken: token, jobID: nil)
@@ -205,7 +206,7 @@ import Testing
         letter.payload = original.alert
         letter.priority = 5
         letter.status = 503
-        #expect(letter.recordKey == "shop/device/\(token)")
+        #expect(letter.recordKey == "shop/device/\(SHA256.hex(token))")
         let replay = try #require(letter.replayJob(partition: 2, offset: 40, id: "replay-1"))
         try replay.validate()
         #expect(replay.target.kind == .device && replay.target.environment == .sandbox)

@@ -47,7 +47,7 @@ struct ReplayCommandTests {
             #expect(job.target.kind == .device && job.target.environment == .sandbox && job.target.tokenType == .alert)
             #expect(job.target.topic == letter.topic)
             #expect(job.payload == letter.payload && job.pushType == "alert" && job.priority == 10)
-            #expect(key == "\(harness.app)/device/\(token)")
+            #expect(key == "\(harness.app)/device/\(SHA256.hex(token))", "a key names the device by a hash of its token")
             #expect(throws: Never.self) { try job.validate() }
         }
         #expect(!jobs.contains { $0.job.target.deviceToken == removed || $0.job.target.deviceToken == expired })

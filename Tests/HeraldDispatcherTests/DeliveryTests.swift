@@ -282,7 +282,7 @@ struct DeliveryTests {
         try validateAgainstSchema([letter.encoded()], schema: "dead-letter.schema.json")
         let records = try await readTopic(harness.topics.deadLetters, brokers: harness.topics.brokers, expecting: 1,
                                           timeout: .seconds(5))
-        #expect(records.first.map { String(decoding: $0.key ?? [], as: UTF8.self) } == "\(app.id)/device/\(token)")
+        #expect(records.first.map { String(decoding: $0.key ?? [], as: UTF8.self) } == "\(app.id)/device/\(SHA256.hex(token))")
         await harness.stop()
     }
 

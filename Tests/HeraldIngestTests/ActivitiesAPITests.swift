@@ -290,7 +290,7 @@ import Testing
             let foreignKey = try await ingest.request("POST", "/v1/apps/\(other.id)/activities/register", key: app.userKey, json: body)
             #expect(foreignKey.status == 403, "\(foreignKey.text)")
             let unknown = try await ingest.request("POST", "/v1/apps/no-such-app/activities/register", bearer: token, json: body)
-            #expect(unknown.status == 404, "\(unknown.text)")
+            #expect(unknown.status == 403, "\(unknown.text)")
             #expect(try await storedKeys(ingest, app: app.id).isEmpty)
             #expect(try await storedKeys(ingest, app: other.id).isEmpty)
 

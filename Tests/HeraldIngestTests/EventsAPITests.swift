@@ -88,7 +88,7 @@ import Testing
 
         let records = try await JobsReader.recordsBeforeMarker(ingest, app: app)
         try #require(records.count == 1, "expected one record, got \(records.count)")
-        #expect(records[0].keyText == "\(app.id)/device/\(token)")
+        #expect(records[0].keyText == "\(app.id)/device/\(SHA256.hex(token))", "a key names the device by a hash of its token")
         try await validateJobs([records[0].value])
         let job = try PushJob.decode(records[0].value)
         #expect(job.id == (try response.json()["jobId"] as? String))
