@@ -331,16 +331,19 @@ struct DeliveryTests {
         try await harness.produce(raw: job("unsigned"), key: key, headers: [])
         try await harness.produce(raw: job("zeros"), key: key,
                                   headers: [(JobSignature.header, Array("v1=".utf8) + Array(repeating: UInt8(ascii: "0"), count: 64))])
-        try await harness.produce(raw: job("other-app-secret"), key: key,
-                                  headers: JobSignature.headers(for: job("other-app-secret"), secret: other.jobSecret))
+        // Each record is encoded once: `createdAt` is part of the bytes the signature covers.
+        let otherAppSecret = job("other-app-secret")
+        try await harness.produce(raw: otherAppSecret, key: key,
+                                  headers: JobSignature.headers(for: otherAppSecret, secret: other.jobSecret))
         var tampered = job("tampered")
         let signature = JobSignature.headers(for: tampered, secret: app.jobSecret)
         tampered.append(UInt8(ascii: " "))
         try await harness.produce(raw: tampered, key: key, headers: signature)
         // The other app's producer, validly signed under its own key prefix, naming this app inside.
-        try await harness.produce(raw: job("cross-app"), key: "\(other.id)/device/\(token)",
-                                  headers: JobSignature.headers(for: job("cross-app"), secret: other.jobSecret))
-        try await harness.produce(raw: job("own"), key: key, headers: JobSignature.headers(for: job("own"), secret: app.jobSecret))
+        let crossApp = job("cross-app"), own = job("own")
+        try await harness.produce(raw: crossApp, key: "\(other.id)/device/\(token)",
+                                  headers: JobSignature.headers(for: crossApp, secret: other.jobSecret))
+        try await harness.produce(raw: own, key: key, headers: JobSignature.headers(for: own, secret: app.jobSecret))
 
         try await eventually("the app's own signed job was delivered") {
             harness.simulators.accepted().contains { $0["token"]?.stringValue == token }
