@@ -96,6 +96,11 @@ struct HTTPWireTests {
             ("GET / HTTP/1.1\r\n\r\n", 400, "bad_request"),
             ("GET / HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n", 400, "bad_request"),
             ("POST /upload HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "bad_request"),
+            // Trailer fields are field lines (RFC 9112 §7.1.2): no name, no colon or a control character is refused.
+            ("POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\nno colon here\r\n\r\n", 400, "bad_request"),
+            ("POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n: x\r\n\r\n", 400, "bad_request"),
+            ("POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\nX-T: a\u{1}b\r\n\r\n", 400, "bad_request"),
+            ("POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\nGET / HTTP/1.1\r\n\r\n", 400, "bad_request"),
         ]
         try await withServer(router()) { port in
             for (text, status, code) in cases {

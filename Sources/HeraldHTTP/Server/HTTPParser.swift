@@ -304,9 +304,12 @@ public struct ChunkedBodyDecoder: Sendable {
         case data(remaining: Int)
         case dataCR
         case dataLF
-        /// In the trailer section; `lineLength` bytes into the current field line.
-        case trailer(lineLength: Int)
-        case trailerLF(lineLength: Int)
+        /// In the trailer section, `length` bytes into the current field line's name (0: at a line's start).
+        case trailerName(length: Int)
+        /// In a trailer field's value.
+        case trailerValue
+        /// After the CR of a trailer line; `empty` when the line was the blank one that ends the section.
+        case trailerLF(empty: Bool)
         case done
     }
 
@@ -366,23 +369,37 @@ public struct ChunkedBodyDecoder: Sendable {
                 }
             case .sizeLF(let value):
                 guard byte == HTTPRequestParser.lf else { return (index, fail(.bad("malformed chunk size line"))) }
-                state = value == 0 ? .trailer(lineLength: 0) : .data(remaining: value)
+                state = value == 0 ? .trailerName(length: 0) : .data(remaining: value)
             case .dataCR:
                 guard byte == HTTPRequestParser.cr else { return (index, fail(.bad("chunk longer than its size"))) }
                 state = .dataLF
             case .dataLF:
                 guard byte == HTTPRequestParser.lf else { return (index, fail(.bad("chunk longer than its size"))) }
                 state = .size(digits: 0, value: 0)
-            case .trailer(let lineLength):
-                if byte == HTTPRequestParser.cr { state = .trailerLF(lineLength: lineLength) }
-                else { state = .trailer(lineLength: lineLength + 1) }
-            case .trailerLF(let lineLength):
+            // Trailer fields are read as field lines (RFC 9112 §7.1.2) and dropped: `name: value`, the name a
+            // token, the value free of control characters but HTAB. Anything else fails the request.
+            case .trailerName(let length):
+                if byte == HTTPRequestParser.cr, length == 0 {
+                    state = .trailerLF(empty: true)
+                } else if byte == UInt8(ascii: ":"), length > 0 {
+                    state = .trailerValue
+                } else if HTTPRequestParser.isToken(byte) {
+                    state = .trailerName(length: length + 1)
+                } else {
+                    return (index, fail(.bad("malformed trailer field")))
+                }
+            case .trailerValue:
+                if byte == HTTPRequestParser.cr { state = .trailerLF(empty: false) }
+                else if byte < 0x20 && byte != HTTPRequestParser.tab || byte == 0x7F {
+                    return (index, fail(.bad("malformed trailer field")))
+                }
+            case .trailerLF(let empty):
                 guard byte == HTTPRequestParser.lf else { return (index, fail(.bad("malformed trailer section"))) }
-                if lineLength == 0 {
+                if empty {
                     state = .done
                     return (index + 1, .done)
                 }
-                state = .trailer(lineLength: 0)
+                state = .trailerName(length: 0)
             case .done:
                 return (index, .done)
             }
