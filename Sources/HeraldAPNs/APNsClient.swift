@@ -38,12 +38,20 @@ public final class APNsClient: Sendable {
                                                 now: now, metrics: metrics)
         // A peer that vanishes must surface as a write error, not kill the process: OpenSSL writes with write(2).
         signal(SIGPIPE, SIG_IGN)
-        let tls: TLSContext
-        do { tls = try TLSContext.client(extraCAFile: configuration.extraCAFile) } catch {
+        // The extra CA (the simulator's, a test APNs) is trusted only for the configured hosts that are not
+        // Apple's: a certificate it signed for api.push.apple.com is refused.
+        let systemTLS: TLSContext, extraTLS: TLSContext?
+        do {
+            systemTLS = try TLSContext.client(extraCAFile: nil)
+            extraTLS = try configuration.extraCAFile.map { file throws(ConfigurationError) in
+                try TLSContext.client(extraCAFile: file)
+            }
+        } catch {
             throw APNsError(.invalidConfiguration, error.message)
         }
         loop = try EventLoop(name: "herald-apns", tickInterval: .milliseconds(25))
-        let core = ClientCore(configuration: configuration, loop: loop, tls: tls, metrics: self.metrics, logger: logger)
+        let core = ClientCore(configuration: configuration, loop: loop, systemTLS: systemTLS, extraTLS: extraTLS,
+                              metrics: self.metrics, logger: logger)
         self.core = core
         loop.execute { [loop] in
             loop.afterBatch = { core.afterBatch() }

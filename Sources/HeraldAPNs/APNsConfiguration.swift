@@ -6,6 +6,13 @@ public struct APNsEndpoint: Sendable, Hashable, CustomStringConvertible {
     public let host: String
     public let port: UInt16
 
+    /// Apple's own hosts: only the system trust store vouches for them, never `extraCAFile`.
+    public static let appleHosts: Set<String> = ["api.push.apple.com", "api.sandbox.push.apple.com",
+                                                 "api.development.push.apple.com"]
+
+    /// True for one of Apple's APNs hosts (any port, any case).
+    public var isApple: Bool { Self.appleHosts.contains(host.lowercased()) }
+
     public init(host: String, port: UInt16 = 443) {
         self.host = host
         self.port = port
@@ -74,9 +81,13 @@ public struct APNsConfiguration: Sendable {
     public var productionURL = "https://api.push.apple.com"
     /// `https://host[:port]` of sandbox APNs.
     public var sandboxURL = "https://api.sandbox.push.apple.com"
-    /// An extra PEM file of trusted roots, added to the system trust store (the simulator's CA). Verification
+    /// An extra PEM file of trusted roots, added to the system trust store for the configured hosts that are not
+    /// Apple's (the simulator's CA): a certificate it signed for Apple's hosts is never accepted. Verification
     /// itself cannot be turned off.
     public var extraCAFile: String?
+    /// Host name → address to connect to instead of resolving it (as `curl --resolve`): TLS still sends and
+    /// verifies the host name. For tests of how a host is trusted, and for pinning an egress address.
+    public var addressOverrides: [String: String] = [:]
     /// Connections kept open per (provider key, endpoint).
     public var connectionsPerEndpoint = 2
     /// Delay between opening successive connections of one pool (Apple dislikes bursts of connects).

@@ -87,6 +87,30 @@ import Testing
         server.kill()
     }
 
+    /// `HERALD_APNS_CA_FILE` vouches only for the configured hosts that are not Apple's: a certificate it signed
+    /// for api.push.apple.com is refused, the same certificate for another configured host accepted.
+    @Test func theExtraCANeverVouchesForApplesHost() async throws {
+        let server = try NGHTTPServer(port: 20313, options: ["--echo-upload"], key: TestPKI.shared.appleHostKey,
+                                      certificate: TestPKI.shared.appleHostCertificate, tokens: [Fixtures.token])
+        for (host, trusted) in [("api.push.apple.com", false), ("apns.test.example", true)] {
+            var configuration = Fixtures.configuration(port: 20313, host: host)
+            configuration.addressOverrides = [host: "127.0.0.1"]
+            let client = try APNsClient(configuration: configuration, logger: Fixtures.logger, metrics: MetricsRegistry())
+            if trusted {
+                let response = try await client.send(Fixtures.request(), credentials: Fixtures.credentials, environment: .production)
+                #expect(response.status == 200, "\(host)")
+            } else {
+                let error = await apnsError {
+                    _ = try await client.send(Fixtures.request(), credentials: Fixtures.credentials, environment: .production)
+                }
+                #expect(error?.code == .tlsFailure, "\(host): \(String(describing: error))")
+                #expect(error?.message.contains("certificate verify failed") == true, "\(String(describing: error))")
+            }
+            await client.shutdown()
+        }
+        server.kill()
+    }
+
     @Test func hostNameMismatchIsRefused() async throws {
         // Signed by the trusted test CA, but for wrong.example, not localhost or 127.0.0.1.
         let server = try NGHTTPServer(port: 20302, options: ["--echo-upload"], key: TestPKI.shared.wrongHostKey,

@@ -25,6 +25,9 @@ struct TestPKI: Sendable {
     var serverCertificate: String { directory.appendingPathComponent("server.pem").path }
     var wrongHostKey: String { directory.appendingPathComponent("wrong.key").path }
     var wrongHostCertificate: String { directory.appendingPathComponent("wrong.pem").path }
+    /// Signed by the test CA for Apple's production host and for apns.test.example.
+    var appleHostKey: String { directory.appendingPathComponent("apple.key").path }
+    var appleHostCertificate: String { directory.appendingPathComponent("apple.pem").path }
     var untrustedKey: String { directory.appendingPathComponent("untrusted.key").path }
     var untrustedCertificate: String { directory.appendingPathComponent("untrusted.pem").path }
 
@@ -40,7 +43,8 @@ struct TestPKI: Sendable {
         let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
         try Self.check(["openssl", "req", "-x509"] + ec + ["-keyout", path("ca.key"), "-out", path("ca.pem"), "-days", "2",
                                                       "-subj", "/CN=Herald Test CA"])
-        for (name, san) in [("server", "DNS:localhost,IP:127.0.0.1"), ("wrong", "DNS:wrong.example")] {
+        for (name, san) in [("server", "DNS:localhost,IP:127.0.0.1"), ("wrong", "DNS:wrong.example"),
+                            ("apple", "DNS:api.push.apple.com,DNS:apns.test.example")] {
             try Self.check(["openssl", "req"] + ec + ["-keyout", path("\(name).key"), "-out", path("\(name).csr"),
                                                  "-subj", "/CN=\(name)"])
             try "subjectAltName=\(san)\n".write(toFile: path("\(name).ext"), atomically: true, encoding: .utf8)

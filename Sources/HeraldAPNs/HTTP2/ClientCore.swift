@@ -27,7 +27,8 @@ struct APNsMetrics: Sendable {
 final class ClientCore: @unchecked Sendable {  // @unchecked: every method runs on the loop thread (posted through `loop.execute`).
     let configuration: APNsConfiguration
     let loop: EventLoop
-    let tls: TLSContext
+    private let systemTLS: TLSContext
+    private let extraTLS: TLSContext?
     let metrics: APNsMetrics
     private let logger: Logger
     let readBuffer = UnsafeMutableBufferPointer<UInt8>.allocate(capacity: 65_536)
@@ -37,15 +38,23 @@ final class ClientCore: @unchecked Sendable {  // @unchecked: every method runs 
     private var connectionCounter = 0
     private var shutdownDeadline: ContinuousClock.Instant?
 
-    init(configuration: APNsConfiguration, loop: EventLoop, tls: TLSContext, metrics: APNsMetrics, logger: Logger) {
+    init(configuration: APNsConfiguration, loop: EventLoop, systemTLS: TLSContext, extraTLS: TLSContext?,
+         metrics: APNsMetrics, logger: Logger) {
         self.configuration = configuration
         self.loop = loop
-        self.tls = tls
+        self.systemTLS = systemTLS
+        self.extraTLS = extraTLS
         self.metrics = metrics
         self.logger = logger
     }
 
     deinit { readBuffer.deallocate() }
+
+    /// The trust to verify `endpoint` with: the system store for Apple's hosts, the system store plus the extra CA
+    /// for the other configured hosts.
+    func tls(for endpoint: APNsEndpoint) -> TLSContext {
+        endpoint.isApple ? systemTLS : extraTLS ?? systemTLS
+    }
 
     var isShuttingDown: Bool { shutdownDeadline != nil }
 

@@ -68,7 +68,8 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
 
     /// Resolves the host on a short-lived thread (getaddrinfo blocks), then connects on the loop.
     func start() {
-        let host = endpoint.host, port = endpoint.port, loop = core.loop
+        let host = core.configuration.addressOverrides[endpoint.host.lowercased()] ?? endpoint.host
+        let port = endpoint.port, loop = core.loop
         Thread.detachNewThread { [self] in
             let result = SocketConnector.resolve(host: host, port: port)
             loop.execute { self.connect(result) }
@@ -124,7 +125,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     }
 
     private func startTLS() {
-        do { tls = try TLSStream(context: core.tls, descriptor: fd, serverName: endpoint.host) } catch {
+        do { tls = try TLSStream(context: core.tls(for: endpoint), descriptor: fd, serverName: endpoint.host) } catch {
             return close(APNsError(.tlsFailure, error.message))
         }
         state = .handshaking
