@@ -6,6 +6,9 @@ import HeraldRuntime
 public struct IngestConfiguration: Sendable {
     /// `HERALD_INGEST_ADDR`.
     public var address: HostPort = HostPort(host: "127.0.0.1", port: 8080)
+    /// `HERALD_INGEST_ADMIN_ADDR`: when set, `/metrics` (with `/healthz` and `/readyz`) is served there and not
+    /// on the API's address.
+    public var adminAddress: HostPort?
     /// `HERALD_RATE_LIMIT_PER_MINUTE`: requests per fixed 60 s window of one credential (secret key, OAuth
     /// subject), or of one device token behind a public key.
     public var rateLimitPerMinute = 240

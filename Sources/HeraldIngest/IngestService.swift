@@ -8,6 +8,8 @@ import HeraldStore
 /// herald-ingest: the HTTP API in front of Redis (subscriptions, registrations, rate limits) and Kafka (jobs).
 public final class IngestService: Service {
     let server: HTTPServer
+    /// `/healthz`, `/readyz` and `/metrics` on their own address, when `configuration.adminAddress` is set.
+    let adminServer: HTTPServer?
     private let parts: ServiceGroup
 
     /// Binds the listening socket (so a taken port fails here, and port 0 is resolved before `run()`).
@@ -28,15 +30,29 @@ public final class IngestService: Service {
             .register(on: &router)
         let readiness = Operations.readiness(redis: redis, producer: producer, topic: configuration.jobsTopic)
         router.addOperations(readiness: readiness)
-        router.addMetrics()
+        if let adminAddress = configuration.adminAddress {
+            // Metrics off the public port: the API's address serves the probes, never the metrics.
+            var admin = Router()
+            admin.addOperations(readiness: readiness)
+            admin.addMetrics()
+            adminServer = try HTTPServer(configuration: HTTPServerConfiguration(address: adminAddress, threads: 1,
+                                                                                shutdownGracePeriod: .seconds(1)),
+                                         router: admin, logger: logger)
+        } else {
+            router.addMetrics()
+            adminServer = nil
+        }
         server = try HTTPServer(configuration: configuration.http, router: router, logger: logger)
-        // Stopped newest first: readiness stops being worked out, then the server drains.
-        parts = ServiceGroup(services: [server, readiness], signals: [],
+        // Stopped newest first: readiness stops being worked out, then the servers drain.
+        parts = ServiceGroup(services: [server] + (adminServer.map { [$0] } ?? []) + [readiness], signals: [],
                              gracePeriod: configuration.http.shutdownGracePeriod + .seconds(5), logger: logger)
     }
 
     /// Where the API listens.
     public var address: HostPort { server.localAddress }
+
+    /// Where `/metrics` listens when it has an address of its own.
+    public var adminAddress: HostPort? { adminServer?.localAddress }
 
     public func run() async throws {
         try await parts.run()

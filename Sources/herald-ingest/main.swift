@@ -13,6 +13,7 @@ let usage = """
 
     Environment (defaults in brackets):
       HERALD_INGEST_ADDR            listen address [\(defaults.address)]
+      HERALD_INGEST_ADMIN_ADDR      serve /metrics (and /healthz, /readyz) here instead of on the API address [unset]
       HERALD_APPS_FILE              apps file [config/apps.json]; SIGHUP reloads it
       HERALD_JOB_SIGNING_SECRET_FILE  the deployment's job-signing secret; required unless
                                     HERALD_JOB_SIGNATURES=unverified (jobs are then not signed)
@@ -46,6 +47,9 @@ struct IngestSettings {
 
     init(_ env: EnvironmentReader) throws {
         configuration.address = try env.address("HERALD_INGEST_ADDR", default: defaults.address.description)
+        if env.optionalString("HERALD_INGEST_ADMIN_ADDR") != nil {
+            configuration.adminAddress = try env.address("HERALD_INGEST_ADMIN_ADDR", default: "")
+        }
         configuration.rateLimitPerMinute = try env.int("HERALD_RATE_LIMIT_PER_MINUTE", default: defaults.rateLimitPerMinute, range: 1...1_000_000)
         configuration.appRateLimitPerMinute = try env.int("HERALD_APP_RATE_LIMIT_PER_MINUTE", default: defaults.appRateLimitPerMinute,
                                                           range: 1...100_000_000)
@@ -106,7 +110,8 @@ func main() async {
     } catch { CommandLineTool.exitWithConfigurationError("herald-ingest", error) }
 
     if case .unverified = settings.configuration.jobSigning { logger.warning(JobSigning.unverifiedWarning) }
-    logger.info("listening", ["addr": service.address.description, "apps": "\(apps.directory.apps.count)"])
+    logger.info("listening", ["addr": service.address.description, "admin.addr": service.adminAddress?.description ?? "",
+                              "apps": "\(apps.directory.apps.count)"])
     let reloader = AppsReloader(apps: apps, path: settings.appsFile, logger: logger)
     do {
         try await ServiceGroup(services: [reloader, service], logger: logger).run()

@@ -16,6 +16,8 @@ final class IngestHarness: Sendable {
     let topic: String
     let brokers: String
     let port: UInt16
+    /// The port of `/metrics` when `adminPort: true` gave it an address of its own.
+    let adminPort: UInt16?
     private let task: Task<Void, any Error>
 
     /// Starts a service on a free port. `apps`: the apps file to serve (default: two fresh ES256-issuer apps; the
@@ -23,7 +25,7 @@ final class IngestHarness: Sendable {
     /// Redis (a closed port, a listener that never answers).
     static func start(rateLimit: Int = 240, appRateLimit: Int = 600_000, activityTTL: Duration = .seconds(3600),
                       publishTimeout: Duration = .seconds(5), brokers: String? = nil,
-                      redisURL: String? = nil, apps: TestApps? = nil) async throws -> IngestHarness {
+                      redisURL: String? = nil, apps: TestApps? = nil, adminPort: Bool = false) async throws -> IngestHarness {
         let apps = try apps ?? TestApps()
         let brokerList = try brokers ?? TestEnvironment.kafkaBrokers()
         let topic = "herald.jobs.test-" + SecureRandom.hex(6)
@@ -40,19 +42,21 @@ final class IngestHarness: Sendable {
         configuration.jobsTopic = topic
         configuration.publishTimeout = publishTimeout
         configuration.jobSigning = apps.jobSigning
+        if adminPort { configuration.adminAddress = HostPort(host: "127.0.0.1", port: 0) }
         let redis = RedisClient(configuration: try RedisConfiguration(url: try redisURL ?? TestEnvironment.redisURL()))
         let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
             kafka: KafkaConfiguration(brokerList: brokerList), messageTimeout: publishTimeout), logger: Self.logger)
         let service = try IngestService(configuration: configuration, apps: AppRegistry(apps.ingestDirectory, reader: .ingest), redis: redis,
                                         producer: producer, logger: Self.logger)
         return IngestHarness(apps: apps, redis: redis, producer: producer, topic: topic, brokers: brokerList,
-                             port: service.address.port, task: Task { try await service.run() })
+                             port: service.address.port, adminPort: service.adminAddress?.port,
+                             task: Task { try await service.run() })
     }
 
     private init(apps: TestApps, redis: RedisClient, producer: KafkaProducer, topic: String, brokers: String,
-                 port: UInt16, task: Task<Void, any Error>) {
-        (self.apps, self.redis, self.producer, self.topic, self.brokers, self.port, self.task) =
-            (apps, redis, producer, topic, brokers, port, task)
+                 port: UInt16, adminPort: UInt16?, task: Task<Void, any Error>) {
+        (self.apps, self.redis, self.producer, self.topic, self.brokers, self.port, self.adminPort, self.task) =
+            (apps, redis, producer, topic, brokers, port, adminPort, task)
     }
 
     static let logger = Logger(label: "test", minimumLevel: .warning)

@@ -71,6 +71,11 @@ def check(path, problems):
                 annotations = obj["spec"]["template"]["metadata"].get("annotations", {})
                 if annotations.get("prometheus.io/scrape") != "true":
                     problems.append(f"{where}: Prometheus scrape annotations missing")
+    for obj in objects:
+        if obj["kind"] == "Service" and obj["metadata"]["name"] == "herald-ingest":
+            exposed = {str(p.get("targetPort")) for p in obj["spec"].get("ports", [])}
+            if exposed != {"http"}:
+                problems.append(f"{path}: the public herald-ingest Service must expose only the API port (http), not {sorted(exposed)}")
     for name in sorted(env_names - READ):
         problems.append(f"{path}: {name} is set but no Herald executable reads it")
 
