@@ -131,28 +131,28 @@ public struct SubscriptionStore: Sendable {
     /// Runs the token-removal script batch by batch until the device's index is scanned.
     private func removeToken(app: String, deviceToken: String, only: String, keepAfterMs: String) async throws -> Int {
         let keys = RedisKeys(app: app)
-        var cursor = "0", removed = 0
-        repeat {
-            let reply = try await redis.run(Scripts.removeToken, keys: [keys.device(deviceToken), keys.subscriptionExpiry],
-                                            args: [keys.prefix, deviceToken, only, keepAfterMs, cursor, String(batchSize)])
-            guard let parts = reply.array, parts.count == 2, let count = parts[0].int, let next = parts[1].string else {
-                throw StoreError.unexpectedReply("remove token")
-            }
-            removed += Int(count)
-            cursor = next
-        } while cursor != "0"
-        return removed
+        return try await inBatches(Scripts.removeToken, "remove token", keys: [keys.device(deviceToken), keys.subscriptionExpiry]) {
+            [keys.prefix, deviceToken, only, keepAfterMs, $0, String(batchSize)]
+        }
     }
 
     /// Removes every subscription of a channel (a closed channel), batch by batch; returns how many went.
     public func removeChannel(app: String, channel: String) async throws -> Int {
         let keys = RedisKeys(app: app)
+        return try await inBatches(Scripts.removeChannel, "remove channel", keys: [keys.channel(channel), keys.subscriptionExpiry]) {
+            [keys.prefix, $0, String(batchSize)]
+        }
+    }
+
+    /// Runs a removal script that answers {removed, next cursor} from cursor "0" until its cursor is "0" again;
+    /// returns how many it removed in all.
+    private func inBatches(_ script: RedisScript, _ what: String, keys: [String],
+                           args: (String) -> [String]) async throws -> Int {
         var cursor = "0", removed = 0
         repeat {
-            let reply = try await redis.run(Scripts.removeChannel, keys: [keys.channel(channel), keys.subscriptionExpiry],
-                                            args: [keys.prefix, cursor, String(batchSize)])
+            let reply = try await redis.run(script, keys: keys, args: args(cursor))
             guard let parts = reply.array, parts.count == 2, let count = parts[0].int, let next = parts[1].string else {
-                throw StoreError.unexpectedReply("remove channel")
+                throw StoreError.unexpectedReply(what)
             }
             removed += Int(count)
             cursor = next
