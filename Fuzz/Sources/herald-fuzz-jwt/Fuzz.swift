@@ -38,7 +38,7 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
             _ = try AccessToken(verifying: token, directory: FuzzKeys.directory, appID: "app2", now: now, skew: skew)
             fatalError("invariant broken: a token of app1 was let into app2")
         } catch {
-            require(error == .unknownApp("app2"), "app2 refused with \(error)")
+            require(error == .otherApp("app2"), "app2 refused with \(error)")
         }
     }
     return 0
