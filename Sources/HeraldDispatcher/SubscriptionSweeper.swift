@@ -9,7 +9,7 @@ import HeraldStore
 struct SubscriptionSweeper: Service {
     let apps: AppRegistry
     let subscriptions: SubscriptionStore
-    var interval: Duration = .seconds(60)
+    let interval: Duration
     let expired: Counter
     let logger: Logger
 
