@@ -38,13 +38,13 @@ let package = Package(
         .target(name: "HeraldCore", dependencies: ["HeraldAPNsCore", "HeraldCrypto", "HeraldRuntime"]),
         // SHA-256, random ids, ES256 signing, ES256/RS256 verification (OpenSSL).
         .target(name: "HeraldCrypto", dependencies: ["COpenSSL", "CHeraldShims", "HeraldRuntime"]),
-        // Redis client over hiredis: pool, pipelining, scripts.
-        .target(name: "HeraldRedis", dependencies: ["CHiredis", "HeraldRuntime"]),
+        // Redis client (hiredis' reply parser over our own sockets, in clear or TLS): pool, pipelining, scripts.
+        .target(name: "HeraldRedis", dependencies: ["CHiredis", "HeraldTLS", "HeraldRuntime"]),
         // Kafka producer, consumer and admin over librdkafka.
         .target(name: "HeraldKafka", dependencies: ["CRdKafka", "HeraldRuntime"]),
         // Our own HTTP/1.1 server (epoll loops, one per worker thread) with a small router.
         .target(name: "HeraldHTTP", dependencies: ["CHeraldShims", "HeraldRuntime"]),
-        // TLS over non-blocking sockets (OpenSSL), for the APNs client and the simulator.
+        // TLS over non-blocking sockets (OpenSSL), for the APNs client, the simulator and the Redis client.
         .target(name: "HeraldTLS", dependencies: ["COpenSSL", "CHeraldShims", "HeraldCrypto", "HeraldRuntime"]),
         // HTTP/2 APNs client (nghttp2 + HeraldTLS) with provider tokens.
         .target(name: "HeraldAPNs", dependencies: ["CNghttp2", "CHeraldShims", "HeraldAPNsCore", "HeraldTLS",
@@ -75,7 +75,8 @@ let package = Package(
         .testTarget(name: "HeraldRuntimeTests", dependencies: ["HeraldRuntime"]),
         .testTarget(name: "HeraldCoreTests", dependencies: ["HeraldCore", "HeraldTestSupport"]),
         .testTarget(name: "HeraldCryptoTests", dependencies: ["HeraldCrypto", "HeraldRuntime"]),
-        .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldRedis", "HeraldHTTP", "HeraldTestSupport", "HeraldRuntime"]),
+        .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldRedis", "HeraldHTTP", "HeraldCrypto", "HeraldTestSupport",
+                                                          "HeraldRuntime"]),
         .testTarget(name: "HeraldKafkaTests", dependencies: ["HeraldKafka", "CRdKafka", "HeraldTestSupport"]),
         .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldStore", "HeraldCrypto", "HeraldTestSupport"]),
         .testTarget(name: "HeraldHTTPTests", dependencies: ["HeraldHTTP", "HeraldTestSupport"]),

@@ -1,8 +1,11 @@
+import Foundation
 import HeraldRuntime
+import HeraldTLS
+
 /// Where Redis is and how the client talks to it.
 ///
-/// Build it from a URL, `redis://[:password@|user:password@]host[:port][/db]`, then adjust the timeouts and pool
-/// size. hiredis 0.14 has no TLS, so `rediss://` is refused rather than silently sent in clear text.
+/// Build it from a URL, `redis[s]://[:password@|user:password@]host[:port][/db]` (or from the `HERALD_REDIS_*`
+/// environment), then adjust the timeouts and pool size. `rediss://` connects through TLS.
 public struct RedisConfiguration: Sendable, Hashable, CustomStringConvertible {
     /// The URL used when none is configured.
     public static let defaultURL = "redis://127.0.0.1:6379/0"
@@ -25,10 +28,12 @@ public struct RedisConfiguration: Sendable, Hashable, CustomStringConvertible {
     public var poolSize: Int
     /// Commands that may wait for a connection before calls fail with `RedisError.Code.overloaded`. Default 65,536.
     public var maxQueuedCommands: Int
+    /// TLS settings; `nil` talks in clear (`redis://`).
+    public var tls: RedisTLS?
 
     public init(host: String = "127.0.0.1", port: Int = 6379, username: String? = nil, password: String? = nil,
                 database: Int = 0, connectTimeout: Duration = .seconds(2), commandTimeout: Duration = .seconds(2),
-                poolSize: Int = 4, maxQueuedCommands: Int = 65_536) {
+                poolSize: Int = 4, maxQueuedCommands: Int = 65_536, tls: RedisTLS? = nil) {
         self.host = host
         self.port = port
         self.username = username
@@ -38,15 +43,49 @@ public struct RedisConfiguration: Sendable, Hashable, CustomStringConvertible {
         self.commandTimeout = commandTimeout
         self.poolSize = max(1, poolSize)
         self.maxQueuedCommands = max(1, maxQueuedCommands)
+        self.tls = tls
     }
 
-    /// Parses `redis://[:password@|user:password@]host[:port][/db]`; user and password may be percent-encoded.
-    public init(url: String, connectTimeout: Duration = .seconds(2), commandTimeout: Duration = .seconds(2),
-                poolSize: Int = 4, maxQueuedCommands: Int = 65_536) throws(RedisURLError) {
+    /// Parses `redis[s]://[:password@|user:password@]host[:port][/db]`; user and password may be percent-encoded.
+    /// A `rediss://` URL uses `tls`, or the system's trust store when `tls` is nil.
+    public init(url: String, tls: RedisTLS? = nil, connectTimeout: Duration = .seconds(2),
+                commandTimeout: Duration = .seconds(2), poolSize: Int = 4,
+                maxQueuedCommands: Int = 65_536) throws(RedisURLError) {
         let parsed = try RedisURLParser.parse(url)
+        var secured: RedisTLS?
+        if parsed.usesTLS {
+            secured = tls
+            if secured == nil {
+                do throws(ConfigurationError) { secured = try RedisTLS() } catch { throw RedisURLError(.tls(error.message)) }
+            }
+        } else if tls != nil {
+            // TLS files with a redis:// URL are a mistake that would send everything in clear.
+            throw RedisURLError(.tlsSettingsWithoutTLS)
+        }
         self.init(host: parsed.host, port: parsed.port, username: parsed.username, password: parsed.password,
                   database: parsed.database, connectTimeout: connectTimeout, commandTimeout: commandTimeout,
-                  poolSize: poolSize, maxQueuedCommands: maxQueuedCommands)
+                  poolSize: poolSize, maxQueuedCommands: maxQueuedCommands, tls: secured)
+    }
+
+    /// From `HERALD_REDIS_URL`, with `HERALD_REDIS_PASSWORD_FILE` (replaces the URL's password) and, for a
+    /// `rediss://` URL, `HERALD_REDIS_CA_FILE`, `HERALD_REDIS_CERT_FILE` and `HERALD_REDIS_KEY_FILE`.
+    public init(environment env: EnvironmentReader, poolSize: Int = 4) throws(ConfigurationError) {
+        let url = env.string("HERALD_REDIS_URL", default: Self.defaultURL)
+        var tls: RedisTLS?
+        let certificate = env.optionalString("HERALD_REDIS_CERT_FILE"), key = env.optionalString("HERALD_REDIS_KEY_FILE")
+        let caFile = env.optionalString("HERALD_REDIS_CA_FILE")
+        if caFile != nil || certificate != nil || key != nil {
+            guard (certificate == nil) == (key == nil) else {
+                throw ConfigurationError("HERALD_REDIS_CERT_FILE", "set both HERALD_REDIS_CERT_FILE and HERALD_REDIS_KEY_FILE, or neither")
+            }
+            do {
+                tls = try RedisTLS(caFile: caFile, identity: certificate.map { ($0, key!) })
+            } catch { throw ConfigurationError(caFile != nil ? "HERALD_REDIS_CA_FILE" : "HERALD_REDIS_CERT_FILE", error.message) }
+        }
+        do { try self.init(url: url, tls: tls, poolSize: poolSize) } catch {
+            throw ConfigurationError("HERALD_REDIS_URL", "\(error)")
+        }
+        if let secret = try env.secretFile("HERALD_REDIS_PASSWORD_FILE") { password = secret }
     }
 
     /// The URL with any password masked: safe to log.
@@ -54,15 +93,50 @@ public struct RedisConfiguration: Sendable, Hashable, CustomStringConvertible {
         var credentials = ""
         if password != nil { credentials = "\(username ?? ""):***@" }
         let hostText = host.contains(":") ? "[\(host)]" : host
-        return "redis://\(credentials)\(hostText):\(port)/\(database)"
+        return "\(tls == nil ? "redis" : "rediss")://\(credentials)\(hostText):\(port)/\(database)"
+    }
+}
+
+/// How a `rediss://` connection is secured: the server's certificate is verified against the system's trust
+/// store plus `caFile`, and its name against the URL's host; `identity` is the client certificate for a server
+/// with `tls-auth-clients yes`. Verification cannot be turned off.
+public struct RedisTLS: Sendable, Hashable {
+    public let caFile: String?
+    public let certificateFile: String?
+    public let keyFile: String?
+    /// Built once from the files, so a missing or bad file is reported at start, not on the first connection.
+    let context: TLSContext
+
+    public init(caFile: String? = nil, identity: (certificateChain: String, privateKey: String)? = nil) throws(ConfigurationError) {
+        self.caFile = caFile
+        certificateFile = identity?.certificateChain
+        keyFile = identity?.privateKey
+        context = try TLSContext.client(extraCAFile: caFile, alpn: [], identity: identity)
+        // OpenSSL writes to the socket with write(2), not send(2) with MSG_NOSIGNAL: a peer's reset would
+        // otherwise kill the process.
+        signal(SIGPIPE, SIG_IGN)
+    }
+
+    public static func == (lhs: RedisTLS, rhs: RedisTLS) -> Bool {
+        (lhs.caFile, lhs.certificateFile, lhs.keyFile) == (rhs.caFile, rhs.certificateFile, rhs.keyFile)
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(caFile)
+        hasher.combine(certificateFile)
+        hasher.combine(keyFile)
     }
 }
 
 /// A Redis URL that cannot be used, with the reason. Its text never contains the password.
 public struct RedisURLError: Error, Sendable, Hashable, CustomStringConvertible {
     public enum Problem: Sendable, Hashable {
-        /// Not `redis://` (`rediss://` included: hiredis 0.14 has no TLS).
+        /// Neither `redis://` nor `rediss://`.
         case unsupportedScheme(String)
+        /// TLS files given with a `redis://` URL.
+        case tlsSettingsWithoutTLS
+        /// The TLS settings of a `rediss://` URL cannot be used.
+        case tls(String)
         case missingHost
         /// Not a number in 1...65535.
         case invalidPort(String)
@@ -80,10 +154,10 @@ public struct RedisURLError: Error, Sendable, Hashable, CustomStringConvertible 
 
     public var description: String {
         switch problem {
-        case .unsupportedScheme(let scheme):
-            return scheme == "rediss"
-                ? "Redis URL: TLS (rediss://) is not supported by this client (hiredis 0.14); use redis://"
-                : "Redis URL: scheme must be redis://, got \"\(scheme)\""
+        case .unsupportedScheme(let scheme): return "Redis URL: scheme must be redis:// or rediss://, got \"\(scheme)\""
+        case .tlsSettingsWithoutTLS:
+            return "Redis URL: TLS files are set (HERALD_REDIS_CA_FILE, HERALD_REDIS_CERT_FILE) but the URL is redis://; use rediss://"
+        case .tls(let message): return "Redis URL: TLS: \(message)"
         case .missingHost: return "Redis URL: the host is missing"
         case .invalidPort(let port): return "Redis URL: port must be a number in 1...65535, got \"\(port)\""
         case .invalidDatabase(let db): return "Redis URL: database must be a whole number ≥ 0, got \"\(db)\""
@@ -101,12 +175,13 @@ enum RedisURLParser {
         var username: String?
         var password: String?
         var database = 0
+        var usesTLS = false
     }
 
     static func parse(_ url: String) throws(RedisURLError) -> Parsed {
         guard let schemeEnd = url.range(of: "://") else { throw RedisURLError(.malformed("expected redis://host:port/db")) }
         let scheme = url[..<schemeEnd.lowerBound].lowercased()
-        guard scheme == "redis" else { throw RedisURLError(.unsupportedScheme(scheme)) }
+        guard scheme == "redis" || scheme == "rediss" else { throw RedisURLError(.unsupportedScheme(scheme)) }
         var rest = url[schemeEnd.upperBound...]
         if rest.contains("?") || rest.contains("#") {
             throw RedisURLError(.malformed("query strings and fragments are not supported"))
@@ -152,7 +227,7 @@ enum RedisURLParser {
         }
         guard !host.isEmpty else { throw RedisURLError(.missingHost) }
 
-        var parsed = Parsed(host: String(host), username: username, password: password)
+        var parsed = Parsed(host: String(host), username: username, password: password, usesTLS: scheme == "rediss")
         if let portText {
             guard let port = Int(portText), (1...65535).contains(port) else {
                 throw RedisURLError(.invalidPort(String(portText)))

@@ -38,8 +38,8 @@ struct RedisWorker: Sendable {
             if !connection.isConnected || connection.peerHasClosed {
                 try connection.connect(timeout: min(configuration.connectTimeout, earliestDeadline - now))
             }
-            for request in live { try connection.append(request.payload) }
-            try connection.setTimeout(earliestDeadline - .now)
+            for request in live { connection.append(request.payload) }
+            connection.setTimeout(earliestDeadline - .now)
             for request in live {
                 var replies: [RedisValue] = []
                 replies.reserveCapacity(request.replyCount)

@@ -31,6 +31,18 @@ public struct EnvironmentReader: Sendable {
         return value
     }
 
+    /// The text of the file the variable names (a password from a Kubernetes Secret), surrounding whitespace
+    /// trimmed; nil when the variable is not set. Only the path ever appears in an error.
+    public func secretFile(_ name: String) throws(ConfigurationError) -> String? {
+        guard let path = optionalString(name) else { return nil }
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw ConfigurationError(name, "cannot read \(path)")
+        }
+        let text = String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard !text.isEmpty else { throw ConfigurationError(name, "\(path) is empty") }
+        return text
+    }
+
     public func int(_ name: String, default fallback: Int, range: ClosedRange<Int> = 0...Int.max) throws -> Int {
         guard let raw = optionalString(name) else { return fallback }
         guard let value = Int(raw), range.contains(value) else {

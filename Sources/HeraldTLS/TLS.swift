@@ -4,7 +4,7 @@ import HeraldRuntime
 internal import COpenSSL
 internal import CHeraldShims
 
-/// An SSL_CTX: TLS 1.2 or newer, ALPN `h2`, set up for partial non-blocking writes. Configured once, then only
+/// An SSL_CTX: TLS 1.2 or newer, set up for partial non-blocking writes. Configured once, then only
 /// read (SSL_new), which OpenSSL allows from any thread.
 public final class TLSContext: @unchecked Sendable {
     let pointer: OpaquePointer
@@ -23,9 +23,11 @@ public final class TLSContext: @unchecked Sendable {
 
     deinit { SSL_CTX_free(pointer) }
 
-    /// A client's: offers ALPN `h2` and verifies the peer against the system trust store plus `extraCAFile`.
-    /// There is deliberately no way to turn verification off.
-    public static func client(extraCAFile: String?) throws(ConfigurationError) -> TLSContext {
+    /// A client's: verifies the peer against the system trust store plus `extraCAFile`, offers `alpn` (none when
+    /// empty), and presents `identity` (a certificate chain and its key) to a server that asks for one. There is
+    /// deliberately no way to turn verification off.
+    public static func client(extraCAFile: String?, alpn: [String] = ["h2"],
+                              identity: (certificateChain: String, privateKey: String)? = nil) throws(ConfigurationError) -> TLSContext {
         let context = try TLSContext(method: TLS_client_method())
         SSL_CTX_set_verify(context.pointer, SSL_VERIFY_PEER, nil)
         guard SSL_CTX_set_default_verify_paths(context.pointer) == 1 else {
@@ -36,10 +38,13 @@ public final class TLSContext: @unchecked Sendable {
                 throw ConfigurationError("tls", "cannot load CA file \(extraCAFile)" + OpenSSLErrors.drain())
             }
         }
-        let alpn: [UInt8] = [2, UInt8(ascii: "h"), UInt8(ascii: "2")]
-        // SSL_CTX_set_alpn_protos returns 0 on success.
-        guard SSL_CTX_set_alpn_protos(context.pointer, alpn, UInt32(alpn.count)) == 0 else {
-            throw ConfigurationError("tls", "cannot set ALPN" + OpenSSLErrors.drain())
+        if let identity { try context.use(identity.certificateChain, identity.privateKey) }
+        if !alpn.isEmpty {
+            let wire = alpn.flatMap { [UInt8($0.utf8.count)] + Array($0.utf8) }
+            // SSL_CTX_set_alpn_protos returns 0 on success.
+            guard SSL_CTX_set_alpn_protos(context.pointer, wire, UInt32(wire.count)) == 0 else {
+                throw ConfigurationError("tls", "cannot set ALPN" + OpenSSLErrors.drain())
+            }
         }
         return context
     }
@@ -48,17 +53,22 @@ public final class TLSContext: @unchecked Sendable {
     public static func server(certificateChain: String, privateKey: String) throws(ConfigurationError) -> TLSContext {
         let context = try TLSContext(method: TLS_server_method())
         herald_ssl_ctx_set_server_options(context.pointer)
-        guard SSL_CTX_use_certificate_chain_file(context.pointer, certificateChain) == 1 else {
-            throw ConfigurationError("cert", "cannot load the certificate chain \(certificateChain)" + OpenSSLErrors.drain())
-        }
-        guard SSL_CTX_use_PrivateKey_file(context.pointer, privateKey, SSL_FILETYPE_PEM) == 1 else {
-            throw ConfigurationError("cert-key", "cannot load the private key \(privateKey)" + OpenSSLErrors.drain())
-        }
-        guard SSL_CTX_check_private_key(context.pointer) == 1 else {
-            throw ConfigurationError("cert-key", "\(privateKey) does not match \(certificateChain)" + OpenSSLErrors.drain())
-        }
+        try context.use(certificateChain, privateKey)
         herald_ssl_ctx_require_alpn_h2(context.pointer)
         return context
+    }
+
+    /// Loads a certificate chain and the private key that goes with it.
+    private func use(_ certificateChain: String, _ privateKey: String) throws(ConfigurationError) {
+        guard SSL_CTX_use_certificate_chain_file(pointer, certificateChain) == 1 else {
+            throw ConfigurationError("cert", "cannot load the certificate chain \(certificateChain)" + OpenSSLErrors.drain())
+        }
+        guard SSL_CTX_use_PrivateKey_file(pointer, privateKey, SSL_FILETYPE_PEM) == 1 else {
+            throw ConfigurationError("cert-key", "cannot load the private key \(privateKey)" + OpenSSLErrors.drain())
+        }
+        guard SSL_CTX_check_private_key(pointer) == 1 else {
+            throw ConfigurationError("cert-key", "\(privateKey) does not match \(certificateChain)" + OpenSSLErrors.drain())
+        }
     }
 }
 

@@ -85,10 +85,7 @@ struct DispatcherSettings {
         }
         apns.connectionsPerEndpoint = try env.int("HERALD_APNS_CONNECTIONS", default: apns.connectionsPerEndpoint, range: 1...64)
         appsFile = env.string("HERALD_APPS_FILE", default: "config/apps.json")
-        let redisURL = env.string("HERALD_REDIS_URL", default: "redis://127.0.0.1:6379/0")
-        do { redis = try RedisConfiguration(url: redisURL) } catch {
-            throw ConfigurationError("HERALD_REDIS_URL", "\(error)")
-        }
+        redis = try RedisConfiguration(environment: env)
         logLevel = try env.logLevel()
     }
 }

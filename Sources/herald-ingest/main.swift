@@ -70,13 +70,10 @@ struct IngestSettings {
         configuration.maxConnectionsPerAddress = try env.int("HERALD_HTTP_MAX_CONNECTIONS_PER_IP", default: defaults.maxConnectionsPerAddress,
                                                              range: 0...1_000_000)
         appsFile = env.string("HERALD_APPS_FILE", default: "config/apps.json")
-        let redisURL = env.string("HERALD_REDIS_URL", default: "redis://127.0.0.1:6379/0")
         // One connection by default: concurrent calls then share one write and one read loop (automatic
         // pipelining); more connections cost more CPU per request in both herald-ingest and Redis.
         let connections = try env.int("HERALD_REDIS_CONNECTIONS", default: 1, range: 1...64)
-        do { redis = try RedisConfiguration(url: redisURL, poolSize: connections) } catch {
-            throw ConfigurationError("HERALD_REDIS_URL", "\(error)")
-        }
+        redis = try RedisConfiguration(environment: env, poolSize: connections)
         let brokers = env.string("HERALD_KAFKA_BROKERS", default: "127.0.0.1:9092")
         // 3 ms, not librdkafka's usual 1 ms: under load each produce request then carries several jobs per
         // partition (less ingest and broker CPU per event). Not more: each answer waits for its ack, so with few

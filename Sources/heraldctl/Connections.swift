@@ -6,7 +6,7 @@ import HeraldRuntime
 /// Where heraldctl's dead-letter commands find Kafka and Redis (`HERALD_*` variables).
 struct Connections: Sendable {
     var brokers: String
-    var redisURL: String
+    private var environment: EnvironmentReader
     var jobsTopic: String
     var dlqTopic: String
     /// Bound on each metadata or offsets request, so an unreachable broker is reported instead of waited on.
@@ -14,7 +14,7 @@ struct Connections: Sendable {
 
     init(_ env: EnvironmentReader = EnvironmentReader()) {
         brokers = env.string("HERALD_KAFKA_BROKERS", default: "127.0.0.1:9092")
-        redisURL = env.string("HERALD_REDIS_URL", default: RedisConfiguration.defaultURL)
+        environment = env
         jobsTopic = env.string("HERALD_TOPIC_JOBS", default: "herald.jobs")
         dlqTopic = env.string("HERALD_TOPIC_DLQ", default: "herald.dlq")
     }
@@ -34,11 +34,7 @@ struct Connections: Sendable {
     }
 
     func redis() throws -> RedisClient {
-        do {
-            return RedisClient(configuration: try RedisConfiguration(url: redisURL), logger: logger)
-        } catch {
-            throw ConfigurationError("HERALD_REDIS_URL", "\(error)")
-        }
+        RedisClient(configuration: try RedisConfiguration(environment: environment), logger: logger)
     }
 
     /// Says what failed in words an operator can act on.
@@ -68,7 +64,7 @@ struct Connections: Sendable {
 
     /// The Redis URL without its password.
     private var redisDescription: String {
-        (try? RedisConfiguration(url: redisURL).description) ?? redisURL
+        (try? RedisConfiguration(environment: environment).description) ?? "HERALD_REDIS_URL"
     }
 }
 

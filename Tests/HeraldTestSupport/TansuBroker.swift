@@ -15,11 +15,14 @@ public var heraldDependencies: URL {
 /// lookups slow down with what it holds.
 public final class TansuBroker: Sendable {
     public let port: UInt16
+    /// The port clients are told to use (a proxy's in front of the broker); `port` when nil.
+    private let advertisedPort: UInt16?
     private let logPath: String
     private let process = Lock<ChildProcess?>(nil)
 
-    public init(logPath: String) throws {
+    public init(logPath: String, advertisedPort: UInt16? = nil) throws {
         port = try freePort()
+        self.advertisedPort = advertisedPort
         self.logPath = logPath
     }
 
@@ -36,8 +39,9 @@ public final class TansuBroker: Sendable {
     /// Starts a fresh broker on the port and waits until it lists topics.
     public func start() async throws {
         let url = "tcp://\(address)"
+        let advertised = "tcp://127.0.0.1:\(advertisedPort ?? port)"
         let child = try ChildProcess("tansu", executable: tansu, arguments: [
-            "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "memory://tansu/",
+            "broker", "--listener-url", url, "--advertised-listener-url", advertised, "--storage-engine", "memory://tansu/",
         ], environment: [:], logPath: logPath)
         process.withLock { $0 = child }
         let tansu = self.tansu

@@ -1,4 +1,4 @@
-// Over 400 lines: a hiredis connection driven by an event loop (connect, write, read replies, reconnect) is one state machine.
+// Over 400 lines: a Redis connection driven by an event loop (connect, secure, write, read replies, reconnect) is one state machine.
 internal import CHiredis
 import Foundation
 import HeraldRuntime
@@ -64,6 +64,8 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
         case resolving
         /// A non-blocking connect in progress; the addresses left to try if it fails.
         case connecting([SocketAddress])
+        /// The TLS handshake of a `rediss://` connection.
+        case securing
         case open
     }
 
@@ -74,7 +76,9 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
     private let handshake: RESPEncoder
 
     private var phase = Phase.idle
+    /// The socket while connecting; `stream` owns it from then on.
     private var fd: Int32 = -1
+    private var stream: RedisStream?
     private var reader: UnsafeMutablePointer<redisReader>?
     private var generation = 0
     private var connectDeadline = ContinuousClock.now
@@ -100,7 +104,7 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
 
     deinit {
         // Normally closed already by `fail`; closing also takes a descriptor out of every epoll set.
-        if fd >= 0 { Glibc.close(fd) }
+        if let stream { stream.close() } else if fd >= 0 { Glibc.close(fd) }
         if let reader { redisReaderFree(reader) }
         input.deallocate()
     }
@@ -142,6 +146,7 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
             finishConnect(remaining: rest)
             return
         }
+        if case .securing = phase { return secure() }
         if events.contains(.readable) || events.contains(.failed) { readReplies() }
         if fd >= 0, events.contains(.writable) { flush() }
     }
@@ -149,7 +154,7 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
     func endOfTurn(now: ContinuousClock.Instant) {
         guard head < waiting.count else { return }
         switch phase {
-        case .resolving, .connecting:
+        case .resolving, .connecting, .securing:
             // As on the pool, a connect cut short by either deadline is a connection failure.
             if now >= min(connectDeadline, waiting[head].deadline) {
                 fail(RedisError(.connection, "connect to \(address): timed out"))
@@ -209,7 +214,7 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
             let descriptor = Glibc.socket(candidate.family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
                                               | Int32(SOCK_CLOEXEC.rawValue), 0)
             guard descriptor >= 0 else { lastError = errno; continue }
-            Self.tune(descriptor)
+            SocketAddress.tune(descriptor)
             let started = candidate.bytes.withUnsafeBytes { raw in
                 Glibc.connect(descriptor, raw.baseAddress!.assumingMemoryBound(to: sockaddr.self),
                                    socklen_t(raw.count))
@@ -242,46 +247,53 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
         }
         reader = redisReaderCreate()
         guard reader != nil else { return fail(RedisError(.connection, "hiredis could not allocate a reader")) }
-        phase = .open
-        watchingWritable = false
-        guard loop.watch(fd, for: .readable, client: self) else {
-            return fail(RedisError(.connection, "cannot watch the Redis socket: \(String(cString: strerror(errno)))"))
+        do { stream = try RedisStream(descriptor: fd, tls: configuration.tls, host: configuration.host) } catch {
+            return fail(error)
         }
-        flush()
+        phase = .securing
+        secure()
     }
 
-    /// No delay (each turn's writes are already batched) and keep-alive probes, as hiredis sets them.
-    private static func tune(_ descriptor: Int32) {
-        var on: Int32 = 1
-        let size = socklen_t(MemoryLayout<Int32>.size)
-        _ = setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_NODELAY, &on, size)
-        _ = setsockopt(descriptor, SOL_SOCKET, SO_KEEPALIVE, &on, size)
-        var idle: Int32 = 15
-        _ = setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_KEEPIDLE, &idle, size)
-        var interval: Int32 = 5
-        _ = setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_KEEPINTVL, &interval, size)
-        var probes: Int32 = 3
-        _ = setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_KEEPCNT, &probes, size)
+    /// Drives the TLS handshake (done at once in clear), then starts writing what is buffered.
+    private func secure() {
+        guard let stream else { return }
+        switch stream.handshake() {
+        case .moved:
+            phase = .open
+            watchingWritable = false
+            guard loop.watch(fd, for: .readable, client: self) else {
+                return fail(RedisError(.connection, "cannot watch the Redis socket: \(String(cString: strerror(errno)))"))
+            }
+            flush()
+        case .wouldBlock(let wantsWrite):
+            if !loop.watch(fd, for: wantsWrite ? .writable : .readable, client: self) {
+                fail(RedisError(.connection, "cannot watch the Redis socket: \(String(cString: strerror(errno)))"))
+            }
+        case .closedByPeer:
+            fail(RedisError(.connection, "TLS handshake with \(address): closed by the server"))
+        case .failed(let message):
+            fail(RedisError(.connection, "TLS handshake with \(address): \(message)"))
+        }
     }
 
     // MARK: Writing and reading
 
     /// Writes what is buffered; what the socket does not take now waits for it to turn writable.
     private func flush() {
+        guard let stream else { return }
         while written < output.count {
-            let sent = output.withUnsafeBytes { raw in
-                send(fd, raw.baseAddress! + written, raw.count - written, Int32(MSG_NOSIGNAL))
-            }
-            if sent > 0 {
-                written += sent
-                continue
-            }
-            if errno == EINTR { continue }
-            if errno == EAGAIN || errno == EWOULDBLOCK {
+            switch output.withUnsafeBytes({ stream.write(UnsafeRawBufferPointer(rebasing: $0[written...])) }) {
+            case .moved(let count):
+                written += count
+            case .wouldBlock:
+                // TLS may want to read first (rare): readability is watched all along, and the retry comes either way.
                 if !watchingWritable { setWritableInterest(true) }
                 return
+            case .closedByPeer:
+                return fail(RedisError(.connection, "\(address): connection closed by the server"))
+            case .failed(let message):
+                return fail(RedisError(.connection, "\(address): \(message)"))
             }
-            return fail(RedisError(.connection, "\(address): \(String(cString: strerror(errno)))"))
         }
         // A multi-megabyte pipeline should not pin its buffer for the life of the connection.
         if output.capacity > 1 << 20 { output = [] } else { output.removeAll(keepingCapacity: true) }
@@ -298,13 +310,13 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
 
     private func readReplies() {
         let current = generation
-        while true {
-            let count = read(fd, input.baseAddress, input.count)
-            if count == 0 { return fail(RedisError(.connection, "\(address): connection closed by the server")) }
-            if count < 0 {
-                if errno == EINTR { continue }
-                if errno == EAGAIN || errno == EWOULDBLOCK { return }
-                return fail(RedisError(.connection, "\(address): \(String(cString: strerror(errno)))"))
+        while let stream {
+            let count: Int
+            switch stream.read(into: input) {
+            case .moved(let moved): count = moved
+            case .wouldBlock: return
+            case .closedByPeer: return fail(RedisError(.connection, "\(address): connection closed by the server"))
+            case .failed(let message): return fail(RedisError(.connection, "\(address): \(message)"))
             }
             guard let feeding = reader,
                   redisReaderFeed(feeding, input.baseAddress?.assumingMemoryBound(to: CChar.self), count) == REDIS_OK else {
@@ -324,8 +336,9 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
                 freeReplyObject(raw)
                 deliver(value)
             }
-            // A full buffer may have left more in the socket; anything less was all there was.
-            guard current == generation, count == input.count else { return }
+            // In clear, a buffer not filled was all there was. TLS hands over one record a read: read on until it
+            // would block, so nothing is left decrypted inside OpenSSL with the socket quiet.
+            guard current == generation, stream.isSecured || count == input.count else { return }
         }
     }
 
@@ -393,9 +406,10 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
     private func closeSocket() {
         if fd >= 0 {
             loop.unwatch(fd)
-            Glibc.close(fd)
+            if let stream { stream.close() } else { Glibc.close(fd) }
             fd = -1
         }
+        stream = nil
         watchingWritable = false
         if let reader { redisReaderFree(reader) }
         reader = nil
@@ -406,6 +420,20 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
 struct SocketAddress: Sendable {
     var family: Int32
     var bytes: [UInt8]
+
+    /// No delay (each turn's writes are already batched) and keep-alive probes, as hiredis sets them.
+    static func tune(_ descriptor: Int32) {
+        var on: Int32 = 1
+        let size = socklen_t(MemoryLayout<Int32>.size)
+        _ = setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_NODELAY, &on, size)
+        _ = setsockopt(descriptor, SOL_SOCKET, SO_KEEPALIVE, &on, size)
+        var idle: Int32 = 15
+        _ = setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_KEEPIDLE, &idle, size)
+        var interval: Int32 = 5
+        _ = setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_KEEPINTVL, &interval, size)
+        var probes: Int32 = 3
+        _ = setsockopt(descriptor, Int32(IPPROTO_TCP), TCP_KEEPCNT, &probes, size)
+    }
 
     /// `getaddrinfo` for TCP; with `numericOnly`, only an IP address literal is accepted (and nothing blocks).
     static func resolve(_ host: String, port: Int, numericOnly: Bool) -> [SocketAddress]? {

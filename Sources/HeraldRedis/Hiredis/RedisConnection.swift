@@ -1,14 +1,20 @@
 internal import CHiredis
 import Foundation
 
-/// Owns one blocking hiredis context: opens it (with `AUTH` and `SELECT`), writes encoded commands, reads replies,
-/// and frees it on any I/O error so the next use opens a fresh connection.
+/// One pool connection, used as if blocking: opens a socket (with TLS, `AUTH` and `SELECT`), buffers encoded
+/// commands, writes them and reads replies with hiredis' reply parser, each wait bounded by a deadline; on any
+/// I/O error it closes, so the next use opens a fresh connection.
 ///
 /// Not Sendable: exactly one worker thread creates and uses it. Every call here may block, so it must never run on
 /// Swift's cooperative pool.
 final class RedisConnection {
     private let configuration: RedisConfiguration
-    private var context: UnsafeMutablePointer<redisContext>?
+    private var stream: RedisStream?
+    private var reader: UnsafeMutablePointer<redisReader>?
+    private var output: [UInt8] = []
+    /// When the current wait (connect, or the batch's replies) gives up.
+    private var deadline = ContinuousClock.now
+    private let input = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 1)
 
     init(configuration: RedisConfiguration) {
         self.configuration = configuration
@@ -16,37 +22,55 @@ final class RedisConnection {
 
     deinit {
         disconnect()
+        input.deallocate()
     }
 
-    var isConnected: Bool { context != nil }
+    var isConnected: Bool { stream != nil }
 
-    /// True when the idle socket is already readable: with no reply outstanding, that can only be the server's
-    /// close (a restart, an idle timeout), so the next batch opens a new connection instead of failing on this one.
+    /// True when the idle connection has been closed by the server (a restart, an idle timeout), so the next batch
+    /// opens a new connection instead of failing on this one. With no reply outstanding, readable can only mean that,
+    /// or a TLS session ticket, which a read consumes.
     var peerHasClosed: Bool {
-        guard let context else { return false }
-        var descriptor = pollfd(fd: context.pointee.fd, events: Int16(POLLIN), revents: 0)
-        return poll(&descriptor, 1, 0) != 0
+        guard let stream else { return false }
+        var descriptor = pollfd(fd: stream.descriptor, events: Int16(POLLIN), revents: 0)
+        guard poll(&descriptor, 1, 0) != 0 else { return false }
+        guard stream.isSecured, case .wouldBlock = stream.read(into: input) else { return true }
+        return false
     }
 
-    /// Opens a new connection (dropping any previous one) and authenticates and selects the database on it.
+    /// Opens a new connection (dropping any previous one), secures it, and authenticates and selects the database.
     func connect(timeout: Duration) throws(RedisError) {
         disconnect()
-        guard let opened = redisConnectWithTimeout(configuration.host, Int32(configuration.port), timeval(timeout)) else {
-            throw RedisError(.connection, "connect to \(address): hiredis could not allocate a context")
+        deadline = .now + timeout
+        let addresses = SocketAddress.resolve(configuration.host, port: configuration.port, numericOnly: false) ?? []
+        guard !addresses.isEmpty else { throw RedisError(.connection, "connect to \(address): unknown host") }
+        var lastProblem = "no address"
+        for candidate in addresses {
+            do {
+                try open(candidate)
+                break
+            } catch {
+                lastProblem = error.message
+            }
         }
-        if opened.pointee.err != 0 {
-            let message = Self.errorText(opened)
-            redisFree(opened)
-            throw RedisError(.connection, "connect to \(address): \(message)")
+        guard let stream else { throw RedisError(.connection, "connect to \(address): \(lastProblem)") }
+        while true {
+            switch stream.handshake() {
+            case .moved: break
+            case .wouldBlock(let wantsWrite):
+                try wait(wantsWrite ? POLLOUT : POLLIN, else: .connection, "TLS handshake with \(address): timed out")
+                continue
+            case .closedByPeer:
+                try failed(.connection, "TLS handshake with \(address): closed by the server")
+            case .failed(let message):
+                try failed(.connection, "TLS handshake with \(address): \(message)")
+            }
+            break
         }
-        context = opened
-        // Keep-alive notices a peer that vanished without closing (a dead host, a dropped NAT entry).
-        _ = redisEnableKeepAlive(opened)
 
         let handshake = configuration.handshake
         guard handshake.commandCount > 0 else { return }
-        try append(handshake.bytes)
-        try setTimeout(timeout)
+        append(handshake.bytes)
         var index = 0
         while index < handshake.commandCount {
             if case .error(let message) = try readReply() {
@@ -57,65 +81,130 @@ final class RedisConnection {
         }
     }
 
-    /// Frees the context; the next `connect` opens a new one.
+    /// A non-blocking connect to one address, waited for until the deadline.
+    private func open(_ candidate: SocketAddress) throws(RedisError) {
+        let descriptor = socket(candidate.family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue)
+                                    | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard descriptor >= 0 else { throw RedisError(.connection, String(cString: strerror(errno))) }
+        SocketAddress.tune(descriptor)
+        let started = candidate.bytes.withUnsafeBytes { raw in
+            Glibc.connect(descriptor, raw.baseAddress!.assumingMemoryBound(to: sockaddr.self), socklen_t(raw.count))
+        }
+        guard started == 0 || errno == EINPROGRESS else {
+            let problem = String(cString: strerror(errno))
+            Glibc.close(descriptor)
+            throw RedisError(.connection, problem)
+        }
+        do throws(RedisError) {
+            stream = try RedisStream(descriptor: descriptor, tls: configuration.tls, host: configuration.host)
+        } catch {
+            Glibc.close(descriptor)
+            throw error
+        }
+        try wait(POLLOUT, else: .connection, "timed out")
+        var problem: Int32 = 0
+        var length = socklen_t(MemoryLayout<Int32>.size)
+        if getsockopt(descriptor, SOL_SOCKET, SO_ERROR, &problem, &length) != 0 { problem = errno }
+        if problem != 0 { try failed(.connection, String(cString: strerror(problem))) }
+        reader = redisReaderCreate()
+        if reader == nil { try failed(.connection, "hiredis could not allocate a reader") }
+    }
+
+    /// Closes the connection; the next `connect` opens a new one.
     func disconnect() {
-        if let context { redisFree(context) }
-        context = nil
+        stream?.close()
+        stream = nil
+        if let reader { redisReaderFree(reader) }
+        reader = nil
+        output.removeAll()
     }
 
     /// Buffers already-encoded commands; they are written by the next `readReply`.
-    func append(_ bytes: [UInt8]) throws(RedisError) {
-        let context = try connected()
-        let status = bytes.withUnsafeBufferPointer { buffer in
-            buffer.withMemoryRebound(to: CChar.self) { redisAppendFormattedCommand(context, $0.baseAddress, $0.count) }
-        }
-        if status != REDIS_OK {
-            disconnect()
-            throw RedisError(.connection, "hiredis could not buffer the command (out of memory)")
-        }
+    func append(_ bytes: [UInt8]) {
+        output.append(contentsOf: bytes)
     }
 
-    /// Bounds each blocking read and write on the socket; a read that waits longer fails with `.timeout`.
-    func setTimeout(_ timeout: Duration) throws(RedisError) {
-        let context = try connected()
-        if redisSetTimeout(context, timeval(timeout)) != REDIS_OK {
-            let message = Self.errorText(context)
-            disconnect()
-            throw RedisError(.connection, "setting the socket timeout failed: \(message)")
-        }
+    /// Bounds the wait for the replies to what has been appended; past it `readReply` fails with `.timeout`.
+    func setTimeout(_ timeout: Duration) {
+        deadline = .now + max(.milliseconds(1), timeout)
     }
 
-    /// Writes whatever is buffered, then blocks for the next reply. On any failure the connection is dropped.
+    /// Writes whatever is buffered, then waits for the next reply. On any failure the connection is dropped.
     func readReply() throws(RedisError) -> RedisValue {
-        let context = try connected()
-        var raw: UnsafeMutableRawPointer?
-        if redisGetReply(context, &raw) != REDIS_OK {
-            let savedErrno = errno
-            let kind = context.pointee.err
-            let message = Self.errorText(context)
-            disconnect()
-            if kind == REDIS_ERR_IO, savedErrno == EAGAIN || savedErrno == EWOULDBLOCK {
-                throw RedisError(.timeout, "no reply from \(address) in time; connection reset")
+        try flush()
+        while true {
+            guard let reader else { throw RedisError(.connection, "not connected to \(address)") }
+            var raw: UnsafeMutableRawPointer?
+            guard redisReaderGetReply(reader, &raw) == REDIS_OK else {
+                let message = withUnsafeBytes(of: reader.pointee.errstr) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+                try failed(.protocol, "\(address): \(message)")
             }
-            if kind == REDIS_ERR_PROTOCOL { throw RedisError(.protocol, "\(address): \(message)") }
-            throw RedisError(.connection, "\(address): \(message)")
+            if let raw {
+                defer { freeReplyObject(raw) }
+                return Self.value(raw.assumingMemoryBound(to: redisReply.self))
+            }
+            try fill(reader)
         }
-        guard let raw else {
-            disconnect()
-            throw RedisError(.protocol, "\(address): hiredis returned no reply")
+    }
+
+    private func flush() throws(RedisError) {
+        guard !output.isEmpty else { return }
+        guard let stream else { throw RedisError(.connection, "not connected to \(address)") }
+        var written = 0
+        while written < output.count {
+            let result = output.withUnsafeBytes { stream.write(UnsafeRawBufferPointer(rebasing: $0[written...])) }
+            switch result {
+            case .moved(let count): written += count
+            case .wouldBlock(let wantsWrite):
+                try wait(wantsWrite ? POLLOUT : POLLIN, else: .timeout, "no reply from \(address) in time; connection reset")
+            case .closedByPeer: try failed(.connection, "\(address): connection closed by the server")
+            case .failed(let message): try failed(.connection, "\(address): \(message)")
+            }
         }
-        defer { freeReplyObject(raw) }
-        return Self.value(raw.assumingMemoryBound(to: redisReply.self))
+        // A multi-megabyte pipeline should not pin its buffer for the life of the connection.
+        if output.capacity > 1 << 20 { output = [] } else { output.removeAll(keepingCapacity: true) }
+    }
+
+    /// Reads what has arrived into the reply parser, waiting for it until the deadline.
+    private func fill(_ reader: UnsafeMutablePointer<redisReader>) throws(RedisError) {
+        guard let stream else { throw RedisError(.connection, "not connected to \(address)") }
+        while true {
+            switch stream.read(into: input) {
+            case .moved(let count):
+                if redisReaderFeed(reader, input.baseAddress?.assumingMemoryBound(to: CChar.self), count) != REDIS_OK {
+                    try failed(.protocol, "\(address): hiredis could not buffer the reply")
+                }
+                return
+            case .wouldBlock(let wantsWrite):
+                try wait(wantsWrite ? POLLOUT : POLLIN, else: .timeout, "no reply from \(address) in time; connection reset")
+            case .closedByPeer: try failed(.connection, "\(address): connection closed by the server")
+            case .failed(let message): try failed(.connection, "\(address): \(message)")
+            }
+        }
+    }
+
+    /// Waits until the socket is ready for `events` or the deadline passes (then fails with `code`).
+    private func wait(_ events: Int32, else code: RedisError.Code, _ message: @autoclosure () -> String) throws(RedisError) {
+        guard let stream else { throw RedisError(.connection, "not connected to \(address)") }
+        while true {
+            let left = deadline - .now
+            guard left > .zero else { try failed(code, message()) }
+            var descriptor = pollfd(fd: stream.descriptor, events: Int16(events), revents: 0)
+            let ready = poll(&descriptor, 1, Int32(clamping: max(1, left.inMilliseconds)))
+            if ready > 0 { return }
+            if ready < 0, errno != EINTR { try failed(.connection, "\(address): \(String(cString: strerror(errno)))") }
+        }
+    }
+
+    /// Drops the connection and throws.
+    private func failed(_ code: RedisError.Code, _ message: String) throws(RedisError) -> Never {
+        disconnect()
+        throw RedisError(code, message)
     }
 
     private var address: String { "\(configuration.host):\(configuration.port)" }
 
-    private func connected() throws(RedisError) -> UnsafeMutablePointer<redisContext> {
-        guard let context else { throw RedisError(.connection, "not connected to \(address)") }
-        return context
-    }
-
-    /// Converts a hiredis reply (from a context or a `redisReader`) into a `RedisValue`.
+    /// Converts a reply from a hiredis `redisReader` into a `RedisValue`.
     static func value(_ reply: UnsafePointer<redisReply>) -> RedisValue {
         let reply = reply.pointee
         switch reply.type {
@@ -139,16 +228,6 @@ final class RedisConnection {
             // RESP2 has no other reply types; REDIS_REPLY_NIL and anything unknown read as nil.
             return .null
         }
-    }
-
-    private static func errorText(_ context: UnsafeMutablePointer<redisContext>) -> String {
-        withUnsafeBytes(of: context.pointee.errstr) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-    }
-
-    /// A `timeval` for hiredis; at least 1 ms, because a zero socket timeout means "wait forever".
-    private func timeval(_ duration: Duration) -> Foundation.timeval {
-        let micros = max(1_000, duration.inMicroseconds)
-        return Foundation.timeval(tv_sec: Int(micros / 1_000_000), tv_usec: Int(micros % 1_000_000))
     }
 }
 
