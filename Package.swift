@@ -77,7 +77,7 @@ let package = Package(
         .testTarget(name: "HeraldCryptoTests", dependencies: ["HeraldCrypto", "HeraldRuntime"]),
         .testTarget(name: "HeraldRedisTests", dependencies: ["HeraldRedis", "HeraldHTTP", "HeraldCrypto", "HeraldTestSupport",
                                                           "HeraldRuntime"]),
-        .testTarget(name: "HeraldKafkaTests", dependencies: ["HeraldKafka", "CRdKafka", "HeraldTestSupport"]),
+        .testTarget(name: "HeraldKafkaTests", dependencies: ["HeraldKafka", "CRdKafka", "HeraldRuntime", "HeraldTestSupport"]),
         .testTarget(name: "HeraldStoreTests", dependencies: ["HeraldStore", "HeraldCrypto", "HeraldTestSupport"]),
         .testTarget(name: "HeraldHTTPTests", dependencies: ["HeraldHTTP", "HeraldTestSupport"]),
         .testTarget(name: "HeraldAPNsTests", dependencies: ["HeraldAPNs", "HeraldAPNsSimulator", "HeraldCrypto",

@@ -1,6 +1,8 @@
 import Foundation
+import HeraldRuntime
 
-/// Settings every Kafka client shares: where the brokers are, who we are, and how long requests may take.
+/// Settings every Kafka client shares: where the brokers are, who we are, how requests are secured, and how long
+/// they may take.
 public struct KafkaConfiguration: Sendable, Hashable {
     /// Bootstrap brokers as `host:port`.
     public var brokers: [String]
@@ -11,6 +13,8 @@ public struct KafkaConfiguration: Sendable, Hashable {
     /// `socket.timeout.ms`: how long a broker may leave a request unanswered before the connection is
     /// considered broken. Default 10 s.
     public var socketTimeout: Duration
+    /// Encryption and authentication, and the operator's pass-through properties. Default: plaintext.
+    public var security = KafkaSecurity()
     /// Extra librdkafka properties (see librdkafka's CONFIGURATION.md). Applied last, so they override
     /// everything this wrapper sets.
     public var properties: [String: String]
@@ -30,13 +34,18 @@ public struct KafkaConfiguration: Sendable, Hashable {
             .filter { !$0.isEmpty }, clientID: clientID)
     }
 
+    /// From `HERALD_KAFKA_BROKERS` and the security variables (`KafkaSecurity(environment:)`).
+    public init(environment env: EnvironmentReader, clientID: String) throws(ConfigurationError) {
+        self.init(brokerList: env.string("HERALD_KAFKA_BROKERS", default: "127.0.0.1:9092"), clientID: clientID)
+        security = try KafkaSecurity(environment: env)
+    }
+
     /// The librdkafka properties of the admin client.
     public var librdkafkaProperties: [String: String] {
         var out = baseProperties
         // Asking for a missing topic's metadata must not create it.
         out["allow.auto.create.topics"] = "false"
-        out.merge(properties) { _, extra in extra }
-        return out
+        return overriding(out)
     }
 
     var baseProperties: [String: String] {
@@ -46,7 +55,12 @@ public struct KafkaConfiguration: Sendable, Hashable {
             "socket.timeout.ms": String(socketTimeout.milliseconds(atLeast: 10)),
             // Brokers close idle connections; librdkafka would log each as an error.
             "log.connection.close": "false",
-        ]
+        ].merging(security.properties) { _, secured in secured }
+    }
+
+    /// A client's properties with the operator's pass-through properties and then `properties` on top.
+    func overriding(_ own: [String: String]) -> [String: String] {
+        own.merging(security.extraProperties) { _, extra in extra }.merging(properties) { _, extra in extra }
     }
 
     func validate() throws(KafkaError) {
@@ -100,8 +114,7 @@ public struct KafkaProducerConfiguration: Sendable, Hashable {
             // broker's default partition count; a missing topic must fail the send instead.
             "allow.auto.create.topics": "false",
         ]) { _, new in new }
-        out.merge(kafka.properties) { _, extra in extra }
-        return out
+        return kafka.overriding(out)
     }
 }
 
@@ -154,8 +167,7 @@ public struct KafkaConsumerConfiguration: Sendable, Hashable {
             "max.poll.interval.ms": String(maxPollInterval.milliseconds(atLeast: 1)),
         ]) { _, new in new }
         out["group.id"] = groupID ?? Self.assignOnlyGroupID
-        out.merge(kafka.properties) { _, extra in extra }
-        return out
+        return kafka.overriding(out)
     }
 }
 

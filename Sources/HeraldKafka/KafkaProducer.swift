@@ -190,6 +190,9 @@ public final class KafkaProducer: Sendable {
     }
 
     /// Swaps in a fresh handle (unless `stale` was replaced already) and retires `stale` in the background.
+    /// The configuration librdkafka runs the current handle with (for tests: what reached it).
+    var effectiveProperties: [String: String] { state.withLock { $0.instance }.client.effectiveProperties }
+
     private func replace(_ stale: ProducerInstance) {
         let fresh: ProducerInstance
         do {

@@ -70,10 +70,10 @@ struct DispatcherSettings {
             configuration.fetchStallRecovery = FetchStallRecovery(stallTimeout: stallTimeout)
         }
         configuration.drainTimeout = try env.seconds("HERALD_DRAIN_TIMEOUT_SECONDS", default: defaults.drainTimeout)
-        let brokers = env.string("HERALD_KAFKA_BROKERS", default: "127.0.0.1:9092")
-        configuration.kafka = KafkaConfiguration(brokerList: brokers, clientID: "herald-dispatcher")
-        producer = KafkaProducerConfiguration(kafka: KafkaConfiguration(brokerList: brokers, clientID: "herald-dispatcher-dlq"),
-                                              messageTimeout: .seconds(10))
+        configuration.kafka = try KafkaConfiguration(environment: env, clientID: "herald-dispatcher")
+        var deadLetterClient = configuration.kafka
+        deadLetterClient.clientID = "herald-dispatcher-dlq"
+        producer = KafkaProducerConfiguration(kafka: deadLetterClient, messageTimeout: .seconds(10))
         apns.productionURL = env.string("HERALD_APNS_PRODUCTION_URL", default: apns.productionURL)
         apns.sandboxURL = env.string("HERALD_APNS_SANDBOX_URL", default: apns.sandboxURL)
         for (name, url) in [("HERALD_APNS_PRODUCTION_URL", apns.productionURL), ("HERALD_APNS_SANDBOX_URL", apns.sandboxURL)] {
@@ -114,7 +114,9 @@ func main() async {
 
     if case .unverified = settings.configuration.jobSigning { logger.warning(JobSigning.unverifiedWarning) }
     logger.info("started", ["addr": service.address.description, "apps": "\(apps.directory.apps.count)",
-                            "group": settings.configuration.consumerGroup, "topic": settings.configuration.jobsTopic])
+                            "group": settings.configuration.consumerGroup, "topic": settings.configuration.jobsTopic,
+                            "redis.addr": settings.redis.description]
+                    .merging(settings.configuration.kafka.security.logFields) { first, _ in first })
     var failed = false
     do {
         // The drain (≤ HERALD_DRAIN_TIMEOUT_SECONDS + a few seconds) fits in the group's 25 s, which fits in

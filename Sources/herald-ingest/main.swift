@@ -74,12 +74,11 @@ struct IngestSettings {
         // pipelining); more connections cost more CPU per request in both herald-ingest and Redis.
         let connections = try env.int("HERALD_REDIS_CONNECTIONS", default: 1, range: 1...64)
         redis = try RedisConfiguration(environment: env, poolSize: connections)
-        let brokers = env.string("HERALD_KAFKA_BROKERS", default: "127.0.0.1:9092")
         // 3 ms, not librdkafka's usual 1 ms: under load each produce request then carries several jobs per
         // partition (less ingest and broker CPU per event). Not more: each answer waits for its ack, so with few
         // concurrent callers the linger bounds throughput.
         let linger = try env.int("HERALD_KAFKA_LINGER_MS", default: 3, range: 0...1000)
-        kafka = KafkaProducerConfiguration(kafka: KafkaConfiguration(brokerList: brokers),
+        kafka = KafkaProducerConfiguration(kafka: try KafkaConfiguration(environment: env, clientID: "herald"),
                                            messageTimeout: configuration.publishTimeout, linger: .milliseconds(linger))
         logLevel = try env.logLevel()
     }
@@ -108,7 +107,8 @@ func main() async {
 
     if case .unverified = settings.configuration.jobSigning { logger.warning(JobSigning.unverifiedWarning) }
     logger.info("listening", ["addr": service.address.description, "admin.addr": service.adminAddress?.description ?? "",
-                              "apps": "\(apps.directory.apps.count)"])
+                              "apps": "\(apps.directory.apps.count)", "redis.addr": settings.redis.description]
+                    .merging(settings.kafka.kafka.security.logFields) { first, _ in first })
     let reloader = AppsReloader(apps: apps, path: settings.appsFile, logger: logger)
     do {
         try await ServiceGroup(services: [reloader, service], logger: logger).run()

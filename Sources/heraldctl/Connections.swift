@@ -12,7 +12,11 @@ struct Connections: Sendable {
     /// Bound on each metadata or offsets request, so an unreachable broker is reported instead of waited on.
     var requestTimeout: Duration = .seconds(5)
 
-    init(_ env: EnvironmentReader = EnvironmentReader()) {
+    /// Brokers and security from the environment, checked now (a bad setting exits 2 before anything is read).
+    private let kafkaFromEnvironment: KafkaConfiguration
+
+    init(_ env: EnvironmentReader = EnvironmentReader()) throws {
+        kafkaFromEnvironment = try KafkaConfiguration(environment: env, clientID: "heraldctl")
         brokers = env.string("HERALD_KAFKA_BROKERS", default: "127.0.0.1:9092")
         environment = env
         jobsTopic = env.string("HERALD_TOPIC_JOBS", default: "herald.jobs")
@@ -23,7 +27,7 @@ struct Connections: Sendable {
     var logger: Logger { Logger(label: "heraldctl", minimumLevel: .error) }
 
     var kafka: KafkaConfiguration {
-        var configuration = KafkaConfiguration(brokerList: brokers, clientID: "heraldctl")
+        var configuration = kafkaFromEnvironment
         configuration.requestTimeout = requestTimeout
         configuration.socketTimeout = requestTimeout
         // librdkafka logs every failed connection attempt; the command says in one line what failed instead.

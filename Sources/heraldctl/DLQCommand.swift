@@ -47,7 +47,7 @@ enum DLQCommand {
         let filter = try DLQFilter(flags)
         let limit = try flags.int("limit", default: 100, range: 0...Int.max)
         let json = flags.has("json")
-        let connections = Connections()
+        let connections = try Connections()
         let reader = try await DLQReader.open(connections, filter: filter)
         var counts = Counts()
         var shown = 0
@@ -110,7 +110,7 @@ enum DLQCommand {
 
     static func stats(_ flags: Flags) async throws {
         let filter = try DLQFilter(flags)
-        let connections = Connections()
+        let connections = try Connections()
         let reader = try await DLQReader.open(connections, filter: filter)
         var counts = Counts()
         let scanned = try await scan(reader, filter, connections, counts: &counts)

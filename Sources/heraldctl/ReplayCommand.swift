@@ -85,7 +85,7 @@ enum ReplayCommand {
         }
         let options = Options(name: name, limit: limit, rate: rate, dryRun: flags.has("dry-run"),
                               includeRemoved: flags.has("include-removed"), json: flags.has("json"))
-        let connections = Connections()
+        let connections = try Connections()
         // Replayed jobs are signed as ingest signs events: the dispatcher refuses unsigned ones.
         let signing = options.dryRun ? JobSigning.unverified : try JobSigning(EnvironmentReader())
         let redis = try connections.redis()
@@ -144,7 +144,7 @@ enum ReplayCommand {
             }
             return name
         }
-        let topic = Connections().dlqTopic
+        let topic = try Connections().dlqTopic
         return "auto-" + Hex.encode(SHA256.hash("\(topic)\n\(filter.canonical)").prefix(6))
     }
 

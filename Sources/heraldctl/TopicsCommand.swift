@@ -7,8 +7,7 @@ enum TopicsCommand {
         let env = EnvironmentReader()
         let partitions = try flags.int("partitions", default: 12, range: 1...10_000)
         let replication = try flags.int("replication-factor", default: 1, range: 1...10)
-        let brokers = env.string("HERALD_KAFKA_BROKERS", default: "127.0.0.1:9092")
-        let admin = try KafkaAdmin(configuration: KafkaConfiguration(brokerList: brokers),
+        let admin = try KafkaAdmin(configuration: KafkaConfiguration(environment: env, clientID: "heraldctl"),
                                    logger: Logger(label: "heraldctl", minimumLevel: .warning))
         defer { admin.close() }
         for topic in [env.string("HERALD_TOPIC_JOBS", default: "herald.jobs"),

@@ -79,6 +79,19 @@ final class RDKafkaClient: @unchecked Sendable { // immutable after init; librdk
         context.release()
     }
 
+    /// The configuration librdkafka runs with, as it reports it (its own defaults included; secrets it redacts).
+    var effectiveProperties: [String: String] {
+        var count = 0
+        guard let dump = rd_kafka_conf_dump(rd_kafka_conf(handle), &count) else { return [:] }
+        defer { rd_kafka_conf_dump_free(dump, count) }
+        var properties: [String: String] = [:]
+        for index in stride(from: 0, to: count - 1, by: 2) {
+            guard let name = dump[index] else { continue }
+            properties[String(cString: name)] = dump[index + 1].map { String(cString: $0) } ?? ""
+        }
+        return properties
+    }
+
     /// The underlying error when the client raised a fatal one.
     var fatalError: KafkaError? {
         var text = [CChar](repeating: 0, count: 512)
