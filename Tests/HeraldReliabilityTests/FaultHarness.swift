@@ -63,8 +63,10 @@ struct FaultTopics: Sendable {
     }
 
     /// Creates both topics (what `heraldctl topics create` does at deployment).
-    func create(partitions: Int) async throws {
-        let admin = try KafkaAdmin(configuration: KafkaConfiguration(brokerList: brokers), logger: faultLogger)
+    func create(partitions: Int, security: KafkaSecurity = KafkaSecurity()) async throws {
+        var kafka = KafkaConfiguration(brokerList: brokers)
+        kafka.security = security
+        let admin = try KafkaAdmin(configuration: kafka, logger: faultLogger)
         defer { admin.close() }
         try await admin.createTopic(jobs, partitions: partitions)
         try await admin.createTopic(deadLetters, partitions: 1)

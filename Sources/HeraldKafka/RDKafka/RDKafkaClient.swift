@@ -7,10 +7,25 @@ import Synchronization
 final class RDKafkaCallbackContext: Sendable {
     let logger: Logger
     let onRebalance: (@Sendable (KafkaRebalanceEvent) -> Void)?
+    /// When each error text was last logged: librdkafka reports "all brokers are down" on every failed reconnect
+    /// (every 50–100 ms against a broker that refuses the TLS handshake), which would flood the log.
+    private let lastLogged = Lock<[String: ContinuousClock.Instant]>([:])
+    static let repeatInterval = Duration.seconds(30)
 
     init(logger: Logger, onRebalance: (@Sendable (KafkaRebalanceEvent) -> Void)?) {
         self.logger = logger
         self.onRebalance = onRebalance
+    }
+
+    /// True when `text` was not logged in the last `repeatInterval`.
+    func isNew(_ text: String) -> Bool {
+        let now = ContinuousClock.now
+        return lastLogged.withLock { seen in
+            if let last = seen[text], now - last < Self.repeatInterval { return false }
+            if seen.count > 256 { seen.removeAll() }
+            seen[text] = now
+            return true
+        }
     }
 }
 
@@ -168,7 +183,9 @@ private func rdkafkaError(_ handle: OpaquePointer?, _ code: Int32, _ reason: Uns
     } else if error == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN {
         level = .error
     }
-    context.logger.log(level, reason.map { String(cString: $0) } ?? "Kafka client error", fields)
+    let text = reason.map { String(cString: $0) } ?? "Kafka client error"
+    guard context.isNew(fields["kafka.error", default: ""] + text) else { return }
+    context.logger.log(level, text, fields)
 }
 
 private func rdkafkaDeliveryReport(_ handle: OpaquePointer?, _ message: UnsafePointer<rd_kafka_message_t>?,
