@@ -36,6 +36,17 @@ public struct KafkaSecurity: Sendable, Hashable {
 
     public init() {}
 
+    /// The variables, for the executables' `--help`.
+    public static let usage = """
+      HERALD_KAFKA_SECURITY_PROTOCOL  plaintext | ssl | sasl_plaintext | sasl_ssl [plaintext]
+      HERALD_KAFKA_SASL_MECHANISM   PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 (with sasl_*)
+      HERALD_KAFKA_SASL_USERNAME    and HERALD_KAFKA_SASL_PASSWORD_FILE: a file holding the password
+      HERALD_KAFKA_SSL_CA_FILE      CA bundle (PEM) trusted instead of the system's [system]
+      HERALD_KAFKA_SSL_CERT_FILE    and HERALD_KAFKA_SSL_KEY_FILE: client certificate and key (mutual TLS)
+      HERALD_KAFKA_PROPERTY_<NAME>  any other librdkafka property, dots as underscores (LINGER_MS)
+      HERALD_KAFKA_PROPERTIES_FILE  librdkafka properties, name=value lines
+    """
+
     /// Properties an operator cannot pass through: Herald sets them from its own variables (secrets from files,
     /// never the environment), or they would break a guarantee (verification, at-least-once, idempotence).
     static let reservedProperties: [String: String] = {

@@ -67,6 +67,14 @@ public struct RedisConfiguration: Sendable, Hashable, CustomStringConvertible {
                   poolSize: poolSize, maxQueuedCommands: maxQueuedCommands, tls: secured)
     }
 
+    /// The variables, for the executables' `--help`.
+    public static let usage = """
+      HERALD_REDIS_URL              redis[s]://[user:password@]host[:port][/db] [\(defaultURL)]
+      HERALD_REDIS_PASSWORD_FILE    a file holding the password (replaces the URL's)
+      HERALD_REDIS_CA_FILE          with rediss://: CA bundle (PEM) trusted besides the system's
+      HERALD_REDIS_CERT_FILE        and HERALD_REDIS_KEY_FILE: client certificate and key (tls-auth-clients)
+    """
+
     /// From `HERALD_REDIS_URL`, with `HERALD_REDIS_PASSWORD_FILE` (replaces the URL's password) and, for a
     /// `rediss://` URL, `HERALD_REDIS_CA_FILE`, `HERALD_REDIS_CERT_FILE` and `HERALD_REDIS_KEY_FILE`.
     public init(environment env: EnvironmentReader, poolSize: Int = 4) throws(ConfigurationError) {

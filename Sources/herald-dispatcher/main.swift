@@ -18,8 +18,9 @@ let usage = """
       HERALD_APPS_FILE                apps file [config/apps.json]; SIGHUP reloads it
       HERALD_JOB_SIGNING_SECRET_FILE  the deployment's job-signing secret; required unless
                                       HERALD_JOB_SIGNATURES=unverified (jobs are then not checked)
-      HERALD_REDIS_URL                [redis://127.0.0.1:6379/0]
+    \(RedisConfiguration.usage)
       HERALD_KAFKA_BROKERS            [127.0.0.1:9092]
+    \(KafkaSecurity.usage)
       HERALD_TOPIC_JOBS               [\(defaults.jobsTopic)]
       HERALD_TOPIC_DLQ                [\(defaults.deadLetterTopic)]
       HERALD_CONSUMER_GROUP           [\(defaults.consumerGroup)]

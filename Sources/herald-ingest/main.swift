@@ -17,9 +17,10 @@ let usage = """
       HERALD_APPS_FILE              apps file [config/apps.json]; SIGHUP reloads it
       HERALD_JOB_SIGNING_SECRET_FILE  the deployment's job-signing secret; required unless
                                     HERALD_JOB_SIGNATURES=unverified (jobs are then not signed)
-      HERALD_REDIS_URL              [redis://127.0.0.1:6379/0]
+    \(RedisConfiguration.usage)
       HERALD_REDIS_CONNECTIONS      Redis connections off the HTTP loops (each loop has its own) [1]
       HERALD_KAFKA_BROKERS          [127.0.0.1:9092]
+    \(KafkaSecurity.usage)
       HERALD_KAFKA_LINGER_MS        how long the producer gathers a batch (linger.ms) [3]
       HERALD_TOPIC_JOBS             [\(defaults.jobsTopic)]
       HERALD_RATE_LIMIT_PER_MINUTE  requests per minute per credential, or per device of a public key [\(defaults.rateLimitPerMinute)]

@@ -1,4 +1,6 @@
 import Foundation
+import HeraldKafka
+import HeraldRedis
 import HeraldRuntime
 
 let usage = """
@@ -26,7 +28,10 @@ let usage = """
     Run `heraldctl dlq --help` or `heraldctl replay --help` for details and examples.
 
     Environment: HERALD_KAFKA_BROKERS [127.0.0.1:9092], HERALD_TOPIC_JOBS [herald.jobs], HERALD_TOPIC_DLQ [herald.dlq],
-    HERALD_REDIS_URL [redis://127.0.0.1:6379/0] and HERALD_JOB_SIGNING_SECRET_FILE (replay only).
+    HERALD_REDIS_URL [redis://127.0.0.1:6379/0] and HERALD_JOB_SIGNING_SECRET_FILE (replay only). Kafka and Redis
+    security as for the services:
+    \(KafkaSecurity.usage)
+    \(RedisConfiguration.usage)
     Exit codes: 0 done, 1 failed (the reason is printed), 2 bad usage or configuration; replay also uses 3 and 4
     (see heraldctl replay --help).
     """

@@ -35,9 +35,11 @@ def check(path, problems):
         if required not in kinds:
             problems.append(f"{path}: missing {required[0]} {required[1]}")
     env_names = set()
+    config = {}
     for obj in objects:
         if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == "herald-config":
-            env_names.update(k for k in obj.get("data", {}) if k.startswith("HERALD_"))
+            config = obj.get("data", {})
+            env_names.update(k for k in config if k.startswith("HERALD_"))
         for name, pod, container in herald_containers(obj):
             where = f"{path}: {obj['kind']} {name}/{container['name']}"
             security = container.get("securityContext", {})
@@ -54,6 +56,11 @@ def check(path, problems):
                     if resource not in resources.get(part, {}):
                         problems.append(f"{where}: resources.{part}.{resource} missing")
             env_names.update(e["name"] for e in container.get("env", []) if e["name"].startswith("HERALD_"))
+            # Every container talks to Redis or Kafka: their files must be mounted where the variables point.
+            mounts = [m["mountPath"].rstrip("/") + "/" for m in container.get("volumeMounts", [])]
+            for name, value in config.items():
+                if re.fullmatch(r"HERALD_(REDIS|KAFKA)_[A-Z_]*FILE", name) and not any(value.startswith(m) for m in mounts):
+                    problems.append(f"{where}: {name}={value} is on no volume the container mounts")
             for volume in pod.get("volumes", []):
                 secrets = [volume["secret"]["secretName"]] if "secret" in volume else \
                     [s["secret"]["name"] for s in volume.get("projected", {}).get("sources", []) if "secret" in s]
@@ -76,7 +83,8 @@ def check(path, problems):
             exposed = {str(p.get("targetPort")) for p in obj["spec"].get("ports", [])}
             if exposed != {"http"}:
                 problems.append(f"{path}: the public herald-ingest Service must expose only the API port (http), not {sorted(exposed)}")
-    for name in sorted(env_names - READ):
+    # HERALD_KAFKA_PROPERTY_<NAME> is read by its prefix: any librdkafka property.
+    for name in sorted(n for n in env_names - READ if not n.startswith("HERALD_KAFKA_PROPERTY_")):
         problems.append(f"{path}: {name} is set but no Herald executable reads it")
 
 
