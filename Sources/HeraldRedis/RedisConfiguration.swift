@@ -94,6 +94,9 @@ public struct RedisConfiguration: Sendable, Hashable, CustomStringConvertible {
             throw ConfigurationError("HERALD_REDIS_URL", "\(error)")
         }
         if let secret = try env.secretFile("HERALD_REDIS_PASSWORD_FILE") { password = secret }
+        if let username, password == nil {
+            throw ConfigurationError("HERALD_REDIS_URL", "names the user \(username) but no password: add it to the URL or set HERALD_REDIS_PASSWORD_FILE")
+        }
     }
 
     /// The URL with any password masked: safe to log.
@@ -150,7 +153,7 @@ public struct RedisURLError: Error, Sendable, Hashable, CustomStringConvertible 
         case invalidPort(String)
         /// Not a non-negative whole number.
         case invalidDatabase(String)
-        /// Credentials not in the form `:password` or `user:password`, or a bad percent-escape.
+        /// Credentials not in the form `:password`, `user:password` or `user`, or a bad percent-escape.
         case invalidCredentials
         /// Something the format does not allow (a query, a fragment, a path after the database).
         case malformed(String)
@@ -170,7 +173,7 @@ public struct RedisURLError: Error, Sendable, Hashable, CustomStringConvertible 
         case .invalidPort(let port): return "Redis URL: port must be a number in 1...65535, got \"\(port)\""
         case .invalidDatabase(let db): return "Redis URL: database must be a whole number ≥ 0, got \"\(db)\""
         case .invalidCredentials:
-            return "Redis URL: credentials must be \":password@\" or \"user:password@\" (percent-encoded)"
+            return "Redis URL: credentials must be \":password@\", \"user:password@\" or \"user@\" (percent-encoded)"
         case .malformed(let what): return "Redis URL: \(what)"
         }
     }
@@ -207,14 +210,18 @@ enum RedisURLParser {
         if let at = rest.lastIndex(of: "@") {
             let userInfo = rest[..<at]
             rest = rest[rest.index(after: at)...]
-            guard let colon = userInfo.firstIndex(of: ":") else { throw RedisURLError(.invalidCredentials) }
-            let user = userInfo[..<colon]
-            guard let decodedUser = PercentDecoding.decode(user),
-                  let decodedPassword = PercentDecoding.decode(userInfo[userInfo.index(after: colon)...]) else {
+            // `user@` alone names the ACL user whose password comes from HERALD_REDIS_PASSWORD_FILE.
+            let colon = userInfo.firstIndex(of: ":") ?? userInfo.endIndex
+            guard let decodedUser = PercentDecoding.decode(userInfo[..<colon]) else { throw RedisURLError(.invalidCredentials) }
+            if colon < userInfo.endIndex {
+                guard let decodedPassword = PercentDecoding.decode(userInfo[userInfo.index(after: colon)...]) else {
+                    throw RedisURLError(.invalidCredentials)
+                }
+                password = decodedPassword
+            } else if decodedUser.isEmpty {
                 throw RedisURLError(.invalidCredentials)
             }
             username = decodedUser.isEmpty ? nil : decodedUser
-            password = decodedPassword
         }
 
         var host: Substring

@@ -60,7 +60,7 @@ import Testing
         ("redis://localhost/abc", .invalidDatabase("abc")),
         ("redis://localhost/-1", .invalidDatabase("-1")),
         ("redis://localhost/1/2", .invalidDatabase("1/2")),
-        ("redis://justuser@localhost", .invalidCredentials),
+        ("redis://@localhost", .invalidCredentials),
         ("redis://:bad%zz@localhost", .invalidCredentials),
         ("redis://localhost?db=1", .malformed("query strings and fragments are not supported")),
         ("redis://[::1", .malformed("unclosed \"[\" in the host")),

@@ -124,9 +124,13 @@ import Testing
         let passwordFile = pki.directory + "/redis-password"
         try "from-a-secret\n".write(toFile: passwordFile, atomically: true, encoding: .utf8)
         let withFile = try RedisConfiguration(environment: EnvironmentReader([
-            "HERALD_REDIS_URL": "redis://herald:x@cache:6379/0",
-            "HERALD_REDIS_PASSWORD_FILE": passwordFile,
+            "HERALD_REDIS_URL": "rediss://herald@cache:6380/0", "HERALD_REDIS_PASSWORD_FILE": passwordFile,
         ]))
-        #expect(withFile.password == "from-a-secret" && !withFile.description.contains("from-a-secret"))
+        #expect(withFile.username == "herald" && withFile.password == "from-a-secret")
+        #expect(!withFile.description.contains("from-a-secret"))
+        let noPassword = #expect(throws: ConfigurationError.self) {
+            try RedisConfiguration(environment: EnvironmentReader(["HERALD_REDIS_URL": "rediss://herald@cache:6380/0"]))
+        }
+        #expect(noPassword?.message.contains("HERALD_REDIS_PASSWORD_FILE") == true)
     }
 }

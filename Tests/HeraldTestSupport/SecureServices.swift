@@ -23,11 +23,12 @@ public struct TestPKI: Sendable {
     public var otherClientKey: String { directory + "/other-client-key.pem" }
 }
 
-/// The ACL of Herald's Redis user, as README ("Least-privilege Redis user") gives it: its own keys and the
-/// commands Herald runs, in Lua scripts included, nothing else.
-public let heraldRedisACL = "~herald:* resetchannels -@all +ping +select +eval +evalsha +time +get +set +del +expire "
-    + "+pexpire +pttl +incr +hget +hmget +hset +hdel +hgetall +hscan +sadd +srem +scard +smembers +smismember +sscan "
-    + "+zadd +zrem +zrange +zrangebyscore +zcount +zremrangebyscore +zscan"
+/// The ACL rules of Herald's Redis user, from `examples/redis-acl-rules.txt` (what README tells operators to use).
+public var heraldRedisACL: [String] {
+    let path = TestEnvironment.repositoryRoot.appendingPathComponent("examples/redis-acl-rules.txt").path
+    let text = (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
+    return text.split(separator: "\n").filter { !$0.hasPrefix("#") }.flatMap { $0.split(separator: " ") }.map(String.init)
+}
 
 /// A redis-server of the test's own that speaks only TLS (`--port 0 --tls-port`), optionally asking for client
 /// certificates, with an ACL user `herald` limited to `heraldRedisACL` and the default user switched off.
@@ -52,7 +53,7 @@ public final class TLSRedisServer: Sendable {
             "--dir", self.directory, "--save", "", "--appendonly", "no", "--daemonize", "no",
             "--user", "default", "off", "--user", "admin", "on", ">\(adminPassword)", "~*", "&*", "+@all",
             "--user", "herald", "on", ">\(password)",
-        ] + heraldRedisACL.split(separator: " ").map(String.init), environment: [:], logPath: self.directory + "/redis.log")
+        ] + heraldRedisACL, environment: [:], logPath: self.directory + "/redis.log")
         process.withLock { $0 = child }
     }
 
