@@ -114,6 +114,11 @@ public final class TLSStream {
         return inet_pton(AF_INET, host, &buffer) == 1 || inet_pton(AF_INET6, host, &buffer) == 1
     }
 
+    /// Lets OpenSSL read as much as the socket has, not one record header and body at a time: fewer reads, but
+    /// decrypted bytes may then wait inside OpenSSL with the socket quiet, so only for a caller that reads until
+    /// `.wouldBlock` before it waits for readability.
+    public func readAhead() { SSL_set_read_ahead(ssl, 1) }
+
     /// One step of the handshake: `.done(0)` when finished.
     public func handshake() -> IOResult {
         let result = SSL_do_handshake(ssl)

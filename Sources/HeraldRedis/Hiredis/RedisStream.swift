@@ -22,9 +22,13 @@ final class RedisStream {
             self.tls = nil
             return
         }
-        do { self.tls = try TLSStream(context: tls.context, descriptor: descriptor, serverName: host) } catch {
+        let session: TLSStream
+        do { session = try TLSStream(context: tls.context, descriptor: descriptor, serverName: host) } catch {
             throw RedisError(.connection, "TLS: \(error.message)")
         }
+        // Both connections read until `.wouldBlock` before they wait (the pool's `fill`, the loop's `readReplies`).
+        session.readAhead()
+        self.tls = session
     }
 
     var isSecured: Bool { tls != nil }
