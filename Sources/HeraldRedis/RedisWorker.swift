@@ -36,7 +36,14 @@ struct RedisWorker: Sendable {
         var answered = 0
         do throws(RedisError) {
             if !connection.isConnected || connection.peerHasClosed {
-                try connection.connect(timeout: min(configuration.connectTimeout, earliestDeadline - now))
+                let remaining = earliestDeadline - now
+                do throws(RedisError) {
+                    try connection.connect(timeout: min(configuration.connectTimeout, remaining))
+                } catch where remaining < configuration.connectTimeout && ContinuousClock.now >= earliestDeadline {
+                    // The connect ran out of the callers' time, not its own: to them that is a timeout.
+                    throw RedisError(.timeout, "no connection to \(configuration.host):\(configuration.port) "
+                                         + "within \(configuration.commandTimeout)")
+                }
             }
             for request in live { connection.append(request.payload) }
             connection.setTimeout(earliestDeadline - .now)
