@@ -51,7 +51,7 @@ start_bench_ingest() {
   HERALD_INGEST_ADDR=127.0.0.1:$STARTED_PORT HERALD_APPS_FILE=$WORK/apps.json \
     HERALD_REDIS_URL=redis://127.0.0.1:$HERALD_SERVICES_REDIS_PORT/0 \
     HERALD_KAFKA_BROKERS=127.0.0.1:$HERALD_SERVICES_KAFKA_PORT \
-    HERALD_RATE_LIMIT_PER_MINUTE=1000000 HERALD_LOG_LEVEL=warning "$1" 2>>"$2" &
+    HERALD_RATE_LIMIT_PER_MINUTE=1000000 "$1" 2>>"$2" &
   STARTED_PID=$!
   for _ in $(seq 200); do curl -fs "http://127.0.0.1:$STARTED_PORT/readyz" >/dev/null && return 0; sleep 0.05; done
   echo "herald-ingest $1 is not ready" >&2

@@ -113,6 +113,22 @@ abba_against_nginx() { # label lua nginx_url herald_url
   HERALD_NON_2XX=${non2xx[herald]}
 }
 
+# abba_against_nginx with herald-ingest as users get it (`$5 on`: info level, access log on) and with
+# `$5 off` (HERALD_ACCESS_LOG=off). $5 starts herald-ingest in the background with HERALD_ACCESS_LOG=$1 and sets
+# HERALD_PID; it is stopped after each round. HERALD_NON_2XX is the sum over both rounds.
+abba_access_log_on_and_off() { # label lua nginx_url herald_url start_function
+  local access_log total=0
+  for access_log in on off; do
+    echo "== HERALD_ACCESS_LOG=$access_log$([[ $access_log == on ]] && echo ' (the default)')"
+    "$5" "$access_log"
+    abba_against_nginx "$1" "$2" "$3" "$4"
+    kill "$HERALD_PID"; wait "$HERALD_PID" || true; HERALD_PID=""
+    total=$((total + HERALD_NON_2XX))
+    echo
+  done
+  HERALD_NON_2XX=$total
+}
+
 # The Lua text of `static let <name> = RedisScript(source: """ … """)` in a Swift file read from stdin (used by the
 # Redis cost scripts, which load a tree's scripts into a Redis of their own).
 lua_script_of() {

@@ -215,7 +215,7 @@ struct Deliverer: Sendable {
                                                                             keepSeenAfter: keepAfter)
                 metrics.tokensRemoved.labels("subscription").increment(by: UInt64(subscriptions))
                 metrics.tokensRemoved.labels("registration").increment(by: UInt64(registrations))
-                logger.info("removed an invalid token", ["token": Redaction.tag(push.token), "app": app,
+                logger.debug("removed an invalid token", ["token": Redaction.tag(push.token), "app": app,
                                                          "removed.subscriptions": "\(subscriptions)",
                                                          "removed.registrations": "\(registrations)"])
                 return true

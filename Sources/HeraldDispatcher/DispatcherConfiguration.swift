@@ -61,6 +61,8 @@ public struct DispatcherConfiguration: Sendable {
     /// On shutdown, how long in-flight jobs may run to completion before they are handed back (their offsets
     /// stay uncommitted and their progress is kept, so the next owner resumes them).
     public var drainTimeout: Duration = .seconds(15)
+    /// `HERALD_ACCESS_LOG`: one line per request to the operations server (probes, metrics) at info level.
+    public var accessLog = true
     /// Backoff between attempts when Redis or Kafka fails (resolving, removing tokens, writing dead letters).
     public var infrastructureRetryDelay: Duration = .milliseconds(500)
 

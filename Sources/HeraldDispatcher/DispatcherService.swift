@@ -53,7 +53,8 @@ public final class DispatcherService: Service {
         router.addOperations(readiness: readiness)
         router.addMetrics(registry: metrics)
         server = try HTTPServer(configuration: HTTPServerConfiguration(address: configuration.address, threads: 1,
-                                                                       shutdownGracePeriod: .seconds(1)),
+                                                                       shutdownGracePeriod: .seconds(1),
+                                                                       accessLog: configuration.accessLog),
                                 router: router, logger: logger, metrics: metrics)
         let sweeper = SubscriptionSweeper(apps: apps, subscriptions: subscriptions,
                                           interval: configuration.subscriptionSweepInterval, metrics: metrics, logger: logger)

@@ -28,11 +28,14 @@ public struct HTTPServerConfiguration: Sendable {
     public var requestDeadline: Duration
     /// On shutdown, how long in-flight requests may take to finish before they are answered 503. Default 10 s.
     public var shutdownGracePeriod: Duration
+    /// One "request" line per finished request at info level. Default on.
+    public var accessLog: Bool
 
     public init(address: HostPort, threads: Int = 2, maxBodyBytes: Int = 65_536,
                 connectionTimeout: Duration = .seconds(30), requestReadTimeout: Duration = .seconds(30),
                 maxConnections: Int = 1024, maxConnectionsPerAddress: Int = 0,
-                requestDeadline: Duration = .seconds(10), shutdownGracePeriod: Duration = .seconds(10)) {
+                requestDeadline: Duration = .seconds(10), shutdownGracePeriod: Duration = .seconds(10),
+                accessLog: Bool = true) {
         self.address = address
         self.threads = threads
         self.maxBodyBytes = maxBodyBytes
@@ -42,6 +45,7 @@ public struct HTTPServerConfiguration: Sendable {
         self.maxConnectionsPerAddress = maxConnectionsPerAddress
         self.requestDeadline = requestDeadline
         self.shutdownGracePeriod = shutdownGracePeriod
+        self.accessLog = accessLog
     }
 }
 

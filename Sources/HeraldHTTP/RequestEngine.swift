@@ -11,6 +11,8 @@ final class RequestEngine: Sendable {
     let maxBodyBytes: Int
     let requestDeadline: Duration
     let logger: Logger
+    /// An access-log line per request: the configuration says so and the logger writes info lines.
+    private let logsRequests: Bool
     private let requests: CounterFamily
     private let durations: HistogramFamily
     private let active = Atomic<Int>(0)
@@ -21,6 +23,7 @@ final class RequestEngine: Sendable {
         maxBodyBytes = configuration.maxBodyBytes
         requestDeadline = configuration.requestDeadline
         self.logger = logger
+        logsRequests = configuration.accessLog && logger.minimumLevel <= .info
         requests = metrics.counter("herald_http_requests_total", help: "HTTP requests answered.",
                                    labels: ["route", "method", "status"])
         durations = metrics.histogram("herald_http_request_duration_seconds",
@@ -75,12 +78,14 @@ final class RequestEngine: Sendable {
             series.requests.increment()
             series.durations.observe(Double(micros) / 1_000_000)
         }
-        guard logger.minimumLevel <= .info else { return }
-        var fields = ["http.method": methodLabel, "http.route": route, "http.status": String(status),
-                      "http.duration_ms": Self.milliseconds(micros), "http.request_id": requestID,
-                      "http.bytes_in": String(bytesIn), "http.bytes_out": String(bytesOut)]
-        if !completed { fields["http.aborted"] = "true" }
-        logger.info("request", fields)
+        guard logsRequests else { return }
+        var fields: [(key: String, value: String)] = []
+        fields.reserveCapacity(8)
+        if !completed { fields.append(("http.aborted", "true")) }
+        fields += [("http.bytes_in", String(bytesIn)), ("http.bytes_out", String(bytesOut)),
+                   ("http.duration_ms", Self.milliseconds(micros)), ("http.method", methodLabel),
+                   ("http.request_id", requestID), ("http.route", route), ("http.status", String(status))]
+        logger.log(.info, "request", sortedFields: fields)
     }
 
     /// The client's `X-Request-ID` when it is 1–128 visible ASCII characters, else a fresh random one.

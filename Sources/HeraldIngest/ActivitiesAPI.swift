@@ -38,8 +38,8 @@ struct ActivitiesAPI: Sendable {
             (registration, renewed) = (stored, wasRenewed)
         }
         (renewed ? registrations.renewed : registrations.new).increment()
-        if logger.minimumLevel <= .info {
-            logger.info(renewed ? "activity registration renewed" : "activity registered",
+        if logger.minimumLevel <= .debug {
+            logger.debug(renewed ? "activity registration renewed" : "activity registered",
                         ["app": admission.app.id, "token": Redaction.tag(input.pushToken), "post": input.postIDHash,
                          "request.id": request.requestID])
         }

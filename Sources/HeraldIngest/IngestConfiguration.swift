@@ -41,6 +41,8 @@ public struct IngestConfiguration: Sendable {
     public var maxConnections = 1024
     /// `HERALD_HTTP_MAX_CONNECTIONS_PER_IP`: open connections per client address; 0 = unlimited.
     public var maxConnectionsPerAddress = 0
+    /// `HERALD_ACCESS_LOG`: one line per request at info level.
+    public var accessLog = true
     /// Clock skew allowed when checking OAuth tokens' `exp` and `nbf`.
     public var clockSkew: Duration = .seconds(60)
 
@@ -50,6 +52,6 @@ public struct IngestConfiguration: Sendable {
         HTTPServerConfiguration(address: address, threads: threads, maxBodyBytes: maxBodyBytes,
                                 connectionTimeout: idleTimeout, requestReadTimeout: readTimeout,
                                 maxConnections: maxConnections, maxConnectionsPerAddress: maxConnectionsPerAddress,
-                                requestDeadline: publishTimeout + .seconds(2))
+                                requestDeadline: publishTimeout + .seconds(2), accessLog: accessLog)
     }
 }

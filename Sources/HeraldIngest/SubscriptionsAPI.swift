@@ -33,8 +33,8 @@ struct SubscriptionsAPI: Sendable {
                 meter.record(decision)
                 (subscription, created) = (stored, isNew)
             }
-            if logger.minimumLevel <= .info {
-                logger.info(created ? "subscription created" : "subscription updated",
+            if logger.minimumLevel <= .debug {
+                logger.debug(created ? "subscription created" : "subscription updated",
                             ["app": admission.app.id, "token": Redaction.tag(input.deviceToken),
                              "token.type": input.tokenType.rawValue, "request.id": request.requestID])
             }

@@ -51,6 +51,16 @@ public struct EnvironmentReader: Sendable {
         return value
     }
 
+    /// A switch: `on`/`off` (also `true`/`false`, `1`/`0`, `yes`/`no`).
+    public func flag(_ name: String, default fallback: Bool) throws -> Bool {
+        guard let raw = optionalString(name) else { return fallback }
+        switch raw.lowercased() {
+        case "on", "true", "1", "yes": return true
+        case "off", "false", "0", "no": return false
+        default: throw ConfigurationError(name, "expected on or off, got \"\(raw)\"")
+        }
+    }
+
     /// A duration given in seconds (fractions allowed), e.g. `HERALD_…_TIMEOUT_SECONDS=2.5`.
     public func seconds(_ name: String, default fallback: Duration) throws -> Duration {
         try optionalSeconds(name) ?? fallback

@@ -1,6 +1,7 @@
 import Foundation
 
-/// A structured logger that writes one JSON object per line to stderr.
+/// A structured logger that writes one JSON object per line, to stderr unless told otherwise, through a
+/// `LogWriter` that never makes the caller wait on the output.
 ///
 /// Metadata keys are dotted (`redis.addr`, `apns.reason`). Never pass a push token or key: log
 /// `Redaction.tag(_:)` from HeraldCrypto instead.
@@ -9,7 +10,14 @@ public struct Logger: Sendable {
         case debug, info, warning, error
 
         public static func < (lhs: Level, rhs: Level) -> Bool { lhs.rawValue < rhs.rawValue }
-        public var description: String { ["debug", "info", "warning", "error"][rawValue] }
+        public var description: String {
+            switch self {
+            case .debug: "debug"
+            case .info: "info"
+            case .warning: "warning"
+            case .error: "error"
+            }
+        }
 
         public init?(name: String) {
             switch name.lowercased() {
@@ -25,11 +33,14 @@ public struct Logger: Sendable {
     public var label: String
     public var minimumLevel: Level
     public var metadata: [String: String]
+    public let writer: LogWriter
 
-    public init(label: String, minimumLevel: Level = .info, metadata: [String: String] = [:]) {
+    public init(label: String, minimumLevel: Level = .info, metadata: [String: String] = [:],
+                writer: LogWriter = .standardError) {
         self.label = label
         self.minimumLevel = minimumLevel
         self.metadata = metadata
+        self.writer = writer
     }
 
     /// A copy that adds `metadata` to every line it writes.
@@ -56,55 +67,77 @@ public struct Logger: Sendable {
         guard level >= minimumLevel else { return }
         var fields = metadata
         fields.merge(extra) { _, new in new }
-        LogSink.shared.write(Logger.line(level: level, label: label, message: message(), fields: fields))
+        writer.write(Logger.line(level: level, label: label, message: message(), fields: fields))
+    }
+
+    /// A line whose fields come already in key order (an access-log line per request): no dictionary to build,
+    /// hash and sort. `fields` must be sorted by key and not repeat the logger's metadata keys.
+    public func log(_ level: Level, _ message: String, sortedFields fields: [(key: String, value: String)]) {
+        guard level >= minimumLevel else { return }
+        guard metadata.isEmpty else {
+            return log(level, message, Dictionary(fields, uniquingKeysWith: { _, new in new }))
+        }
+        writer.write(Logger.line(level: level, label: label, message: message, sortedFields: fields))
     }
 
     static func line(level: Level, label: String, message: String, fields: [String: String]) -> String {
-        var out = "{\"ts\":\"\(timestamp())\",\"level\":\"\(level)\",\"logger\":"
+        line(level: level, label: label, message: message,
+             sortedFields: fields.sorted { $0.key < $1.key }.map { (key: $0.key, value: $0.value) })
+    }
+
+    static func line(level: Level, label: String, message: String,
+                     sortedFields fields: [(key: String, value: String)]) -> String {
+        var out = "{\"ts\":\""
+        out.reserveCapacity(256)
+        out += timestamp()
+        out += "\",\"level\":\""
+        out += level.description
+        out += "\",\"logger\":"
         JSONText.appendQuoted(label, to: &out)
         out += ",\"msg\":"
         JSONText.appendQuoted(message, to: &out)
-        for key in fields.keys.sorted() where !["ts", "level", "logger", "msg"].contains(key) {
+        for (key, value) in fields where !Self.reserved(key) {
             out += ","
             JSONText.appendQuoted(key, to: &out)
             out += ":"
-            JSONText.appendQuoted(fields[key]!, to: &out)
+            JSONText.appendQuoted(value, to: &out)
         }
         out += "}\n"
         return out
     }
 
+    private static func reserved(_ key: String) -> Bool {
+        switch key {
+        case "ts", "level", "logger", "msg": true
+        default: false
+        }
+    }
+
+    /// `2026-12-02T00:24:34.820Z`, written digit by digit: `String(format:)` cost more than the rest of a line.
     private static func timestamp() -> String {
         var now = timespec()
         clock_gettime(CLOCK_REALTIME, &now)
         var seconds = now.tv_sec
         var parts = tm()
         gmtime_r(&seconds, &parts)
-        let millis = now.tv_nsec / 1_000_000
-        return String(format: "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", parts.tm_year + 1900, parts.tm_mon + 1,
-                      parts.tm_mday, parts.tm_hour, parts.tm_min, parts.tm_sec, millis)
-    }
-}
-
-/// Serialises whole lines onto stderr so lines from many threads never interleave.
-final class LogSink: Sendable {
-    static let shared = LogSink()
-    /// The line being written, reused across lines. The lock guards a real value rather than `()`: ThreadSanitizer
-    /// reported a race on the zero-sized value of `Lock(())` between a holder and a thread about to lock.
-    private let pending = Lock([UInt8]())
-
-    func write(_ line: String) {
-        pending.withLock { bytes in
-            bytes.removeAll(keepingCapacity: true)
-            bytes.append(contentsOf: line.utf8)
-            var offset = 0
-            while offset < bytes.count {
-                let written = bytes.withUnsafeMutableBytes { buffer in
-                    Foundation.write(2, buffer.baseAddress! + offset, buffer.count - offset)
+        let millis = Int(now.tv_nsec / 1_000_000)
+        return String(unsafeUninitializedCapacity: 24) { out in
+            func put(_ value: Int, digits: Int, at start: Int, then separator: Character) {
+                var value = value
+                for index in stride(from: start + digits - 1, through: start, by: -1) {
+                    out[index] = UInt8(ascii: "0") + UInt8(value % 10)
+                    value /= 10
                 }
-                if written <= 0 { if errno == EINTR { continue } else { return } }
-                offset += written
+                out[start + digits] = separator.asciiValue!
             }
+            put(Int(parts.tm_year) + 1900, digits: 4, at: 0, then: "-")
+            put(Int(parts.tm_mon) + 1, digits: 2, at: 5, then: "-")
+            put(Int(parts.tm_mday), digits: 2, at: 8, then: "T")
+            put(Int(parts.tm_hour), digits: 2, at: 11, then: ":")
+            put(Int(parts.tm_min), digits: 2, at: 14, then: ":")
+            put(Int(parts.tm_sec), digits: 2, at: 17, then: ".")
+            put(millis, digits: 3, at: 20, then: "Z")
+            return 24
         }
     }
 }
@@ -113,6 +146,11 @@ final class LogSink: Sendable {
 public enum JSONText {
     public static func appendQuoted(_ string: String, to out: inout String) {
         out += "\""
+        if !string.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
+            out += string // the common case, nothing to escape: one copy, not one append per scalar
+            out += "\""
+            return
+        }
         for scalar in string.unicodeScalars {
             switch scalar {
             case "\"": out += "\\\""

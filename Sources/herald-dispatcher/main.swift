@@ -41,6 +41,7 @@ let usage = """
                                       the broker restarts the consumer with a 4x fetch wait [unset: off]
       HERALD_DRAIN_TIMEOUT_SECONDS    on SIGTERM, time in-flight jobs get to finish [\(defaults.drainTimeout.secondsText)]
       HERALD_LOG_LEVEL                debug | info | warning | error [info]
+      HERALD_ACCESS_LOG               on | off: a "request" line per probe or metrics scrape at info [on]
     """
 
 struct DispatcherSettings {
@@ -71,6 +72,7 @@ struct DispatcherSettings {
             configuration.fetchStallRecovery = FetchStallRecovery(stallTimeout: stallTimeout)
         }
         configuration.drainTimeout = try env.seconds("HERALD_DRAIN_TIMEOUT_SECONDS", default: defaults.drainTimeout)
+        configuration.accessLog = try env.flag("HERALD_ACCESS_LOG", default: defaults.accessLog)
         configuration.kafka = try KafkaConfiguration(environment: env, clientID: "herald-dispatcher")
         var deadLetterClient = configuration.kafka
         deadLetterClient.clientID = "herald-dispatcher-dlq"

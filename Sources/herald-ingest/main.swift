@@ -36,6 +36,7 @@ let usage = """
       HERALD_HTTP_MAX_CONNECTIONS   open connections; more wait in the accept queue [\(defaults.maxConnections)]
       HERALD_HTTP_MAX_CONNECTIONS_PER_IP  open connections per client address, 0 = unlimited [\(defaults.maxConnectionsPerAddress)]
       HERALD_LOG_LEVEL              debug | info | warning | error [info]
+      HERALD_ACCESS_LOG             on | off: a "request" line per request at info [on]
       GLIBC_TUNABLES                when unset, set to glibc.malloc.tcache_count=64 (a larger malloc cache)
     """
 
@@ -64,6 +65,7 @@ struct IngestSettings {
         configuration.jobsTopic = env.string("HERALD_TOPIC_JOBS", default: defaults.jobsTopic)
         configuration.jobSigning = try JobSigning(env)
         configuration.publishTimeout = try env.seconds("HERALD_PUBLISH_TIMEOUT_SECONDS", default: defaults.publishTimeout)
+        configuration.accessLog = try env.flag("HERALD_ACCESS_LOG", default: defaults.accessLog)
         configuration.threads = try env.int("HERALD_HTTP_THREADS", default: defaults.threads, range: 1...64)
         configuration.idleTimeout = try env.seconds("HERALD_HTTP_IDLE_TIMEOUT_SECONDS", default: defaults.idleTimeout)
         configuration.readTimeout = try env.seconds("HERALD_HTTP_READ_TIMEOUT_SECONDS", default: defaults.readTimeout)

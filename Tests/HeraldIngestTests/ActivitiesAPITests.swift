@@ -496,35 +496,3 @@ extension ActivitiesAPITests {
         "#/paths/~1api~1v1~1activities~1register/post/responses/\(status)/content/application~1json/schema"
     }
 }
-
-/// The `herald-ingest` executable `swift build` put next to the test bundle.
-private func ingestExecutable() throws -> URL {
-    let folder = (Bundle.main.executableURL ?? URL(fileURLWithPath: CommandLine.arguments[0])).deletingLastPathComponent()
-    let url = folder.appendingPathComponent("herald-ingest")
-    guard FileManager.default.isExecutableFile(atPath: url.path) else {
-        throw HarnessFailure( "\(url.path) is missing: build it first (scripts/test runs swift build --build-tests)")
-    }
-    return url
-}
-
-/// The port from herald-ingest's `listening` log line (it was started on port 0).
-private func listeningPort(_ log: URL) async throws -> UInt16 {
-    let deadline = ContinuousClock.now + .seconds(20)
-    while ContinuousClock.now < deadline {
-        let text = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
-        for line in text.split(separator: "\n") where line.contains("\"msg\":\"listening\"") {
-            if let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
-               let address = object["addr"] as? String, let port = address.split(separator: ":").last.flatMap({ UInt16($0) }) {
-                return port
-            }
-        }
-        try await Task.sleep(for: .milliseconds(50))
-    }
-    throw HarnessFailure( "herald-ingest did not log `listening` in 20 s: \(try String(contentsOf: log, encoding: .utf8))")
-}
-
-/// The test setup itself failed (an executable missing, a process that never came up).
-private struct HarnessFailure: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
-}

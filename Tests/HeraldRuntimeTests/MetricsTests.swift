@@ -43,7 +43,11 @@ import Testing
 
 @Suite struct EnvironmentTests {
     @Test func readsTypedValuesAndRejectsBadOnes() throws {
-        let env = EnvironmentReader(["N": "12", "BAD": "x", "ADDR": "0.0.0.0:8080", "S": "1.5"])
+        let env = EnvironmentReader(["N": "12", "BAD": "x", "ADDR": "0.0.0.0:8080", "S": "1.5", "ON": "on", "OFF": "Off"])
+        #expect(try env.flag("ON", default: false) && !(try env.flag("OFF", default: true)))
+        #expect(try env.flag("MISSING", default: true))
+        let notAFlag = #expect(throws: ConfigurationError.self) { try env.flag("N", default: true) }
+        #expect(notAFlag?.variable == "N")
         #expect(try env.int("N", default: 1) == 12)
         #expect(try env.int("MISSING", default: 7) == 7)
         #expect(throws: ConfigurationError.self) { try env.int("BAD", default: 1) }

@@ -159,6 +159,9 @@ private func rdkafkaLog(_ handle: OpaquePointer?, _ level: Int32, _ facility: Un
                         _ line: UnsafePointer<CChar>?) {
     guard let handle, let opaque = rd_kafka_opaque(handle) else { return }
     let context = Unmanaged<RDKafkaCallbackContext>.fromOpaque(opaque).takeUnretainedValue()
+    // A broker failure comes as a FAIL log line and as an error callback with the same text; the error callback
+    // (which repeats each text at most every 30 s) is the one line it gets.
+    if let facility, strcmp(facility, "FAIL") == 0 { return }
     // syslog levels: 0–3 emergency…error, 4 warning, 5–6 notice/info, 7 debug.
     let mapped: Logger.Level = level <= 3 ? .error : level == 4 ? .warning : level <= 6 ? .info : .debug
     context.logger.log(mapped, line.map { String(cString: $0) } ?? "", [
