@@ -23,6 +23,9 @@ public struct APNsSimulatorConfiguration: Sendable {
     public var rejectedRecordPath: String?
     /// SETTINGS_MAX_CONCURRENT_STREAMS once a connection used a valid provider token (1 before, as APNs does).
     public var maxConcurrentStreams: Int
+    /// Every answer waits this long before it is sent (a random time in the range), as Apple's round trip of tens
+    /// of milliseconds does; nil answers at once. A rule's own `delayMs` takes its place for the pushes it matches.
+    public var responseDelay: ClosedRange<Duration>?
     /// Provider tokens older than this get 403 ExpiredProviderToken. Default one hour.
     public var providerTokenMaximumAge: Duration
     /// `iat` further than this in the future gets 403 InvalidProviderToken. Default 60 s.
@@ -44,7 +47,8 @@ public struct APNsSimulatorConfiguration: Sendable {
     public init(listen: HostPort, certificateChainPath: String, privateKeyPath: String,
                 providerKeys: [ProviderKey], allowedTopics: Set<String> = [], rules: [SimulatorRule] = [],
                 rulesPath: String? = nil, recordPath: String? = nil, rejectedRecordPath: String? = nil,
-                maxConcurrentStreams: Int = 1000, providerTokenMaximumAge: Duration = .seconds(3600),
+                maxConcurrentStreams: Int = 1000, responseDelay: ClosedRange<Duration>? = nil,
+                providerTokenMaximumAge: Duration = .seconds(3600),
                 providerTokenClockSkew: Duration = .seconds(60),
                 providerTokenMinimumRefresh: Duration = .seconds(20 * 60),
                 handshakeTimeout: Duration = .seconds(10), idleTimeout: Duration = .seconds(3600),
@@ -60,6 +64,7 @@ public struct APNsSimulatorConfiguration: Sendable {
         self.recordPath = recordPath
         self.rejectedRecordPath = rejectedRecordPath
         self.maxConcurrentStreams = maxConcurrentStreams
+        self.responseDelay = responseDelay
         self.providerTokenMaximumAge = providerTokenMaximumAge
         self.providerTokenClockSkew = providerTokenClockSkew
         self.providerTokenMinimumRefresh = providerTokenMinimumRefresh

@@ -170,9 +170,10 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                     return
                 }
             }
-            while let first = delayed.first, first.due <= now {
-                delayed.removeFirst()
-                send(first.answer)
+            let due = delayed.prefix { $0.due <= now }.count
+            if due > 0 {
+                for entry in delayed[..<due] { send(entry.answer) }
+                delayed.removeFirst(due) // one shift for the batch: thousands wait under a configured delay
             }
             if goawayLastStreamID == nil, let rule = simulator.ruleBook.goaway(), handledCount >= rule.afterStreams {
                 goaway(reason: rule.reason)
@@ -314,7 +315,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         case .failure(let rejection):
             answer.status = rejection.status
             answer.rejection = rejection
-            send(answer)
+            schedule(answer, after: configuredDelay())
         case .success(let push):
             answer.push = push
             let decision = simulator.ruleBook.decide(token: push.token, now: now)
@@ -327,14 +328,29 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                 answer.status = rejection.status
                 answer.rejection = rejection
             }
-            if let delay = decision?.delay, delay > .zero {
-                let due = ContinuousClock.now + delay
-                let index = delayed.firstIndex { $0.due > due } ?? delayed.endIndex
-                delayed.insert((due, answer), at: index)
-            } else {
-                send(answer)
-            }
+            schedule(answer, after: decision?.delay ?? configuredDelay())
         }
+    }
+
+    /// The simulator's round trip for one answer: `responseDelay`, a random point of it when it is a range.
+    private func configuredDelay() -> Duration {
+        guard let range = simulator.configuration.responseDelay else { return .zero }
+        guard range.lowerBound < range.upperBound else { return range.lowerBound }
+        let low = range.lowerBound.inMicroseconds, high = range.upperBound.inMicroseconds
+        return .microseconds(Int64.random(in: low...high))
+    }
+
+    /// Sends `answer` now, or queues it in due order to be sent once `delay` has passed.
+    private func schedule(_ answer: Answer, after delay: Duration) {
+        guard delay > .zero else { return send(answer) }
+        let due = ContinuousClock.now + delay
+        // Binary search from the end's side: with one fixed delay every new answer goes last.
+        var low = 0, high = delayed.count
+        while low < high {
+            let middle = (low + high) / 2
+            if delayed[middle].due <= due { low = middle + 1 } else { high = middle }
+        }
+        delayed.insert((due, answer), at: low)
     }
 
     private func evaluate(_ request: IncomingRequest, now: Double) -> Result<AcceptedPush, APNsRejection> {

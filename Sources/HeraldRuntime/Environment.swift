@@ -131,6 +131,7 @@ public enum CommandLineTool {
     }
 
     public static func exitWithConfigurationError(_ tool: String, _ error: any Error) -> Never {
+        LogWriter.standardError.flush(timeout: .seconds(2)) // lines logged so far come before the reason
         FileHandle.standardError.write(Data("\(tool): configuration error: \(error)\n".utf8))
         exit(2)
     }

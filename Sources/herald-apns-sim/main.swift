@@ -27,6 +27,9 @@ let usage = """
       --record FILE               HERALD_SIM_RECORD_FILE          one JSON line per accepted push
       --record-rejected FILE      HERALD_SIM_REJECTED_FILE        one JSON line per rejected request
       --max-concurrent-streams N  HERALD_SIM_MAX_CONCURRENT_STREAMS  after the first valid token (default 1000)
+      --delay-ms N | MIN-MAX      HERALD_SIM_DELAY_MS             answer every request after N ms (or a random
+                                                                  time between MIN and MAX), as Apple's round trip
+                                                                  does; a rule's delayMs replaces it (default 0)
       --log-level LEVEL           HERALD_LOG_LEVEL                debug, info, warning, error (default info)
     """
 
@@ -86,7 +89,7 @@ let logger: Logger
 do {
     let options = try parseOptions(arguments, allowed: [
         "listen", "tls-dir", "cert", "cert-key", "key", "config", "topic", "rules", "record", "record-rejected",
-        "max-concurrent-streams", "log-level",
+        "max-concurrent-streams", "delay-ms", "log-level",
     ])
     func option(_ name: String) -> String? { options.last { $0.0 == name }?.1 }
     func list(_ variable: String) -> [String] {
@@ -138,13 +141,20 @@ do {
         throw ConfigurationError("HERALD_SIM_MAX_CONCURRENT_STREAMS", "expected 1...100000, got \"\(streamsText)\"")
     }
 
+    let delayText = option("delay-ms") ?? environment.string("HERALD_SIM_DELAY_MS", default: "0")
+    let delayBounds = delayText.split(separator: "-", omittingEmptySubsequences: false).map { Int($0) }
+    guard (1...2).contains(delayBounds.count), let low = delayBounds.first ?? nil, let high = delayBounds.last ?? nil,
+          0 <= low, low <= high, high <= 60_000 else {
+        throw ConfigurationError("HERALD_SIM_DELAY_MS", "expected milliseconds N or MIN-MAX within 0...60000, got \"\(delayText)\"")
+    }
     let configuration = APNsSimulatorConfiguration(
         listen: listen, certificateChainPath: certificate, privateKeyPath: certificateKey, providerKeys: keys,
         allowedTopics: Set(topics),
         rulesPath: option("rules") ?? environment.optionalString("HERALD_SIM_RULES_FILE"),
         recordPath: option("record") ?? environment.optionalString("HERALD_SIM_RECORD_FILE"),
         rejectedRecordPath: option("record-rejected") ?? environment.optionalString("HERALD_SIM_REJECTED_FILE"),
-        maxConcurrentStreams: maxStreams)
+        maxConcurrentStreams: maxStreams,
+        responseDelay: high == 0 ? nil : .milliseconds(low) ... .milliseconds(high))
     simulator = try APNsSimulator(configuration: configuration, logger: logger)
     // Bind before the service group runs, so a taken port is a one-line configuration error.
     try simulator.start()

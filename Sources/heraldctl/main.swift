@@ -72,6 +72,7 @@ struct Flags {
 }
 
 func fail(_ message: String) -> Never {
+    LogWriter.standardError.flush(timeout: .seconds(2)) // what was logged comes before the reason it stops
     FileHandle.standardError.write(Data("heraldctl: \(message)\n".utf8))
     exit(1)
 }

@@ -44,6 +44,12 @@ struct ExecutableTests {
                                                   "--rules", directory + "/rules.json"])
         #expect(badRules.status == 2)
         #expect(badRules.stderr.contains("status must be 400...599"))
+        for delay in ["-5", "60-20", "fast", "1-2-3", "60001"] {
+            let badDelay = try await run(executable, ["--tls-dir", directory + "/tls", "--key",
+                                                      "\(teamID):\(keyID):\(directory)/key.p8", "--delay-ms", delay])
+            #expect(badDelay.status == 2, "--delay-ms \(delay)")
+            #expect(badDelay.stderr.contains("HERALD_SIM_DELAY_MS"), "--delay-ms \(delay)")
+        }
     }
 
     @Test("certs writes a CA and a server certificate for 127.0.0.1 and localhost")

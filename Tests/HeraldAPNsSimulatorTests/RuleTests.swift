@@ -107,6 +107,25 @@ struct RuleTests {
         #expect(try harness.accepted().count == 1)
     }
 
+    @Test("a configured response delay holds every answer, accepted or rejected, without serialising them")
+    func configuredResponseDelay() async throws {
+        let harness = try Harness(responseDelay: .milliseconds(400) ... .milliseconds(400))
+        let jwt = try harness.jwt()
+        let requests = try (0..<20).map { _ in try harness.alert(deviceToken(), jwt: jwt) }
+            + [try harness.alert(deviceToken(), jwt: jwt).with("apns-topic", "com.example.other")]
+        let started = ContinuousClock.now
+        let responses = try await curl(harness, requests, extra: ["--parallel", "--parallel-immediate"])
+        let elapsed = ContinuousClock.now - started
+        await harness.stop()
+        try #require(responses.count == 21)
+        // In parallel, curl reports in the order answers came: count them rather than match them up.
+        #expect(responses.map(\.status).sorted() == Array(repeating: 200, count: 20) + [400])
+        #expect(responses.allSatisfy { $0.seconds >= 0.39 }, "\(responses.map(\.seconds))")
+        // One after another they would take 21 × 0.4 s.
+        #expect(elapsed < .seconds(6))
+        #expect(try harness.accepted().count == 20)
+    }
+
     @Test("a delay longer than the client's timeout: the client gives up and nothing is recorded")
     func delayBeyondClientTimeout() async throws {
         let harness = try Harness()

@@ -31,7 +31,8 @@ final class Harness {
     let rejectedPath: String
     let rulesPath: String
 
-    init(topics: Set<String> = [bundleID], rulesJSON: String? = nil, maxConcurrentStreams: Int = 1000) throws {
+    init(topics: Set<String> = [bundleID], rulesJSON: String? = nil, maxConcurrentStreams: Int = 1000,
+         responseDelay: ClosedRange<Duration>? = nil) throws {
         directory = try temporaryDirectory()
         files = try SimulatorCertificates.generate(directory: directory + "/tls")
         key = try PrivateKey.generateP256()
@@ -44,7 +45,7 @@ final class Harness {
             privateKeyPath: files.serverKey,
             providerKeys: [ProviderKey(teamID: teamID, keyID: keyID, publicKey: key.publicKey)],
             allowedTopics: topics, rulesPath: rulesJSON == nil ? nil : rulesPath, recordPath: recordPath,
-            rejectedRecordPath: rejectedPath, maxConcurrentStreams: maxConcurrentStreams)
+            rejectedRecordPath: rejectedPath, maxConcurrentStreams: maxConcurrentStreams, responseDelay: responseDelay)
         simulator = try APNsSimulator(configuration: configuration,
                                       logger: Logger(label: "apns-sim-test", minimumLevel: .warning))
         try simulator.start()
