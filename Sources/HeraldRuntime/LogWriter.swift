@@ -42,14 +42,14 @@ public final class LogWriter: Sendable {
     }
 
     /// Queues one whole line (with its newline); never blocks on the output.
-    public func write(_ line: String) {
+    public func write(_ line: [UInt8]) {
         let dropped = state.withLock { state -> Bool in
-            guard state.pending.count + line.utf8.count <= capacity else {
+            guard state.pending.count + line.count <= capacity else {
                 state.dropped += 1
                 state.droppedTotal += 1
                 return true
             }
-            state.pending.append(contentsOf: line.utf8)
+            state.pending.append(contentsOf: line)
             return false
         }
         if dropped { droppedCounter.increment() }
@@ -74,11 +74,11 @@ public final class LogWriter: Sendable {
                 return state.dropped
             }
             if dropped > 0 {
-                write(Array(Logger.line(level: .warning, label: "herald.log", message: "log lines dropped",
-                                        fields: ["log.dropped": String(dropped)]).utf8))
+                writeOut(Logger.line(level: .warning, label: "herald.log", message: "log lines dropped",
+                                     fields: ["log.dropped": String(dropped)]))
             }
             if !batch.isEmpty {
-                write(batch)
+                writeOut(batch)
                 batch.removeAll(keepingCapacity: true)
             }
             state.withLock { $0.writing = false }
@@ -87,7 +87,7 @@ public final class LogWriter: Sendable {
     }
 
     /// Blocking write of all of `bytes`; gives up on an output that is gone (the lines are lost with it).
-    private func write(_ bytes: [UInt8]) {
+    private func writeOut(_ bytes: [UInt8]) {
         var offset = 0
         while offset < bytes.count {
             let written = bytes.withUnsafeBytes { buffer in

@@ -31,13 +31,26 @@ import Testing
 
 @Suite struct LoggerTests {
     @Test func linesAreOneJSONObjectWithEscapedFields() throws {
-        let line = Logger.line(level: .info, label: "test", message: "say \"hi\"\n", fields: ["a.b": "tab\there"])
+        let line = String(decoding: Logger.line(level: .info, label: "test", message: "say \"hi\"\n",
+                                                fields: ["a.b": "tab\there", "ctl": "\u{1}"]), as: UTF8.self)
         #expect(line.hasSuffix("}\n"))
         #expect(line.filter { $0 == "\n" }.count == 1)
         let object = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: String])
         #expect(object["msg"] == "say \"hi\"\n")
         #expect(object["a.b"] == "tab\there")
+        #expect(object["ctl"] == "\u{1}")
         #expect(object["level"] == "info")
+        let stamp = try #require(object["ts"])
+        #expect(stamp.count == 24 && stamp.hasSuffix("Z"))
+        #expect(ISO8601DateFormatter.withMilliseconds.date(from: stamp).map { abs($0.timeIntervalSinceNow) < 60 } == true)
+    }
+}
+
+private extension ISO8601DateFormatter {
+    static var withMilliseconds: ISO8601DateFormatter {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter
     }
 }
 
