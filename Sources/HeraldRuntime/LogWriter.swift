@@ -8,8 +8,12 @@ import Foundation
 /// counted (`herald_log_lines_dropped_total`), and the next batch written starts with a line saying how many.
 /// Whatever is buffered is written before the process exits (`exit`, or the end of `main`).
 public final class LogWriter: Sendable {
-    /// The process's writer, onto stderr, started on first use.
-    public static let standardError = LogWriter(descriptor: 2)
+    /// The process's writer, onto stderr, started on first use; what it holds is written when the process exits.
+    public static let standardError: LogWriter = {
+        let writer = LogWriter(descriptor: 2)
+        atexit { LogWriter.standardError.flush(timeout: .seconds(2)) }
+        return writer
+    }()
 
     /// Lines dropped because the buffer was full, since the writer started.
     public var droppedLines: UInt64 { state.withLock { $0.droppedTotal } }
@@ -38,7 +42,6 @@ public final class LogWriter: Sendable {
         let thread = Thread { [self] in drain() }
         thread.name = "herald-log"
         thread.start()
-        if descriptor == 2 { atexit { LogWriter.standardError.flush(timeout: .seconds(2)) } }
     }
 
     /// Queues one whole line (with its newline); never blocks on the output.

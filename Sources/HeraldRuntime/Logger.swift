@@ -146,11 +146,6 @@ public struct Logger: Sendable {
 public enum JSONText {
     public static func appendQuoted(_ string: String, to out: inout String) {
         out += "\""
-        if !string.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
-            out += string // the common case, nothing to escape: one copy, not one append per scalar
-            out += "\""
-            return
-        }
         for scalar in string.unicodeScalars {
             switch scalar {
             case "\"": out += "\\\""
