@@ -29,6 +29,8 @@ public struct DispatcherConfiguration: Sendable {
     public var fetchStallRecovery: FetchStallRecovery?
     /// Tests only: makes fetches come back empty, as a stalled broker's do.
     var injectedFetchStall: InjectedFetchStall?
+    /// Tests only: leaves records out of fetches, as Tansu now and then does.
+    var injectedOffsetGap: InjectedOffsetGap?
     /// A member that does not poll for this long leaves the group (`max.poll.interval.ms`).
     public var maxPollInterval: Duration = .seconds(300)
     /// `HERALD_RETRY_MAX_ATTEMPTS`: attempts per push, the first included, before a retryable failure is
@@ -94,4 +96,11 @@ struct InjectedFetchStall: Sendable {
     func applies(fetchWait: Duration, received: Int) -> Bool {
         fetchWait < fetchWaitBelow && received >= afterRecords
     }
+}
+
+/// A gap injected by a test: a record at an offset that is a multiple of `every` is left out of the fetch answer it
+/// first arrives in (when a later record of its partition is in the same answer), so the consumer sees the
+/// offsets jump, as Tansu makes them do now and then. Read again, the record is kept.
+struct InjectedOffsetGap: Sendable {
+    var every: Int64
 }

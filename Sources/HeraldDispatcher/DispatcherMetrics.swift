@@ -22,6 +22,9 @@ struct DispatcherMetrics: Sendable {
     let commits: CounterFamily
     let resumedFanOuts: Counter
     let fetchStalls: Counter
+    let offsetGaps: Counter
+    let offsetsMissing: Gauge
+    let rereads: Counter
 
     /// End-to-end buckets reach further than one request's: a job may wait behind others or for retries.
     static let endToEndBuckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -69,5 +72,13 @@ struct DispatcherMetrics: Sendable {
         fetchStalls = registry.counter("herald_dispatcher_fetch_stalls_total",
                                        help: "Consumers replaced because a partition's fetches stalled with records left")
             .labels()
+        offsetGaps = registry.counter("herald_dispatcher_offset_gaps_total",
+                                      help: "Offsets a fetch skipped over (a record left out); each is read again before a commit passes it")
+            .labels()
+        offsetsMissing = registry.gauge("herald_dispatcher_offsets_missing",
+                                        help: "Offsets skipped over and not received yet; commits of their partitions wait")
+            .labels()
+        rereads = registry.counter("herald_dispatcher_offset_rereads_total",
+                                   help: "Seeks back to a partition's oldest missing offset to read it again").labels()
     }
 }

@@ -109,7 +109,8 @@ final class JobConsumer: Service {
     private func fetchOnce(_ fetch: inout FetchState) async throws -> Phase {
         let room = configuration.maxInFlightJobs - book.inFlight
         book.beginPoll()
-        let records = try await poll(maxRecords: max(1, room), fetch: fetch)
+        var records = try await poll(maxRecords: max(1, room), fetch: fetch)
+        if let gap = configuration.injectedOffsetGap { records = fetch.leaveOut(gap, from: records) }
         let revoked = book.endPoll()
         fetch.received(records.count)
         // Records of a partition revoked during this poll belong to the old assignment: whoever owns the
@@ -117,11 +118,30 @@ final class JobConsumer: Service {
         for record in records where !revoked.contains(KafkaTopicPartition(topic: record.topic, partition: record.partition)) {
             dispatch(record)
         }
+        try await rereadMissing()
         if fetch.checkDue(now: .now), let recovery = fetch.recovery,
            let stalled = fetch.stalled(try await consumer.progress(), now: .now) {
             return .replacing(stalled: stalled, fetchWait: recovery.replacementFetchWait(after: fetch.wait))
         }
         return book.inFlight >= configuration.maxInFlightJobs ? .full : .fetching
+    }
+
+    /// Seeks partitions whose fetches skipped offsets back to the oldest one missing, so the records left out
+    /// are read again; what was received already is dropped as it comes round again (see `PartitionBook.start`).
+    private func rereadMissing() async throws {
+        let due = book.rereadsDue()
+        guard !due.isEmpty else { return }
+        logger.warning("a fetch skipped offsets; reading them again before committing past them", [
+            "kafka.partitions": due.map { "\($0.partition)@\($0.offset)" }.joined(separator: ","),
+        ])
+        metrics.rereads.increment(by: UInt64(due.count))
+        do {
+            try await consumer.seek(due)
+        } catch {
+            guard !error.isFatal else { throw error }
+            // The partition may have been revoked meanwhile; a kept gap is tried again after its backoff.
+            logger.warning("seeking back to missing offsets failed; will retry", ["error": "\(error)"])
+        }
     }
 
     /// One poll of the consumer, or, while a test's injected stall applies, an empty answer after the poll's time.
@@ -257,6 +277,20 @@ private struct FetchState {
         defer { self.watchdog = watchdog }
         let stalled = watchdog.stalled(progress, now: now)
         return !stalled.isEmpty || watchdog.silentSinceReplacement(now: now) ? stalled : nil
+    }
+
+    /// Records a test's injected gap left out already: each only once, so reading it again finds it.
+    private var leftOut: Set<KafkaTopicPartitionOffset> = []
+
+    /// Leaves out, once each, records at offsets that are multiples of `gap.every` when a later record of the same
+    /// partition is in the same answer: a gap in the middle of a fetch, as Tansu leaves now and then.
+    mutating func leaveOut(_ gap: InjectedOffsetGap, from records: [KafkaRecord]) -> [KafkaRecord] {
+        let last = Dictionary(records.map { ($0.partition, $0.offset) }, uniquingKeysWith: max)
+        return records.filter { record in
+            guard record.offset > 0, record.offset % gap.every == 0, record.offset < last[record.partition]! else { return true }
+            let position = KafkaTopicPartitionOffset(topic: record.topic, partition: record.partition, offset: record.offset)
+            return !leftOut.insert(position).inserted
+        }
     }
 
     mutating func replaced(fetchWait: Duration, at now: ContinuousClock.Instant) {

@@ -9,7 +9,14 @@ final class PartitionBook: Sendable {
         /// The last job started per record key, which the next job of that key waits for.
         var tails: [[UInt8]: (offset: Int64, task: Task<Void, Never>)] = [:]
         var tasks: [Int64: Task<Void, Never>] = [:]
+        /// When missing offsets are to be read again next, and the wait after that (doubling while they stay
+        /// missing, so a record the broker keeps leaving out does not turn into a seek per poll).
+        var rereadDue: ContinuousClock.Instant?
+        var rereadBackoff = PartitionBook.firstRereadBackoff
     }
+
+    static let firstRereadBackoff = Duration.seconds(1)
+    static let maxRereadBackoff = Duration.seconds(30)
 
     private struct State {
         var tracks: [KafkaTopicPartition: Track] = [:]
@@ -54,6 +61,7 @@ final class PartitionBook: Sendable {
                 }
                 metrics.partitionsAssigned.set(Int64(s.tracks.count))
                 metrics.inFlightJobs.set(Int64(s.inFlight))
+                metrics.offsetsMissing.set(Self.missingCount(s))
                 return tasks
             }
             for task in cancelled { task.cancel() }
@@ -62,19 +70,54 @@ final class PartitionBook: Sendable {
 
     /// Registers the record and starts its job via `make`, given the partition's generation and the previous job
     /// of the same key (which the new job must wait for). Records of partitions not assigned (any more) are
-    /// dropped: their next owner reads them from the committed offset.
+    /// dropped: their next owner reads them from the committed offset. A record received before (a re-read after
+    /// a gap delivers it again) is dropped too. Offsets the record skips over are counted and scheduled to be read
+    /// again at once (see `rereadsDue`).
     func start(_ record: KafkaRecord, make: (_ generation: Int, _ previous: Task<Void, Never>?) -> Task<Void, Never>) {
         let partition = KafkaTopicPartition(topic: record.topic, partition: record.partition)
-        state.withLock { s in
-            guard var track = s.tracks[partition] else { return }
+        let gap = state.withLock { s -> (from: Int64, count: Int64)? in
+            guard var track = s.tracks[partition] else { return nil }
+            let missingBefore = !track.offsets.missing.isEmpty
+            let admission = track.offsets.receive(record.offset)
+            guard admission != .duplicate else { return nil }
             let key = record.key ?? []
             let task = make(track.generation, track.tails[key]?.task)
-            track.offsets.start(record.offset)
             track.tails[key] = (record.offset, task)
             track.tasks[record.offset] = task
+            var gap: (from: Int64, count: Int64)?
+            if case .startAfterGap(let from, let count) = admission {
+                gap = (from, count)
+                track.rereadDue = .now
+                track.rereadBackoff = Self.firstRereadBackoff
+            } else if missingBefore, track.offsets.missing.isEmpty {
+                track.rereadDue = nil
+            }
             s.tracks[partition] = track
             s.inFlight += 1
             metrics.inFlightJobs.set(Int64(s.inFlight))
+            if gap != nil || missingBefore { metrics.offsetsMissing.set(Self.missingCount(s)) }
+            return gap
+        }
+        if let gap { metrics.offsetGaps.increment(by: UInt64(gap.count)) }
+    }
+
+    private static func missingCount(_ s: State) -> Int64 {
+        s.tracks.values.reduce(0) { sum, track in sum + track.offsets.missing.reduce(0) { $0 + Int64($1.count) } }
+    }
+
+    /// The partitions whose missing offsets are due to be read again, each with its oldest missing offset; the
+    /// next re-read of each is scheduled after its backoff.
+    func rereadsDue(now: ContinuousClock.Instant = .now) -> [KafkaTopicPartitionOffset] {
+        state.withLock { s in
+            var due: [KafkaTopicPartitionOffset] = []
+            for (partition, var track) in s.tracks {
+                guard let at = track.rereadDue, at <= now, let offset = track.offsets.firstMissing else { continue }
+                due.append(KafkaTopicPartitionOffset(topic: partition.topic, partition: partition.partition, offset: offset))
+                track.rereadDue = now + track.rereadBackoff
+                track.rereadBackoff = min(track.rereadBackoff * 2, Self.maxRereadBackoff)
+                s.tracks[partition] = track
+            }
+            return due
         }
     }
 

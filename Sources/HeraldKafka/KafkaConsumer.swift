@@ -93,6 +93,20 @@ public final class KafkaConsumer: Sendable {
         }
     }
 
+    /// Moves these assigned partitions' fetch positions: their next records come from these offsets. Records
+    /// already fetched past them are discarded and fetched again.
+    public func seek(_ positions: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
+        guard !positions.isEmpty else { return }
+        let client = self.client, timeout = self.timeout
+        try await run { () throws(KafkaError) in
+            let list = RDKafkaTopicPartitionList(positions)
+            if let error = rd_kafka_seek_partitions(client.handle, list.pointer, timeout.timeoutMilliseconds) {
+                throw KafkaError(consuming: error)
+            }
+            try list.checkErrors("seek")
+        }
+    }
+
     /// Commits these positions for the group and waits for the broker's answer (bounded by the request timeout).
     /// A position is the next offset to read: use `KafkaRecord.offsetToCommit` for a handled record.
     public func commit(_ offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {

@@ -13,7 +13,7 @@ struct UnitTests {
     func commitPosition() {
         var offsets = PartitionOffsets()
         #expect(offsets.commitPosition == nil)
-        for offset in Int64(10)...14 { offsets.start(offset) }
+        for offset in Int64(10)...14 { #expect(offsets.receive(offset) == .start) }
         offsets.settle(12)
         offsets.settle(10)
         #expect(offsets.commitPosition == 11, "11 is still running")
@@ -26,6 +26,31 @@ struct UnitTests {
         offsets.settle(13)
         #expect(offsets.commitPosition == 15)
         #expect(offsets.uncommitted == 15)
+    }
+
+    @Test("offsets a fetch skipped are missing until received, commits wait for them, and a re-read's repeats are duplicates")
+    func offsetGaps() {
+        var offsets = PartitionOffsets()
+        #expect(offsets.receive(5) == .start)
+        #expect(offsets.receive(6) == .start)
+        #expect(offsets.receive(9) == .startAfterGap(missingFrom: 7, count: 2))
+        #expect(offsets.receive(12) == .startAfterGap(missingFrom: 10, count: 2))
+        for offset: Int64 in [5, 6, 9, 12] { offsets.settle(offset) }
+        #expect(offsets.firstMissing == 7)
+        #expect(offsets.commitPosition == 7, "7 was never seen: the commit waits")
+        // Reading again from 7: what arrived before is dropped, what was missing runs.
+        #expect(offsets.receive(8) == .start)
+        #expect(offsets.receive(9) == .duplicate)
+        #expect(offsets.missing == [7..<8, 10..<12])
+        #expect(offsets.receive(7) == .start)
+        #expect(offsets.receive(11) == .start)
+        #expect(offsets.receive(10) == .start)
+        #expect(offsets.missing.isEmpty)
+        #expect(offsets.receive(12) == .duplicate)
+        #expect(offsets.commitPosition == 7, "7, 8, 10 and 11 run")
+        for offset: Int64 in [7, 8, 10, 11] { offsets.settle(offset) }
+        #expect(offsets.commitPosition == 13)
+        #expect(offsets.receive(13) == .start)
     }
 
     @Test("the concurrency limit admits at most its size, in order, and a cancelled waiter leaves the queue")
