@@ -49,7 +49,8 @@ public final class DispatcherService: Service {
         let readiness = ReadinessMonitor(checks: [
             "redis": { (try? await redis.command(["PING"])) != nil },
             "kafka": { (try? await producer.partitionCount(topic: jobsTopic)) ?? 0 > 0 },
-        ], metrics: metrics)
+            "consumer_group": { consumer.joinedGroup },
+        ], failures: ["consumer_group": "joining"], metrics: metrics)
         router.addOperations(readiness: readiness)
         router.addMetrics(registry: metrics)
         server = try HTTPServer(configuration: HTTPServerConfiguration(address: configuration.address, threads: 1,

@@ -46,6 +46,10 @@ final class JobConsumer: Service {
                                  onRebalance: { event in book.rebalance(event) })
     }
 
+    /// The group has given this member its assignment (possibly empty), so it can deliver: the dispatcher's
+    /// readiness. Joining takes a rebalance, seconds after start.
+    var joinedGroup: Bool { book.joined }
+
     /// Where the fetch loop is. It starts `fetching` and ends `closed`; cancellation or a fatal consumer error
     /// sends it to `draining` from wherever it is.
     enum Phase {
@@ -167,6 +171,7 @@ final class JobConsumer: Service {
         // Jobs under way finish first, as on shutdown: leaving the group hands back what is unsettled, and its
         // next run repeats the pushes sent since its last saved progress.
         await settleInFlight(until: .now + configuration.drainTimeout)
+        book.leaving()
         do { try await consumer.close() } catch {
             logger.warning("leaving the consumer group failed", ["error": "\(error)"])
         }
@@ -195,6 +200,7 @@ final class JobConsumer: Service {
             while book.inFlight > 0, ContinuousClock.now < cancelDeadline { await slotFreed.wait(upTo: .milliseconds(50)) }
         }
         await commit()
+        book.leaving()
         do { try await consumer.close() } catch {
             logger.warning("leaving the consumer group failed", ["error": "\(error)"])
         }

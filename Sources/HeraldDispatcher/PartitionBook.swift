@@ -22,6 +22,8 @@ final class PartitionBook: Sendable {
         var tracks: [KafkaTopicPartition: Track] = [:]
         var generation = 0
         var inFlight = 0
+        /// The group has given the current consumer an assignment (possibly empty: more members than partitions).
+        var joined = false
         /// Partitions revoked since `beginPoll()`.
         var revokedDuringPoll: Set<KafkaTopicPartition> = []
     }
@@ -33,6 +35,12 @@ final class PartitionBook: Sendable {
 
     var inFlight: Int { state.withLock { $0.inFlight } }
 
+    /// True once the group has assigned partitions (or none) to the current consumer: it can deliver.
+    var joined: Bool { state.withLock { $0.joined } }
+
+    /// The consumer leaves the group (shutdown, or replaced after a stall): not joined until the next assignment.
+    func leaving() { state.withLock { $0.joined = false } }
+
     func beginPoll() { state.withLock { $0.revokedDuringPoll = [] } }
 
     /// The partitions revoked during the poll that just ended.
@@ -43,6 +51,7 @@ final class PartitionBook: Sendable {
         switch event {
         case .assigned(let partitions):
             state.withLock { s in
+                s.joined = true
                 for partition in partitions where s.tracks[partition] == nil {
                     s.generation += 1
                     s.tracks[partition] = Track(generation: s.generation)
