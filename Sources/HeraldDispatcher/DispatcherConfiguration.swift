@@ -18,8 +18,14 @@ public struct DispatcherConfiguration: Sendable {
     public var activityTTL: Duration = .seconds(3600)
     /// Kafka brokers and client settings for the consumer.
     public var kafka: KafkaConfiguration = KafkaConfiguration(brokers: ["127.0.0.1:9092"], clientID: "herald-dispatcher")
-    /// A member that sends no heartbeat for this long is dropped from the group (`session.timeout.ms`).
-    public var sessionTimeout: Duration = .seconds(45)
+    /// `HERALD_CONSUMER_INSTANCE_ID`: static group membership (`group.instance.id`), so a dispatcher restarted
+    /// in place takes its partitions back at once instead of after the dead member's session. Must be stable
+    /// across restarts and unique in the group (a StatefulSet's pod name).
+    public var consumerInstanceID: String?
+    /// `HERALD_KAFKA_SESSION_TIMEOUT_SECONDS`: a member that sends no heartbeat for this long is dropped from the
+    /// group (`session.timeout.ms`), and its partitions go to the others. 10 s (Kafka's lowest default
+    /// `group.min.session.timeout.ms` is 6 s), with a heartbeat a tenth of it.
+    public var sessionTimeout: Duration = .seconds(10)
     /// How long the broker may hold a fetch that has no new records (`fetch.wait.max.ms`). librdkafka's 500 ms
     /// default adds up to that much latency on brokers that do not answer a waiting fetch when records arrive
     /// (Tansu); 10 ms keeps end-to-end latency low at the cost of a few idle fetches per second.
@@ -80,9 +86,11 @@ public struct DispatcherConfiguration: Sendable {
         // would dwarf the dispatcher's own memory. 2 MiB (some thousands of jobs) keeps `maxInFlightJobs` fed.
         kafka.properties["queued.max.messages.kbytes"] = kafka.properties["queued.max.messages.kbytes"] ?? "2048"
         kafka.properties["queued.min.messages"] = kafka.properties["queued.min.messages"] ?? "10000"
-        return KafkaConsumerConfiguration(kafka: kafka, groupID: consumerGroup, sessionTimeout: sessionTimeout,
-                                          heartbeatInterval: heartbeat, maxPollInterval: maxPollInterval,
-                                          offsetReset: .earliest)
+        var consumer = KafkaConsumerConfiguration(kafka: kafka, groupID: consumerGroup, sessionTimeout: sessionTimeout,
+                                                  heartbeatInterval: heartbeat, maxPollInterval: maxPollInterval,
+                                                  offsetReset: .earliest)
+        consumer.groupInstanceID = consumerInstanceID
+        return consumer
     }
 }
 

@@ -132,6 +132,10 @@ public struct KafkaConsumerConfiguration: Sendable, Hashable {
 
     /// `group.id`. `nil` for a consumer that only reads partitions it `assign`s (no group membership, no commits).
     public var groupID: String?
+    /// `group.instance.id`: a static member. One that comes back under the same id within `sessionTimeout`
+    /// takes its partitions back at once, with no rebalance; one that leaves does not hand them back until the
+    /// session times out. Each member of a group needs its own id.
+    public var groupInstanceID: String?
     /// `session.timeout.ms`: a member that sends no heartbeat for this long is removed from the group.
     /// Default 45 s.
     public var sessionTimeout: Duration
@@ -167,6 +171,7 @@ public struct KafkaConsumerConfiguration: Sendable, Hashable {
             "max.poll.interval.ms": String(maxPollInterval.milliseconds(atLeast: 1)),
         ]) { _, new in new }
         out["group.id"] = groupID ?? Self.assignOnlyGroupID
+        if let groupInstanceID, groupID != nil { out["group.instance.id"] = groupInstanceID }
         return kafka.overriding(out)
     }
 }

@@ -61,6 +61,11 @@ public struct KafkaSecurity: Sendable, Hashable {
         for name in ["enable.auto.commit", "enable.auto.offset.store", "enable.idempotence", "acks"] {
             reserved[name] = "Herald sets it for at-least-once delivery"
         }
+        for (name, variable) in [("group.id", "HERALD_CONSUMER_GROUP"), ("group.instance.id", "HERALD_CONSUMER_INSTANCE_ID"),
+                                 ("session.timeout.ms", "HERALD_KAFKA_SESSION_TIMEOUT_SECONDS"),
+                                 ("heartbeat.interval.ms", "HERALD_KAFKA_SESSION_TIMEOUT_SECONDS (a tenth of it)")] {
+            reserved[name] = "set it with \(variable)"
+        }
         reserved["ssl.key.password"] = "use an unencrypted key file from a Secret"
         return reserved
     }()

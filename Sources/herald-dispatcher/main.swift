@@ -24,6 +24,8 @@ let usage = """
       HERALD_TOPIC_JOBS               [\(defaults.jobsTopic)]
       HERALD_TOPIC_DLQ                [\(defaults.deadLetterTopic)]
       HERALD_CONSUMER_GROUP           [\(defaults.consumerGroup)]
+      HERALD_CONSUMER_INSTANCE_ID     static group membership: a stable id unique in the group (a StatefulSet
+                                      pod's name) lets a restarted dispatcher resume at once [unset: dynamic]
       HERALD_ACTIVITY_TTL_SECONDS     Live Activity registration lifetime [\(defaults.activityTTL.secondsText)]
       HERALD_APNS_PRODUCTION_URL      [https://api.push.apple.com]
       HERALD_APNS_SANDBOX_URL         [https://api.sandbox.push.apple.com]
@@ -66,6 +68,7 @@ struct DispatcherSettings {
         configuration.maxJobBytes = try env.int("HERALD_MAX_JOB_BYTES", default: defaults.maxJobBytes, range: 1024...16 * 1024 * 1024)
         configuration.jobSigning = try JobSigning(env)
         configuration.sessionTimeout = try env.seconds("HERALD_KAFKA_SESSION_TIMEOUT_SECONDS", default: defaults.sessionTimeout)
+        configuration.consumerInstanceID = env.optionalString("HERALD_CONSUMER_INSTANCE_ID")
         configuration.maxPollInterval = try env.seconds("HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS", default: defaults.maxPollInterval)
         configuration.fetchMaxWait = .milliseconds(try env.int("HERALD_KAFKA_FETCH_MAX_WAIT_MS", default: Int(defaults.fetchMaxWait.inMilliseconds), range: 1...5000))
         if let stallTimeout = try env.optionalSeconds("HERALD_KAFKA_FETCH_STALL_SECONDS"), stallTimeout > .zero {
@@ -118,6 +121,8 @@ func main() async {
     if case .unverified = settings.configuration.jobSigning { logger.warning(JobSigning.unverifiedWarning) }
     logger.info("started", ["addr": service.address.description, "apps": "\(apps.directory.apps.count)",
                             "group": settings.configuration.consumerGroup, "topic": settings.configuration.jobsTopic,
+                            "group.instance": settings.configuration.consumerInstanceID ?? "none",
+                            "session_timeout_s": settings.configuration.sessionTimeout.secondsText,
                             "redis.addr": settings.redis.description]
                     .merging(settings.configuration.kafka.security.logFields) { first, _ in first })
     var failed = false

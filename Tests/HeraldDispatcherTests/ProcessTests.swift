@@ -116,7 +116,7 @@ struct ProcessTests {
         let count = 20_000
         let tokens = try await seedChannel(app: app.id, channel: channel, count: count)
         // Small batches and a few hundred pushes in flight, so the fan-out is still running when it is killed.
-        let settings = ["HERALD_FANOUT_BATCH_SIZE": "200", "HERALD_MAX_IN_FLIGHT_PUSHES": "200"]
+        let settings = ["HERALD_FANOUT_BATCH_SIZE": "200", "HERALD_MAX_IN_FLIGHT_PUSHES": "200", "HERALD_KAFKA_SESSION_TIMEOUT_SECONDS": "3"]
         try await simulator.waitUntilListening()
         var dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory,
                                                name: "dispatcher-1", extra: settings)
@@ -138,8 +138,15 @@ struct ProcessTests {
         let beforeRestart = simulator.acceptedCount()
         #expect(beforeRestart < count, "the fan-out finished before the kill; the test proves nothing")
 
+        let restarted = ContinuousClock.now
         dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory,
                                            name: "dispatcher-2", extra: settings)
+        try await eventually("a push after the restart", timeout: .seconds(60)) {
+            simulator.acceptedCount() > beforeRestart
+        }
+        let takeover = ContinuousClock.now - restarted
+        print("kill -9 fan-out: first push \(takeover) after the restart")
+        #expect(takeover <= .seconds(10), "the restarted dispatcher resumed after \(takeover)")
         try await eventually("every token received the push", timeout: .seconds(180)) {
             Set(simulator.accepted().compactMap { $0["token"]?.stringValue }).count >= count
         }
@@ -195,6 +202,58 @@ struct ProcessTests {
         #expect(a > 0 && b > 0 && a + b == 200, "consumed \(a) + \(b)")
         await first.child.stop()
         await second.child.stop()
+        await simulator.child.stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    @Test("a member killed mid fan-out and not restarted: the other finishes the job within the session timeout plus 10 s")
+    func killedMemberIsReplaced() async throws {
+        let directory = try scratchDirectory()
+        let apps = try TestApps()
+        let topics = try await TestTopics.make(partitions: 4)
+        let simulator = try SimulatorProcess(apps: apps, directory: directory)
+        defer { apps.remove() }
+        let app = apps.apps[0]
+        let channel = "takeover-\(SecureRandom.hex(4))"
+        let count = 3_000
+        let tokens = try await seedChannel(app: app.id, channel: channel, count: count)
+        let session = 3
+        let settings = ["HERALD_FANOUT_BATCH_SIZE": "100", "HERALD_MAX_IN_FLIGHT_PUSHES": "100",
+                        "HERALD_KAFKA_SESSION_TIMEOUT_SECONDS": "\(session)"]
+        try await simulator.waitUntilListening()
+        let members = try ["dispatcher-a", "dispatcher-b"].map {
+            try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory, name: $0,
+                                  extra: settings)
+        }
+        try await eventually("both members own partitions", timeout: .seconds(90)) {
+            var owned: [Double] = []
+            for member in members { owned.append(await member.metric("herald_dispatcher_partitions_assigned") ?? 0) }
+            return owned.allSatisfy { $0 > 0 } && owned.reduce(0, +) == 4
+        }
+        var job = PushJob(id: "takeover-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+        job.alert = .object(["aps": .object(["alert": .string("flash sale")])])
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
+            kafka: KafkaConfiguration(brokerList: topics.brokers)), logger: testLogger)
+        _ = try await producer.send(topic: topics.jobs, key: job.recordKey, value: job.encoded(),
+                                    headers: apps.signatureHeaders(job.encoded()))
+        await producer.close()
+        try await eventually("a fifth of the fan-out was delivered", timeout: .seconds(60)) {
+            simulator.acceptedCount() >= count / 5
+        }
+        // The member running the job is the one with pushes in flight.
+        var running: DispatcherProcess?
+        for member in members where await member.metric("herald_dispatcher_in_flight_jobs") ?? 0 > 0 { running = member }
+        let victim = try #require(running, "no member was running the job")
+        victim.child.signal(SIGKILL)
+        _ = await victim.child.waitForExit(timeout: .seconds(5))
+        let killed = ContinuousClock.now
+        #expect(simulator.acceptedCount() < count, "the fan-out finished before the kill; the test proves nothing")
+        try await eventually("every token received the push", timeout: .seconds(session + 10)) {
+            Set(simulator.accepted().compactMap { $0["token"]?.stringValue }).count >= count
+        }
+        print("member killed mid fan-out: the other finished the job \(ContinuousClock.now - killed) after the kill")
+        #expect(Set(simulator.accepted().compactMap { $0["token"]?.stringValue }) == Set(tokens))
+        for member in members where member.child.pid != victim.child.pid { await member.child.stop() }
         await simulator.child.stop()
         try? FileManager.default.removeItem(atPath: directory)
     }

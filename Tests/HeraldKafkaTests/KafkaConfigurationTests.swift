@@ -51,7 +51,13 @@ struct KafkaConfigurationTests {
         #expect(properties["session.timeout.ms"] == "6000")
         #expect(properties["heartbeat.interval.ms"] == "500")
         #expect(properties["enable.idempotence"] == nil)
-        let groupless = KafkaConsumerConfiguration(kafka: configuration.kafka, groupID: nil, offsetReset: .latest)
+        #expect(properties["group.instance.id"] == nil, "dynamic membership unless asked")
+        var staticMember = configuration
+        staticMember.groupInstanceID = "herald-dispatcher-0"
+        #expect(staticMember.librdkafkaProperties["group.instance.id"] == "herald-dispatcher-0")
+        var groupless = KafkaConsumerConfiguration(kafka: configuration.kafka, groupID: nil, offsetReset: .latest)
+        groupless.groupInstanceID = "ignored"
+        #expect(groupless.librdkafkaProperties["group.instance.id"] == nil, "only a group member has an instance id")
         #expect(groupless.librdkafkaProperties["group.id"] == KafkaConsumerConfiguration.assignOnlyGroupID)
         #expect(groupless.librdkafkaProperties["auto.offset.reset"] == "latest")
     }

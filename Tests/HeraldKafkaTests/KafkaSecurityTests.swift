@@ -80,6 +80,8 @@ struct KafkaSecurityTests {
              "HERALD_KAFKA_PROPERTY_SSL_ENDPOINT_IDENTIFICATION_ALGORITHM", "cannot be turned off"),
             (["HERALD_KAFKA_PROPERTY_SASL_PASSWORD": Self.password], "HERALD_KAFKA_PROPERTY_SASL_PASSWORD", "HERALD_KAFKA_*"),
             (["HERALD_KAFKA_PROPERTY_ENABLE_AUTO_COMMIT": "true"], "HERALD_KAFKA_PROPERTY_ENABLE_AUTO_COMMIT", "at-least-once"),
+            (["HERALD_KAFKA_PROPERTY_GROUP_INSTANCE_ID": "a"], "HERALD_KAFKA_PROPERTY_GROUP_INSTANCE_ID",
+             "HERALD_CONSUMER_INSTANCE_ID"),
             // librdkafka's own verdict on a property it does not know or a value it refuses.
             (["HERALD_KAFKA_PROPERTY_NO_SUCH_THING": "1"], "HERALD_KAFKA_PROPERTY_NO_SUCH_THING", "no.such.thing"),
             (["HERALD_KAFKA_PROPERTY_LINGER_MS": "soon"], "HERALD_KAFKA_PROPERTY_LINGER_MS", "linger.ms"),
