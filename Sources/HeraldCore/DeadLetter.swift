@@ -170,6 +170,11 @@ public struct DeadLetter: Sendable, Equatable {
         return value
     }
 
+    /// The channel the failed push first went out for: its job's, or, for a replayed job, the one it carried.
+    public var originalChannel: String? { job?.target.channel ?? job?.replayOf?.channel }
+    /// The post the failed push first went out for, likewise.
+    public var originalPost: String? { job?.target.postIdHash ?? job?.replayOf?.postIdHash }
+
     /// A device job that sends this push again, marked `replayOf`; nil when the dead letter names no device
     /// (an invalid job) or carries no payload.
     public func replayJob(partition: Int32, offset: Int64, id: String, now: Date = Date()) -> PushJob? {
@@ -182,7 +187,8 @@ public struct DeadLetter: Sendable, Equatable {
         job.priority = priority
         job.expiration = expiration
         job.collapseId = collapseId
-        job.replayOf = PushJob.ReplayOf(jobId: jobId ?? "unknown", dlqPartition: partition, dlqOffset: offset)
+        job.replayOf = PushJob.ReplayOf(jobId: jobId ?? "unknown", dlqPartition: partition, dlqOffset: offset,
+                                        channel: originalChannel, postIdHash: originalPost)
         return job
     }
 }

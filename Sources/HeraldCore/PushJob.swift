@@ -116,9 +116,15 @@ public struct PushJob: Sendable, Equatable {
         public var jobId: String
         public var dlqPartition: Int32
         public var dlqOffset: Int64
+        /// The channel or post the push first went out for (a replayed job is a device job), so that
+        /// `heraldctl dlq --channel/--post` still finds its dead letters when the replay fails again.
+        public var channel: String?
+        public var postIdHash: String?
 
-        public init(jobId: String, dlqPartition: Int32, dlqOffset: Int64) {
+        public init(jobId: String, dlqPartition: Int32, dlqOffset: Int64, channel: String? = nil,
+                    postIdHash: String? = nil) {
             (self.jobId, self.dlqPartition, self.dlqOffset) = (jobId, dlqPartition, dlqOffset)
+            (self.channel, self.postIdHash) = (channel, postIdHash)
         }
     }
 
@@ -187,8 +193,12 @@ public struct PushJob: Sendable, Equatable {
         fields["collapseId"] = collapseId.map { .string($0) }
         fields["final"] = final.map { .bool($0) }
         if let replayOf {
-            fields["replayOf"] = .object(["jobId": .string(replayOf.jobId), "dlqPartition": .number(Double(replayOf.dlqPartition)),
-                                          "dlqOffset": .number(Double(replayOf.dlqOffset))])
+            var origin: [String: JSONValue] = ["jobId": .string(replayOf.jobId),
+                                               "dlqPartition": .number(Double(replayOf.dlqPartition)),
+                                               "dlqOffset": .number(Double(replayOf.dlqOffset))]
+            origin["channel"] = replayOf.channel.map { .string($0) }
+            origin["postIdHash"] = replayOf.postIdHash.map { .string($0) }
+            fields["replayOf"] = .object(origin)
         }
         return .object(fields)
     }

@@ -18,7 +18,7 @@ extension PushJob {
     private static let liveActivityFields: Set<String> = ["event", "contentState", "alert", "staleDate", "dismissalDate",
                                                           "relevanceScore", "activityID"]
     private static let startFields: Set<String> = ["attributesType", "attributes", "contentState", "alert"]
-    private static let replayOfFields: Set<String> = ["jobId", "dlqPartition", "dlqOffset"]
+    private static let replayOfFields: Set<String> = ["jobId", "dlqPartition", "dlqOffset", "channel", "postIdHash"]
     /// Integers a JSON number (a `Double`) holds exactly.
     private static let exact: ClosedRange<Int64> = -(1 << 53) + 1...(1 << 53) - 1
     private static let int32: ClosedRange<Int64> = Int64(Int32.min)...Int64(Int32.max)
@@ -68,7 +68,10 @@ extension PushJob {
                 decoded.replayOf = ReplayOf(
                     jobId: try fields.required(fields.reader.string("jobId"), "jobId"),
                     dlqPartition: Int32(try fields.required(fields.reader.integer("dlqPartition", in: int32), "dlqPartition")),
-                    dlqOffset: try fields.required(fields.reader.integer("dlqOffset", in: exact), "dlqOffset"))
+                    dlqOffset: try fields.required(fields.reader.integer("dlqOffset", in: exact), "dlqOffset"),
+                    channel: try fields.reader.string("channel"), postIdHash: try fields.reader.string("postIdHash"))
+                if let channel = decoded.replayOf?.channel { try Channel.validate(channel, field: "replayOf.channel") }
+                if let post = decoded.replayOf?.postIdHash { try PostIDHash.validate(post, field: "replayOf.postIdHash") }
             }
             return decoded
         } catch {

@@ -64,8 +64,9 @@ struct DLQFilter: Sendable {
         if !statuses.isEmpty, !statuses.contains(letter.status) { return false }
         if !reasons.isEmpty, !reasons.contains(letter.reason.lowercased()) { return false }
         if !pushTypes.isEmpty, !pushTypes.contains(letter.effectivePushType ?? "") { return false }
-        if let channel, letter.job?.target.channel != channel { return false }
-        if let post, letter.job?.target.postIdHash != post { return false }
+        // A replayed job is a device job: its dead letters match by the channel or post it first went out for.
+        if let channel, letter.originalChannel != channel { return false }
+        if let post, letter.originalPost != post { return false }
         return true
     }
 

@@ -17,7 +17,8 @@ enum ReplayCommand {
         HERALD_TOPIC_JOBS as device jobs, each marked "replayOf" with the original job id and dead-letter offset.
 
         Usage:
-          heraldctl replay [FILTERS] [--name NAME] [--dry-run] [--limit N] [--rate JOBS_PER_S] [--include-removed] [--json]
+          heraldctl replay [FILTERS] [--name NAME] [--dry-run] [--limit N] [--rate JOBS_PER_S] [--include-removed]
+                           [--include-replayed] [--json]
 
         Filters: the same as `heraldctl dlq list` (see heraldctl dlq --help): --app, --since, --until, --status,
         --reason, --push-type, --channel, --post. Check what they select with `dlq list` or --dry-run first.
@@ -30,6 +31,8 @@ enum ReplayCommand {
           --rate R            at most R jobs per second (default: as fast as Kafka acknowledges)
           --include-removed   also send to tokens that no longer have any subscription or Live Activity
                               registration in Redis (skipped by default: the device was unregistered since)
+          --include-replayed  also send dead letters of jobs that were themselves replays (skipped by default, so
+                              a replay that fails again does not feed the next run; counted apart in the summary)
           --json              print the summary as one JSON object (with --dry-run, preceded by the jobs)
 
         Safe to run twice: each re-published dead letter is recorded in Redis (set herald:replay:{NAME}:sent of
@@ -84,7 +87,8 @@ enum ReplayCommand {
             return value
         }
         let options = Options(name: name, limit: limit, rate: rate, dryRun: flags.has("dry-run"),
-                              includeRemoved: flags.has("include-removed"), json: flags.has("json"))
+                              includeRemoved: flags.has("include-removed"), includeReplayed: flags.has("include-replayed"),
+                              json: flags.has("json"))
         let connections = try Connections()
         // Replayed jobs are signed as ingest signs events: the dispatcher refuses unsigned ones.
         let signing = options.dryRun ? JobSigning.unverified : try JobSigning(EnvironmentReader())
@@ -157,6 +161,7 @@ enum ReplayCommand {
         var rate: Double?
         var dryRun: Bool
         var includeRemoved: Bool
+        var includeReplayed: Bool
         var json: Bool
     }
 }
@@ -238,6 +243,10 @@ final class Replay {
                 continue
             }
             guard filter.matches(letter, at: entry.time) else { continue }
+            if letter.job?.replayOf != nil, !options.includeReplayed {
+                summary.replayedSkipped += 1
+                continue
+            }
             summary.matched += 1
             summary.byReason[letter.reason, default: 0] += 1
             counters.matched.add(1, ordering: .relaxed)
@@ -398,6 +407,8 @@ struct ReplaySummary {
     var unreadable = 0
     var republished = 0
     var alreadyRepublished = 0
+    /// Dead letters of replayed jobs, left out without `--include-replayed`.
+    var replayedSkipped = 0
     var skipped: [String: Int] = [:]
     var byReason: [String: Int] = [:]
     var failures: [String: Int] = [:]
@@ -432,6 +443,7 @@ struct ReplaySummary {
                 "unreadable": .number(Double(unreadable)),
                 (options.dryRun ? "wouldRepublish" : "republished"): .number(Double(republished)),
                 "alreadyRepublished": .number(Double(alreadyRepublished)),
+                "replayedLeftOut": .number(Double(replayedSkipped)),
                 "skipped": object(skipped), "byReason": object(byReason),
                 "failed": .number(Double(failed)), "failures": object(failures),
                 "stopped": stop.map { .string($0.rawValue) } ?? .null,
@@ -450,6 +462,9 @@ struct ReplaySummary {
             }
             add("dead letters read", scanned)
             add("matching", matched)
+            if replayedSkipped > 0 {
+                add("left out: replays", replayedSkipped, "dead letters of replayed jobs; --include-replayed sends them")
+            }
             add(options.dryRun ? "would re-publish" : "re-published", republished)
             add("already re-published", alreadyRepublished, "by an earlier run of this replay")
             for (reason, count) in skipped.sorted(by: { $0.key < $1.key }) {

@@ -103,7 +103,7 @@ func runCommand() async {
             try await DLQCommand.stats(Flags(rest.dropFirst(), allowed: DLQFilter.flagNames, switches: ["json"]))
         case ("replay", _):
             let code = try await ReplayCommand.run(Flags(rest, allowed: DLQFilter.flagNames.union(["name", "limit", "rate"]),
-                                                         switches: ["dry-run", "include-removed", "json"]))
+                                                         switches: ["dry-run", "include-removed", "include-replayed", "json"]))
             exit(code)
         default: throw ConfigurationError(arguments.joined(separator: " "), "unknown command (see heraldctl --help)")
         }

@@ -210,10 +210,19 @@ import Testing
         let replay = try #require(letter.replayJob(partition: 2, offset: 40, id: "replay-1"))
         try replay.validate()
         #expect(replay.target.kind == .device && replay.target.environment == .sandbox)
-        #expect(replay.replayOf == PushJob.ReplayOf(jobId: "job-1", dlqPartition: 2, dlqOffset: 40))
+        #expect(replay.replayOf == PushJob.ReplayOf(jobId: "job-1", dlqPartition: 2, dlqOffset: 40, channel: "c"),
+                "the channel the push first went out for is kept")
+        #expect(try PushJob.decode(replay.encoded()) == replay)
         #expect(try DeadLetter.decode(letter.encoded()) == letter)
         try validateAgainstSchema([letter.encoded()], schema: "dead-letter.schema.json")
         try validateAgainstSchema([replay.encoded()], schema: "push-job.schema.json")
+        // The replay fails again: its dead letter is a device job's, and still names the channel.
+        var again = DeadLetter(appId: "shop", job: replay, reason: "ServiceUnavailable", attempts: 5)
+        again.deviceToken = token
+        again.payload = original.alert
+        #expect(again.originalChannel == "c" && again.originalPost == nil)
+        #expect(again.replayJob(partition: 3, offset: 7, id: "replay-2")?.replayOf?.channel == "c")
+        try validateAgainstSchema([again.encoded()], schema: "dead-letter.schema.json")
         #expect(DeadLetter(appId: "shop", job: nil, reason: "invalid_job", attempts: 0).replayJob(partition: 0, offset: 0, id: "x") == nil)
     }
 }

@@ -118,6 +118,65 @@ struct ReplayEndToEndTests {
         try? FileManager.default.removeItem(atPath: directory)
     }
 
+    @Test("a replay against an APNs that still refuses, run three times, sends each dead letter once; its new dead letters keep the channel")
+    func replayConvergesWhileAPNsStillFails() async throws {
+        let directory = try scratchDirectory("herald-replay-e2e-")
+        let apps = try TestApps()
+        defer { apps.remove() }
+        let harness = try await CtlHarness.make(partitions: 1, jobSigningSecretPath: apps.jobSigningSecretPath)
+        let app = apps.apps[0]
+        let channel = "order:\(SecureRandom.hex(4)):status"
+        let tokens = (0..<4).map { _ in token(prefix: "badd") }
+        let store = SubscriptionStore(redis: harness.redis)
+        for token in tokens {
+            _ = try await store.upsert(app: app.id, SubscriptionInput(.object([
+                "channel": .string(channel), "deviceToken": .string(token), "tokenType": .string("alert"),
+            ])))
+        }
+        let simulator = try SimulatorProcess(apps: apps, directory: directory, rules: [
+            .object(["tokenPrefix": .string("badd"), "status": .number(400), "reason": .string("BadTopic")]),
+        ])
+        try await simulator.waitUntilListening()
+        let dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, brokers: harness.brokers,
+                                               jobsTopic: harness.jobsTopic, deadLetterTopic: harness.dlqTopic,
+                                               group: "herald-dispatcher-" + SecureRandom.hex(5), directory: directory)
+        try await dispatcher.waitForAssignment()
+        var job = PushJob(id: "still-" + SecureRandom.hex(4), appId: app.id, target: .channel(channel))
+        job.alert = .object(["aps": .object(["alert": .object(["title": .string("Shipped")])])])
+        _ = try await harness.producer.send(topic: harness.jobsTopic, key: job.recordKey, value: job.encoded(),
+                                            headers: apps.signatureHeaders(job.encoded()))
+        _ = try await readRecords(harness.dlqTopic, brokers: harness.brokers, count: tokens.count)
+
+        let name = "still-" + SecureRandom.hex(4)
+        let first = try await harness.heraldctl(["replay", "--name", name, "--json"])
+        #expect(first.status == 0, "\(first.stdout)\n\(first.stderr)")
+        #expect(try first.json()["republished"]?.numberValue == 4)
+        // APNs refuses them again: four more dead letters, of replayed jobs.
+        let afterFirst = try await readRecords(harness.dlqTopic, brokers: harness.brokers, count: 2 * tokens.count)
+        #expect(afterFirst.count == 2 * tokens.count)
+        try validateAgainstSchema(afterFirst.map(\.value), schema: "dead-letter.schema.json")
+        for run in 2...3 {
+            let rerun = try await harness.heraldctl(["replay", "--name", name, "--json"])
+            #expect(rerun.status == 0, "\(rerun.stdout)\n\(rerun.stderr)")
+            let summary = try rerun.json()
+            #expect(summary["republished"]?.numberValue == 0, "run \(run) sent again")
+            #expect(summary["alreadyRepublished"]?.numberValue == 4, "run \(run)")
+            #expect(summary["replayedLeftOut"]?.numberValue == 4, "run \(run): the replays' own dead letters, counted apart")
+        }
+        let final = try await readRecords(harness.dlqTopic, brokers: harness.brokers, count: 2 * tokens.count + 1)
+        #expect(final.count == 2 * tokens.count, "runs 2 and 3 sent nothing, so nothing failed again")
+        // The replays' dead letters are found by the channel the pushes first went out for.
+        let byChannel = try await harness.heraldctl(["dlq", "list", "--channel", channel, "--json"])
+        #expect(try byChannel.json()["matched"]?.numberValue == 8, "\(byChannel.stdout)")
+        let included = try await harness.heraldctl(["replay", "--name", name, "--include-replayed", "--dry-run", "--json"])
+        #expect(try included.json()["wouldRepublish"]?.numberValue == 4, "\(included.stdout)")
+
+        await dispatcher.child.stop()
+        await simulator.child.stop()
+        await harness.close()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
     /// Deliveries per token in the simulator's record file.
     private func deliveries(_ simulator: SimulatorProcess) -> [String: Int] {
         simulator.accepted().compactMap { $0["token"]?.stringValue }.reduce(into: [:]) { $0[$1, default: 0] += 1 }
