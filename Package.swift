@@ -30,7 +30,7 @@ let package = Package(
         .target(name: "CHeraldShims", linkerSettings: [.linkedLibrary("ssl"), .linkedLibrary("crypto")]),
 
         // Logging, metrics, configuration from the environment, service lifecycle: used by everything.
-        .target(name: "HeraldRuntime"),
+        .target(name: "HeraldRuntime", dependencies: ["CHeraldShims"]),
         // APNs vocabulary without a transport (environment, push type, priority), shared by the domain model
         // and the APNs client.
         .target(name: "HeraldAPNsCore"),

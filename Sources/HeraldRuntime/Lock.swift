@@ -32,4 +32,12 @@ public final class Lock<Value: ~Copyable>: @unchecked Sendable { // `value` is o
         defer { pthread_mutex_unlock(mutex) }
         return try body(&value)
     }
+
+    /// Runs `body` only if the lock is free right now; nil when another thread holds it. For a fatal-signal
+    /// handler, which must never wait (the thread that crashed may hold the lock).
+    public func withLockIfAvailable<Result>(_ body: (inout Value) -> Result) -> Result? {
+        guard pthread_mutex_trylock(mutex) == 0 else { return nil }
+        defer { pthread_mutex_unlock(mutex) }
+        return body(&value)
+    }
 }

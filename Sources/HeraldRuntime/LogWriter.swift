@@ -58,6 +58,18 @@ public final class LogWriter: Sendable {
         if dropped { droppedCounter.increment() }
     }
 
+    /// From a fatal-signal handler: writes out what is queued, at once, if no other thread holds the buffer
+    /// (never waits; allocates nothing). The lines the drain thread was writing at that instant may be lost.
+    public func writeQueuedBeforeCrash() {
+        _ = state.withLockIfAvailable { state in
+            state.pending.withUnsafeBytes { bytes in
+                guard let base = bytes.baseAddress, !bytes.isEmpty else { return }
+                _ = Glibc.write(descriptor, base, bytes.count)
+            }
+            state.pending.removeAll(keepingCapacity: true)
+        }
+    }
+
     /// Waits until everything queued so far has been written, or `timeout` has passed (a stalled output).
     public func flush(timeout: Duration) {
         let deadline = ContinuousClock.now + timeout

@@ -107,6 +107,7 @@ func main() async {
     } catch { CommandLineTool.exitWithConfigurationError("herald-dispatcher", error) }
 
     let logger = Logger(label: "herald.dispatcher", minimumLevel: settings.logLevel)
+    CrashReport.install(label: "herald.dispatcher")
     let redis = RedisClient(configuration: settings.redis, logger: logger.with(["component": "redis"]))
     let producer: KafkaProducer
     let apns: APNsClient

@@ -99,6 +99,7 @@ func main() async {
     } catch { CommandLineTool.exitWithConfigurationError("herald-ingest", error) }
 
     let logger = Logger(label: "herald.ingest", minimumLevel: settings.logLevel)
+    CrashReport.install(label: "herald.ingest")
     let redis = RedisClient(configuration: settings.redis, logger: logger.with(["component": "redis"]))
     let producer: KafkaProducer
     let service: IngestService

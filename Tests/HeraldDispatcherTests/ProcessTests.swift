@@ -104,6 +104,38 @@ struct ProcessTests {
         await simulator.child.stop()
     }
 
+    @Test("a fatal signal is never silent: one JSON line names it and the thread, then the process dies of it")
+    func fatalSignalIsLogged() async throws {
+        let directory = try scratchDirectory()
+        let apps = try TestApps()
+        defer { apps.remove() }
+        let topics = try await TestTopics.make()
+        let simulator = try SimulatorProcess(apps: apps, directory: directory)
+        try await simulator.waitUntilListening()
+        for (number, name) in [(SIGSEGV, "SIGSEGV"), (SIGABRT, "SIGABRT")] {
+            let dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory,
+                                                   name: "dispatcher-\(name)")
+            try await eventually("the dispatcher started") { dispatcher.child.log.contains(#""msg":"started""#) }
+            dispatcher.child.signal(number)
+            _ = await dispatcher.child.waitForExit(timeout: .seconds(10))
+            #expect(dispatcher.child.diedOfSignal == number, "\(name): \(dispatcher.child.log.suffix(1500))")
+            let lines = dispatcher.child.log.split(separator: "\n").compactMap {
+                try? JSONDecoder().decode(JSONValue.self, from: Data($0.utf8))
+            }
+            let report = try #require(lines.first { $0["msg"]?.stringValue == "fatal signal: the process dies" },
+                                      "\(name): no crash line in \(dispatcher.child.log.suffix(1500))")
+            #expect(report["signal"]?.stringValue == name)
+            #expect(report["signal.sent_by"]?.stringValue == "process")
+            #expect(report["logger"]?.stringValue == "herald.dispatcher")
+            #expect(report["level"]?.stringValue == "error")
+            #expect(report["thread"]?.stringValue?.isEmpty == false)
+            #expect(report["backtrace"]?.stringValue?.hasPrefix("0x") == true)
+            #expect(report["ts"]?.stringValue.flatMap(Timestamp.parse) != nil, "an RFC 3339 time like every line's")
+        }
+        await simulator.child.stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
     @Test("kill -9 during a 20,000-subscriber fan-out: after a restart every token has its push, duplicates within the bound")
     func killDuringFanOut() async throws {
         let directory = try scratchDirectory()

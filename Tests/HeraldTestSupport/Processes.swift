@@ -156,6 +156,11 @@ public final class ChildProcess: @unchecked Sendable { // `process` is only touc
 
     public func signal(_ number: Int32) { kill(process.processIdentifier, number) }
 
+    /// The signal the process died of; nil while it runs or when it exited.
+    public var diedOfSignal: Int32? {
+        process.isRunning || process.terminationReason != .uncaughtSignal ? nil : process.terminationStatus
+    }
+
     /// Waits up to `timeout` for the process to exit; its status, or nil if it is still running.
     public func waitForExit(timeout: Duration) async -> Int32? {
         let clock = ContinuousClock()
