@@ -6,6 +6,7 @@ FROM swift:6.3-bookworm AS build
 WORKDIR /src
 # Dependencies first, so source changes don't rebuild librdkafka.
 COPY scripts/setup scripts/lib.sh scripts/
+COPY scripts/patches/ scripts/patches/
 RUN scripts/setup --build-only
 COPY Package.swift ./
 COPY Sources/ Sources/

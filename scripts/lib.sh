@@ -12,8 +12,13 @@ export HERALD_DEPS PATH="$HERALD_DEPS/venv/bin:$PATH"
 export HERALD_KAFKA_FETCH_STALL_SECONDS=${HERALD_KAFKA_FETCH_STALL_SECONDS:-30}
 
 # Unpacks Debian forky's librdkafka source (2.14 when written; ≥ 2.10 needed: 2.4–2.9 crash in the metadata cache
-# when a topic is recreated with a new id, librdkafka#4964, as a restarted Tansu does) into $1/build, configured to install into $2; further
-# arguments go to its configure script (used by scripts/setup and scripts/test-sanitizers).
+# when a topic is recreated with a new id, librdkafka#4964, as a restarted Tansu does) into $1/build, applies
+# scripts/patches/librdkafka-*.patch, configured to install into $2; further arguments go to its configure script
+# (used by scripts/setup and scripts/test-sanitizers). A build records the patches it carries in
+# $2/share/herald/librdkafka-patches (`librdkafka_patches_installed` checks it).
+LIBRDKAFKA_PATCHES=$(cd "$HERALD_ROOT/scripts/patches" && cat librdkafka-*.patch | sha256sum | cut -c1-16)
+librdkafka_patches_installed() { [[ "$(cat "$1/share/herald/librdkafka-patches" 2>/dev/null)" == "$LIBRDKAFKA_PATCHES" ]]; }
+record_librdkafka_patches() { mkdir -p "$1/share/herald" && echo "$LIBRDKAFKA_PATCHES" > "$1/share/herald/librdkafka-patches"; }
 fetch_librdkafka_source() {
   local work=$1
   rm -rf "$work" && mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
@@ -28,6 +33,10 @@ fetch_librdkafka_source() {
   local tarball
   tarball=$(ls "$work"/librdkafka_*.orig.tar.* | head -n1)
   mkdir -p "$work/build" && tar -xf "$tarball" -C "$work/build" --strip-components=1
+  local patch_file
+  for patch_file in "$HERALD_ROOT"/scripts/patches/librdkafka-*.patch; do
+    patch -s -d "$work/build" -p1 < "$patch_file"
+  done
   (cd "$work/build" \
     && ./configure --prefix="$2" --no-download --disable-zstd --disable-gssapi --disable-curl \
          --disable-lz4-ext "${@:3}" >/dev/null)
