@@ -56,6 +56,8 @@ public struct DeadLetter: Sendable, Equatable {
     public var priority: Int?
     public var expiration: Int64?
     public var collapseId: String?
+    /// The push's `apns-id` (`PushJob.apnsID(token:)`): every attempt and re-delivery of it carried this one.
+    public var apnsId: String?
     /// APNs' HTTP status; absent when APNs never answered (timeouts, connection failures).
     public var status: Int?
     /// APNs' reason (`BadTopic`, `ServiceUnavailable`…), Herald's error kind when APNs never answered
@@ -107,6 +109,7 @@ public struct DeadLetter: Sendable, Equatable {
         fields["priority"] = priority.map { .number(Double($0)) }
         fields["expiration"] = expiration.map { .number(Double($0)) }
         fields["collapseId"] = collapseId.map { .string($0) }
+        fields["apnsId"] = apnsId.map { .string($0) }
         fields["status"] = status.map { .number(Double($0)) }
         fields["disposition"] = disposition.map { .string($0.rawValue) }
         fields["message"] = message.map { .string($0) }
@@ -147,6 +150,7 @@ public struct DeadLetter: Sendable, Equatable {
         letter.priority = try fields.integer("priority", in: int32).map { Int($0) }
         letter.expiration = try fields.integer("expiration", in: exact)
         letter.collapseId = try fields.string("collapseId")
+        letter.apnsId = try fields.string("apnsId")
         letter.status = try fields.integer("status", in: int32).map { Int($0) }
         letter.disposition = try fields.enumeration("disposition", Disposition.self)
         letter.message = try fields.string("message")

@@ -1,5 +1,6 @@
 import Foundation
 import HeraldAPNsCore
+import HeraldCrypto
 import HeraldRuntime
 
 /// One message on `herald.jobs` (schemas/push-job.schema.json, version 1): what to send, to whom.
@@ -156,6 +157,17 @@ public struct PushJob: Sendable, Equatable {
         self.appId = appId
         self.createdAt = Timestamp.rfc3339(createdAt)
         self.target = target
+    }
+
+    /// The `apns-id` of this job's push to `token`: the same for every attempt and every re-delivery of the job
+    /// (after a crash or rebalance), so a duplicate is recognisable in APNs' answers, logs and dead letters. A
+    /// UUID (version 8, RFC 9562) from the SHA-256 of app, job id and token.
+    public func apnsID(token: String) -> UUID {
+        var bytes = SHA256.hash("\(appId)\n\(id)\n\(token.lowercased())")
+        bytes[6] = bytes[6] & 0x0f | 0x80
+        bytes[8] = bytes[8] & 0x3f | 0x80
+        return UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+                           bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
     }
 
     /// The Kafka record key: one target's jobs go to one partition, in order.

@@ -56,6 +56,7 @@ extension DeadLetter {
         pushType = push.pushType.rawValue
         payload = JSONValue(parsing: push.payload)
         (priority, expiration, collapseId) = (job.priority, job.expiration, job.collapseId)
+        apnsId = job.apnsID(token: push.token).uuidString.lowercased()
         status = failure.status
         firstAttemptAt = Timestamp.rfc3339(failure.firstAttemptAt)
         lastAttemptAt = Timestamp.rfc3339(failure.lastAttemptAt)

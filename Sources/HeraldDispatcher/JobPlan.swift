@@ -111,6 +111,7 @@ struct JobPlan: Sendable {
 
     func request(for push: Push) -> APNsRequest {
         APNsRequest(deviceToken: push.token, pushType: push.pushType, topic: push.topic, payload: push.payload,
-                    priority: priority, expiration: expiration, collapseID: job.collapseId)
+                    priority: priority, expiration: expiration, collapseID: job.collapseId,
+                    apnsID: job.apnsID(token: push.token))
     }
 }

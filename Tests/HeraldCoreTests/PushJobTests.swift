@@ -193,6 +193,21 @@ import Testing
     }
 }
 
+@Suite struct APNsIDTests {
+    @Test("a push's apns-id is a version-8 UUID derived from app, job and token: the same on every delivery, different otherwise")
+    func deterministic() {
+        let job = PushJob(id: "job-1", appId: "shop", target: .channel("c"))
+        let token = String(repeating: "ab", count: 32)
+        let id = job.apnsID(token: token).uuidString.lowercased()
+        #expect(id == job.apnsID(token: token.uppercased()).uuidString.lowercased(), "tokens compare lowercased")
+        #expect(id.range(of: "^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$",
+                         options: .regularExpression) != nil, "\(id)")
+        #expect(id != job.apnsID(token: String(repeating: "cd", count: 32)).uuidString.lowercased())
+        #expect(id != PushJob(id: "job-2", appId: "shop", target: .channel("c")).apnsID(token: token).uuidString.lowercased())
+        #expect(id != PushJob(id: "job-1", appId: "other", target: .channel("c")).apnsID(token: token).uuidString.lowercased())
+    }
+}
+
 @Suite struct DeadLetterTests {
     @Test func replaysAsADeviceJobMarkedReplayOf() throws {
         let original = try EventIntake.channelEvent(json(#"{"channel": "c", "alert": {"aps": {"alert": "hi"}}, "priority": 5}"#),

@@ -56,6 +56,7 @@ struct ReplayEndToEndTests {
             #expect(letter["reason"]?.stringValue == (badTopic.contains(token) ? "BadTopic" : "TopicDisallowed"))
             #expect(letter["status"]?.numberValue == 400)
             #expect(letter["disposition"]?.stringValue == "rejected")
+            #expect(letter["apnsId"]?.stringValue == job.apnsID(token: token).uuidString.lowercased())
         }
         #expect(simulator.acceptedCount() == 0)
 

@@ -186,6 +186,12 @@ struct ProcessTests {
         let accepted = simulator.accepted().compactMap { $0["token"]?.stringValue }
         #expect(Set(accepted) == Set(tokens))
         let duplicates = accepted.count - count
+        // Every push of the job carries the apns-id derived from the job and its token, before and after the
+        // restart alike: a duplicate is recognisable as one.
+        for record in simulator.accepted() {
+            let token = try #require(record["token"]?.stringValue)
+            #expect(record["apnsId"]?.stringValue == job.apnsID(token: token).uuidString.lowercased())
+        }
         // README: duplicates ≤ (maxBatchesInFlightPerJob + 1) × batch size = 4 × 200 here (HSCAN may overshoot
         // its COUNT by a few entries per call).
         #expect(duplicates <= 4 * 200 + 40, "\(duplicates) duplicates")
