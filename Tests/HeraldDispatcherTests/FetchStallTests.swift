@@ -22,37 +22,9 @@ struct FetchStallTests {
             configuration.fetchStallRecovery = FetchStallRecovery(stallTimeout: .seconds(2))
             configuration.injectedFetchStall = InjectedFetchStall(fetchWaitBelow: .milliseconds(40), afterRecords: 200)
         }
-        let app = harness.apps.apps[0]
-        let channel = "empty-\(SecureRandom.hex(4))" // no subscribers: every job settles at once
-        let producers = 8, perProducer = 250, total = producers * perProducer
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            for sender in 0..<producers {
-                group.addTask {
-                    for index in 0..<perProducer {
-                        var job = PushJob(id: "stall-\(sender)-\(index)", appId: app.id, target: .channel("\(channel)-\(sender)"))
-                        job.alert = .object(["aps": .object(["alert": .string("\(index)")])])
-                        try await harness.produce(job)
-                    }
-                }
-            }
-            try await group.waitForAll()
-        }
-        // What the broker holds, read from the start outside the group: each partition's end.
-        let held = try await readTopic(harness.topics.jobs, brokers: harness.topics.brokers, expecting: total,
-                                       timeout: .seconds(30))
-        #expect(held.count == total)
-        let ends = Dictionary(grouping: held, by: \.partition).mapValues { ($0.map(\.offset).max() ?? -1) + 1 }
+        let total = try await Self.produceJobsToEmptyChannels(harness, producers: 8, perProducer: 250, prefix: "stall")
         // The stall timeout, a drain and a rejoin (the group forms in session.timeout/2): ~10 s on an idle box.
-        let committed = try KafkaConsumer(configuration: KafkaConsumerConfiguration(
-            kafka: KafkaConfiguration(brokerList: harness.topics.brokers), groupID: harness.topics.group),
-            logger: testLogger)
-        try await eventually("the group committed every partition to its end", timeout: .seconds(90)) {
-            let positions = try await committed.committed(ends.keys.map {
-                KafkaTopicPartition(topic: harness.topics.jobs, partition: $0)
-            })
-            return positions.allSatisfy { $0.offset == ends[$0.partition] }
-        }
-        try await committed.close()
+        try await Self.waitUntilCommittedToTheEnd(harness, total: total, timeout: .seconds(90))
         #expect((harness.metric("herald_dispatcher_jobs_completed_total") ?? 0) >= Double(total))
         #expect((harness.metric("herald_dispatcher_fetch_stalls_total") ?? 0) >= 1)
         await harness.stop()
@@ -67,34 +39,8 @@ struct FetchStallTests {
         let harness = try await DispatcherHarness.start { configuration in
             configuration.injectedOffsetGap = InjectedOffsetGap(every: 41)
         }
-        let app = harness.apps.apps[0]
-        let channel = "gap-\(SecureRandom.hex(4))" // no subscribers: every job settles at once
-        let producers = 4, perProducer = 250, total = producers * perProducer
-        try await withThrowingTaskGroup(of: Void.self) { group in
-            for sender in 0..<producers {
-                group.addTask {
-                    for index in 0..<perProducer {
-                        var job = PushJob(id: "gap-\(sender)-\(index)", appId: app.id, target: .channel("\(channel)-\(sender)"))
-                        job.alert = .object(["aps": .object(["alert": .string("\(index)")])])
-                        try await harness.produce(job)
-                    }
-                }
-            }
-            try await group.waitForAll()
-        }
-        let held = try await readTopic(harness.topics.jobs, brokers: harness.topics.brokers, expecting: total,
-                                       timeout: .seconds(30))
-        let ends = Dictionary(grouping: held, by: \.partition).mapValues { ($0.map(\.offset).max() ?? -1) + 1 }
-        let committed = try KafkaConsumer(configuration: KafkaConsumerConfiguration(
-            kafka: KafkaConfiguration(brokerList: harness.topics.brokers), groupID: harness.topics.group),
-            logger: testLogger)
-        try await eventually("the group committed every partition to its end", timeout: .seconds(60)) {
-            let positions = try await committed.committed(ends.keys.map {
-                KafkaTopicPartition(topic: harness.topics.jobs, partition: $0)
-            })
-            return positions.allSatisfy { $0.offset == ends[$0.partition] }
-        }
-        try await committed.close()
+        let total = try await Self.produceJobsToEmptyChannels(harness, producers: 4, perProducer: 250, prefix: "gap")
+        try await Self.waitUntilCommittedToTheEnd(harness, total: total, timeout: .seconds(60))
         let gaps = harness.metric("herald_dispatcher_offset_gaps_total") ?? 0
         #expect(gaps >= 1, "no record was left out: the test did not exercise a gap")
         #expect(harness.metric("herald_dispatcher_offset_rereads_total") ?? 0 >= 1)
@@ -103,6 +49,46 @@ struct FetchStallTests {
         #expect(harness.metric("herald_dispatcher_jobs_completed_total") == Double(total))
         #expect(harness.metric("herald_dispatcher_jobs_consumed_total") == Double(total))
         await harness.stop()
+    }
+
+    /// Produces `producers` × `perProducer` jobs, each producer to its own channel without subscribers (every job
+    /// settles at once); returns how many.
+    private static func produceJobsToEmptyChannels(_ harness: DispatcherHarness, producers: Int, perProducer: Int,
+                                                   prefix: String) async throws -> Int {
+        let app = harness.apps.apps[0]
+        let channel = "\(prefix)-\(SecureRandom.hex(4))"
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for sender in 0..<producers {
+                group.addTask {
+                    for index in 0..<perProducer {
+                        var job = PushJob(id: "\(prefix)-\(sender)-\(index)", appId: app.id, target: .channel("\(channel)-\(sender)"))
+                        job.alert = .object(["aps": .object(["alert": .string("\(index)")])])
+                        try await harness.produce(job)
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        return producers * perProducer
+    }
+
+    /// Reads what the broker holds from the start, outside the group (each partition's end), and waits until the
+    /// group's committed offsets reach every end.
+    private static func waitUntilCommittedToTheEnd(_ harness: DispatcherHarness, total: Int, timeout: Duration) async throws {
+        let held = try await readTopic(harness.topics.jobs, brokers: harness.topics.brokers, expecting: total,
+                                       timeout: .seconds(30))
+        #expect(held.count == total)
+        let ends = Dictionary(grouping: held, by: \.partition).mapValues { ($0.map(\.offset).max() ?? -1) + 1 }
+        let committed = try KafkaConsumer(configuration: KafkaConsumerConfiguration(
+            kafka: KafkaConfiguration(brokerList: harness.topics.brokers), groupID: harness.topics.group),
+            logger: testLogger)
+        try await eventually("the group committed every partition to its end", timeout: timeout) {
+            let positions = try await committed.committed(ends.keys.map {
+                KafkaTopicPartition(topic: harness.topics.jobs, partition: $0)
+            })
+            return positions.allSatisfy { $0.offset == ends[$0.partition] }
+        }
+        try await committed.close()
     }
 
     @Test("the watchdog reports a lagging partition whose position has not moved for the stall timeout")

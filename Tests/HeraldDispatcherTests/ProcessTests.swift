@@ -154,13 +154,7 @@ struct ProcessTests {
                                                name: "dispatcher-1", extra: settings)
         try await dispatcher.waitForAssignment()
 
-        var job = PushJob(id: "big-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
-        job.alert = .object(["aps": .object(["alert": .string("flash sale")])])
-        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
-            kafka: KafkaConfiguration(brokerList: topics.brokers)), logger: testLogger)
-        _ = try await producer.send(topic: topics.jobs, key: job.recordKey, value: job.encoded(),
-                                        headers: apps.signatureHeaders(job.encoded()))
-        await producer.close()
+        let job = try await produceFlashSale(to: channel, app: app.id, id: "big", apps: apps, topics: topics)
 
         try await eventually("a third of the fan-out was delivered", timeout: .seconds(60)) {
             simulator.acceptedCount() >= count / 3
@@ -173,8 +167,10 @@ struct ProcessTests {
         let restarted = ContinuousClock.now
         dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory,
                                            name: "dispatcher-2", extra: settings)
-        try await eventually("a push after the restart", timeout: .seconds(60)) {
-            simulator.acceptedCount() > beforeRestart
+        // The restarted process's own count: the simulator's record file may still be catching up on the old one's.
+        let restartedDispatcher = dispatcher
+        try await eventually("a push from the restarted dispatcher", timeout: .seconds(60)) {
+            await restartedDispatcher.metric("herald_dispatcher_pushes_total") ?? 0 > 0
         }
         let takeover = ContinuousClock.now - restarted
         print("kill -9 fan-out: first push \(takeover) after the restart")
@@ -268,13 +264,7 @@ struct ProcessTests {
             for member in members { owned.append(await member.metric("herald_dispatcher_partitions_assigned") ?? 0) }
             return owned.allSatisfy { $0 > 0 } && owned.reduce(0, +) == 4
         }
-        var job = PushJob(id: "takeover-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
-        job.alert = .object(["aps": .object(["alert": .string("flash sale")])])
-        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
-            kafka: KafkaConfiguration(brokerList: topics.brokers)), logger: testLogger)
-        _ = try await producer.send(topic: topics.jobs, key: job.recordKey, value: job.encoded(),
-                                    headers: apps.signatureHeaders(job.encoded()))
-        await producer.close()
+        let job = try await produceFlashSale(to: channel, app: app.id, id: "takeover", apps: apps, topics: topics)
         try await eventually("a fifth of the fan-out was delivered", timeout: .seconds(60)) {
             simulator.acceptedCount() >= count / 5
         }
@@ -294,6 +284,19 @@ struct ProcessTests {
         for member in members where member.child.pid != victim.child.pid { await member.child.stop() }
         await simulator.child.stop()
         try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    /// Produces one signed alert job to `channel` and returns it.
+    private func produceFlashSale(to channel: String, app: String, id: String, apps: TestApps,
+                                  topics: TestTopics) async throws -> PushJob {
+        var job = PushJob(id: "\(id)-\(SecureRandom.hex(4))", appId: app, target: .channel(channel))
+        job.alert = .object(["aps": .object(["alert": .string("flash sale")])])
+        let producer = try KafkaProducer(configuration: KafkaProducerConfiguration(
+            kafka: KafkaConfiguration(brokerList: topics.brokers)), logger: testLogger)
+        _ = try await producer.send(topic: topics.jobs, key: job.recordKey, value: job.encoded(),
+                                    headers: apps.signatureHeaders(job.encoded()))
+        await producer.close()
+        return job
     }
 
     /// Subscribes `count` fresh alert tokens to `channel`, 64 at a time.
