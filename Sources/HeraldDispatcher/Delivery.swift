@@ -23,6 +23,8 @@ struct RetryBackoff: Sendable {
 struct JobContext: Sendable {
     let plan: JobPlan
     let source: DeadLetter.Source
+    /// Where a fan-out records its delivered pushes (nil: a job too small to resume, sent again whole).
+    var delivered: DeliveredPushes? = nil
 }
 
 /// Sends one push through the APNs client and settles it: delivered, token removed, or dead-lettered after
@@ -66,24 +68,26 @@ struct Deliverer: Sendable {
             limit.release(count: pushes.count)
             return false // cancelled
         }
-        metrics.inFlightPushes.add(-Int64(pushes.count))
         metrics.pushLatency.observe(Histogram.seconds(since: started), count: UInt64(pushes.count))
-        limit.release(count: pushes.count)
         let last = Date()
-        if Task.isCancelled { return false }
         var unsettled: [(Push, Outcome)] = []
-        var delivered: UInt64 = 0
+        var delivered: [String] = []
         for (push, result) in zip(pushes, results) {
             switch result {
             case .success(let response) where response.disposition == .delivered:
                 countAnswer(push, response)
-                delivered += 1
+                delivered.append(push.token)
             case .success(let response): unsettled.append((push, .answered(response)))
             case .failure(let error): unsettled.append((push, .failed(error)))
             }
         }
+        // In flight until recorded: a crash before the record sends these again, and no more than these.
+        await context.delivered?.record(delivered)
+        metrics.inFlightPushes.add(-Int64(pushes.count))
+        limit.release(count: pushes.count)
+        if Task.isCancelled { return false }
         if let created = context.plan.createdAt {
-            metrics.endToEnd.observe(last.timeIntervalSince(created), count: delivered)
+            metrics.endToEnd.observe(last.timeIntervalSince(created), count: UInt64(delivered.count))
         }
         guard !unsettled.isEmpty else { return true }
         return await withTaskGroup(of: Bool.self) { group -> Bool in
@@ -130,8 +134,11 @@ struct Deliverer: Sendable {
                 metrics.inFlightPushes.add(-1)
                 return false // cancelled
             }
-            metrics.inFlightPushes.add(-1)
             metrics.pushLatency.observe(since: started)
+            if case .answered(let response) = outcome, response.disposition == .delivered {
+                await context.delivered?.record([push.token])
+            }
+            metrics.inFlightPushes.add(-1)
             limit.release()
             holding = false
             let last = Date()

@@ -21,6 +21,7 @@ struct DispatcherMetrics: Sendable {
     let endToEnd: Histogram
     let commits: CounterFamily
     let resumedFanOuts: Counter
+    let resumedPushesSkipped: Counter
     let fetchStalls: Counter
     let offsetGaps: Counter
     let offsetsMissing: Gauge
@@ -54,7 +55,7 @@ struct DispatcherMetrics: Sendable {
                                          help: "Subscriptions and registrations removed because APNs reported the token invalid",
                                          labels: ["kind"])
         inFlightPushes = registry.gauge("herald_dispatcher_in_flight_pushes",
-                                        help: "Pushes being sent or waiting for an answer").labels()
+                                        help: "Pushes being sent, waiting for an answer, or (in a fan-out) for their delivery to be recorded").labels()
         inFlightJobs = registry.gauge("herald_dispatcher_in_flight_jobs", help: "Jobs started and not yet settled")
             .labels()
         partitionsAssigned = registry.gauge("herald_dispatcher_partitions_assigned",
@@ -67,7 +68,10 @@ struct DispatcherMetrics: Sendable {
         commits = registry.counter("herald_dispatcher_offset_commits_total", help: "Offset commits by result",
                                    labels: ["result"])
         resumedFanOuts = registry.counter("herald_dispatcher_fanouts_resumed_total",
-                                          help: "Fan-outs resumed from a saved scan cursor after a restart or rebalance")
+                                          help: "Fan-outs resumed from saved progress after a restart or rebalance")
+            .labels()
+        resumedPushesSkipped = registry.counter("herald_dispatcher_resumed_pushes_skipped_total",
+                                                help: "Pushes a resumed fan-out did not send again: its earlier run had delivered them")
             .labels()
         fetchStalls = registry.counter("herald_dispatcher_fetch_stalls_total",
                                        help: "Consumers replaced because a partition's fetches stalled with records left")

@@ -109,14 +109,13 @@ struct JobRunner: Sendable {
     }
 
     /// Streams the targets batch by batch (bounded memory whatever their number), keeps up to
-    /// `maxBatchesInFlight` batches sending at once, and records the cursor up to which every push is settled.
+    /// `maxBatchesInFlight` batches sending at once, and records in Redis the cursor up to which every push is
+    /// settled and, past it, each push delivered (`FanOutProgress`), so a resumed fan-out skips them.
     ///
     /// Reading runs ahead of sending: the next `readAhead` batches are scanned and loaded from Redis while the
-    /// ones before them are sending, each batch's load (a post's HGETALL round) beside the next scan, and progress is
-    /// saved in a child task. Reading a batch only once a slot freed, and waiting for each save, left the pushes
-    /// in flight to drain (to none at times) during every Redis round trip. A batch read but not launched sends
-    /// nothing, and launching stops `maxBatchesInFlight + 1` batches past the last saved cursor, so the
-    /// duplicates a crash can cause keep their bound.
+    /// ones before them are sending, each batch's load (a post's HGETALL round) beside the next scan, and the
+    /// cursor is saved in a child task. A batch read but not launched sends nothing, and launching stops
+    /// `maxBatchesInFlight + 1` batches past the last saved cursor, which bounds the record's size.
     /// `scan` reads a batch of items (a channel's targets, a post's registration ids) and `load` turns them into
     /// pushes. True once every push is settled, false when cancelled first; throws when Redis keeps refusing.
     private func fanOut<Item: Sendable>(
@@ -125,33 +124,56 @@ struct JobRunner: Sendable {
     ) async throws(StoreRefusal) -> Bool {
         let source = context.source
         // The first batch is read while the saved progress is looked up: nearly every fan-out has none (one
-        // Redis round trip saved on the latency of every small job); a resumed one discards that batch.
+        // Redis round trip saved on the latency of every small job); a resumed one may discard that batch.
         async let fromStart = try? Self.read(from: "0", scan: scan, load: load)
-        let start: String
-        do { start = try await retrying("load fan-out progress") { try await progress.load(source) } ?? "0" }
+        let saved: FanOutProgress.Saved
+        do { saved = try await retrying("load fan-out progress") { try await progress.load(source) } }
         catch let refusal as StoreRefusal { throw refusal } catch { return false }
-        let first = start == "0" ? await fromStart : nil
-        if start != "0" {
-            metrics.resumedFanOuts.increment()
-            logger.info("resuming a fan-out from its saved cursor", ["job.id": context.plan.job.id, "cursor": start])
+        if saved.done {
+            logger.info("fan-out already settled; nothing sent again", ["job.id": context.plan.job.id])
+            return true
         }
-        // The whole target list in one batch (every small job): nothing to read ahead or save, so no group either.
-        if let first, first.cursor == "0" { return await send(first.pushes, context: context) }
-        var saved = start != "0"
+        let start = saved.cursor
+        let first = start == "0" ? await fromStart : nil
+        let resumed = start != "0" || !saved.delivered.isEmpty
+        if resumed {
+            metrics.resumedFanOuts.increment()
+            logger.info("resuming a fan-out from its saved progress", [
+                "job.id": context.plan.job.id, "cursor": start, "pushes.delivered": "\(saved.delivered.count)"])
+        }
+        // One send's worth of pushes in all (nearly every job): not worth a record; a crash sends them again.
+        if !resumed, let first, first.cursor == "0", first.pushes.count <= Self.pushesPerSend {
+            return await send(first.pushes, context: context)
+        }
+        let recording = JobContext(plan: context.plan, source: source,
+                                   delivered: DeliveredPushes(progress: progress, source: source, logger: logger))
+        // A resumed batch sends only what its earlier run did not deliver; the rest is forgotten with its cursor.
+        let unsent = { (pushes: [Push]) -> [Push] in
+            guard !saved.delivered.isEmpty else { return pushes }
+            let left = pushes.filter { !saved.delivered.contains($0.token) }
+            metrics.resumedPushesSkipped.increment(by: UInt64(pushes.count - left.count))
+            return left
+        }
         let end = await withTaskGroup(of: FanOutEvent<Item>.self) { group -> FanOutEnd in
             var cursors: [String] = [] // the scan cursor after each batch read, by batch number
             var loaded: [Int: [Push]] = [:] // batches read and not launched yet
+            var tokens: [Int: [String]] = [:] // every token of a batch read and not settled yet
             var scanning = false
             var scanDone = false
             var nextToLaunch = 0
             var nextToSettle = 0
             var settled: [Int: Bool] = [:]
+            var settledTokens: [String] = [] // of the settled batches past the saved cursor
             var savedUpTo = 0 // batches before this one are recorded (or their save was attempted)
             var saving = false
             var toSave: Int?
+            func read(_ index: Int, _ pushes: [Push]) {
+                tokens[index] = pushes.map(\.token)
+                loaded[index] = unsent(pushes)
+            }
             if let first {
                 cursors.append(first.cursor)
-                loaded[0] = first.pushes
+                read(0, first.pushes)
                 scanDone = first.cursor == "0"
             }
             func startScan() {
@@ -164,10 +186,11 @@ struct JobRunner: Sendable {
             }
             func startSave(upTo count: Int) {
                 let position = cursors[count - 1]
+                let covered = settledTokens
+                settledTokens = []
                 saving = true
-                saved = true
                 group.addTask {
-                    do { try await progress.save(source, cursor: position) } catch {
+                    do { try await progress.advance(source, cursor: position, covering: covered) } catch {
                         logger.warning("cannot save fan-out progress", ["error": "\(error)", "job.id": context.plan.job.id])
                     }
                     return .saved(count)
@@ -179,7 +202,7 @@ struct JobRunner: Sendable {
                     loaded[nextToLaunch] = nil
                     let index = nextToLaunch
                     nextToLaunch += 1
-                    group.addTask { .sent(index, await send(pushes, context: context)) }
+                    group.addTask { .sent(index, await send(pushes, context: recording)) }
                 }
                 if !scanning, !scanDone, cursors.count - nextToLaunch < Self.readAhead { startScan() }
                 if scanDone, !scanning, nextToSettle == cursors.count, !saving { return .completed }
@@ -190,7 +213,7 @@ struct JobRunner: Sendable {
                     cursors.append(batch.cursor)
                     scanDone = batch.cursor == "0"
                     if batch.items.isEmpty {
-                        loaded[index] = []
+                        read(index, [])
                     } else {
                         let items = batch.items
                         group.addTask {
@@ -199,7 +222,7 @@ struct JobRunner: Sendable {
                         }
                     }
                 case .loaded(let index, let pushes)?:
-                    loaded[index] = pushes
+                    read(index, pushes)
                 case .sent(let index, let ok)?:
                     settled[index] = ok
                     guard ok else {
@@ -209,6 +232,7 @@ struct JobRunner: Sendable {
                     let before = nextToSettle
                     while settled[nextToSettle] == true {
                         settled[nextToSettle] = nil
+                        settledTokens += tokens.removeValue(forKey: nextToSettle) ?? []
                         nextToSettle += 1
                     }
                     // Everything before this cursor is settled; only worth recording when more remains.
@@ -241,10 +265,8 @@ struct JobRunner: Sendable {
         case .cancelled: return false
         case .refused(let refusal): throw refusal
         }
-        if saved {
-            do { try await retrying("clear fan-out progress") { try await progress.clear(source) } }
-            catch let refusal as StoreRefusal { throw refusal } catch { return false }
-        }
+        do { try await retrying("record the fan-out settled") { try await progress.markDone(source) } }
+        catch let refusal as StoreRefusal { throw refusal } catch { return false }
         return true
     }
 
