@@ -136,19 +136,22 @@ struct ProcessTests {
         try? FileManager.default.removeItem(atPath: directory)
     }
 
-    @Test("kill -9 during a 20,000-subscriber fan-out: after a restart every token has its push, duplicates ≤ those in flight")
-    func killDuringFanOut() async throws {
+    @Test("kill -9, or SIGTERM past the drain timeout, during a 20,000-subscriber fan-out: after a restart every token has its push, duplicates ≤ those in flight",
+          arguments: [SIGKILL, SIGTERM])
+    func killDuringFanOut(signal: Int32) async throws {
         let directory = try scratchDirectory()
         let apps = try TestApps()
         let topics = try await TestTopics.make()
-        // Apple's round trip of tens of milliseconds, so pushes are in flight when the process dies.
-        let simulator = try SimulatorProcess(apps: apps, directory: directory, rules: [.object(["delayMs": .number(20)])])
+        // Apple's round trip of tens of milliseconds, so pushes are in flight when the process dies; 200 in flight
+        // at 40 ms (5,000 pushes/s) leave more than the 1 s drain to send when SIGTERM comes.
+        let simulator = try SimulatorProcess(apps: apps, directory: directory, rules: [.object(["delayMs": .number(40)])])
         defer { apps.remove() }
         let app = apps.apps[0]
         let channel = "big-\(SecureRandom.hex(4))"
         let count = 20_000
         let tokens = try await seedChannel(app: app.id, channel: channel, count: count)
-        let settings = ["HERALD_MAX_IN_FLIGHT_PUSHES": "300", "HERALD_KAFKA_SESSION_TIMEOUT_SECONDS": "3"]
+        let settings = ["HERALD_MAX_IN_FLIGHT_PUSHES": "200", "HERALD_KAFKA_SESSION_TIMEOUT_SECONDS": "3",
+                        "HERALD_DRAIN_TIMEOUT_SECONDS": "1"]
         try await simulator.waitUntilListening()
         var dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory,
                                                name: "dispatcher-1", extra: settings)
@@ -160,10 +163,13 @@ struct ProcessTests {
             simulator.acceptedCount() >= count / 3
         }
         let inFlight = try #require(await dispatcher.metric("herald_dispatcher_in_flight_pushes"))
-        dispatcher.child.signal(SIGKILL)
-        _ = await dispatcher.child.waitForExit(timeout: .seconds(5))
+        dispatcher.child.signal(signal)
+        _ = await dispatcher.child.waitForExit(timeout: .seconds(15))
         let beforeRestart = simulator.acceptedCount()
-        #expect(beforeRestart < count, "the fan-out finished before the kill; the test proves nothing")
+        #expect(beforeRestart < count, "the fan-out finished before the process stopped; the test proves nothing")
+        if signal == SIGTERM {
+            #expect(dispatcher.child.log.contains("handing back unfinished jobs"), "the drain did not time out")
+        }
 
         let restarted = ContinuousClock.now
         dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, topics: topics, directory: directory,
@@ -174,10 +180,11 @@ struct ProcessTests {
             await restartedDispatcher.metric("herald_dispatcher_pushes_total") ?? 0 > 0
         }
         let takeover = ContinuousClock.now - restarted
-        print("kill -9 fan-out: first push \(takeover) after the restart")
+        let name = signal == SIGKILL ? "kill -9" : "SIGTERM"
+        print("\(name) fan-out: first push \(takeover) after the restart")
         #expect(takeover <= .seconds(10), "the restarted dispatcher resumed after \(takeover)")
         let duplicates = try await everyTokenDelivered(tokens, simulator: simulator, job: job)
-        print("kill -9 fan-out: \(beforeRestart) delivered before the kill, \(Int(inFlight)) in flight, \(duplicates) duplicates after the restart")
+        print("\(name) fan-out: \(beforeRestart) delivered before the kill, \(Int(inFlight)) in flight, \(duplicates) duplicates after the restart")
         #expect(Double(duplicates) <= inFlight, "\(duplicates) duplicates, \(inFlight) pushes in flight at the kill")
         #expect(duplicates <= count / 50, "\(duplicates) duplicates: over 2 % of the fan-out")
         #expect(await dispatcher.metric("herald_dispatcher_resumed_pushes_skipped_total") ?? 0 > 0)
