@@ -56,13 +56,13 @@ struct FanOutProgress: Sendable {
     }
 
     func markDone(_ source: DeadLetter.Source) async throws {
-        let key = key(source)
-        _ = try await redis.pipeline([["DEL", key], ["HSET", key, "done", "1"],
-                                      ["EXPIRE", key, String(min(3600, max(1, ttl.components.seconds)))]])
+        try await write(source, [["DEL", key(source)], ["HSET", key(source), "done", "1"]], expiringIn: .seconds(3600))
     }
 
-    private func write(_ source: DeadLetter.Source, _ commands: [[String]]) async throws {
-        let replies = try await redis.pipeline(commands + [["EXPIRE", key(source), String(max(1, ttl.components.seconds))]])
+    /// Runs `commands` and renews the record's TTL (`ttl`, or `expiringIn` when shorter), in one pipeline.
+    private func write(_ source: DeadLetter.Source, _ commands: [[String]], expiringIn limit: Duration? = nil) async throws {
+        let seconds = max(1, min(ttl, limit ?? ttl).components.seconds)
+        let replies = try await redis.pipeline(commands + [["EXPIRE", key(source), String(seconds)]])
         for case .error(let message) in replies { throw RedisError(.server, message) }
     }
 }
