@@ -53,7 +53,7 @@ public struct PushJob: Sendable, Equatable {
             set { if case .device(var device) = self { device.topic = newValue; self = .device(device) } }
         }
 
-        var jsonValue: JSONValue {
+        public var jsonValue: JSONValue {
             switch self {
             case .channel(let name):
                 return .object(["kind": .string("channel"), "channel": .string(name)])

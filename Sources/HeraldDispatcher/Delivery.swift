@@ -19,12 +19,12 @@ struct RetryBackoff: Sendable {
     }
 }
 
-/// What a job's pushes share: the plan and where the job came from (for dead letters).
+/// What a job's pushes share: the plan, where the job came from (for dead letters), and where each push is
+/// recorded as it settles (the job's status and, for a fan-out, its progress).
 struct JobContext: Sendable {
     let plan: JobPlan
     let source: DeadLetter.Source
-    /// Where a fan-out records its delivered pushes (nil: a job too small to resume, sent again whole).
-    var delivered: DeliveredPushes? = nil
+    let settled: SettledPushes
 }
 
 /// Sends one push through the APNs client and settles it: delivered, token removed, or dead-lettered after
@@ -71,18 +71,18 @@ struct Deliverer: Sendable {
         metrics.pushLatency.observe(Histogram.seconds(since: started), count: UInt64(pushes.count))
         let last = Date()
         var unsettled: [(Push, Outcome)] = []
-        var delivered: [String] = []
+        var delivered: [SettledPush] = []
         for (push, result) in zip(pushes, results) {
             switch result {
             case .success(let response) where response.disposition == .delivered:
                 countAnswer(push, response)
-                delivered.append(push.token)
+                delivered.append(SettledPush(token: push.token, outcome: .delivered, retries: 0))
             case .success(let response): unsettled.append((push, .answered(response)))
             case .failure(let error): unsettled.append((push, .failed(error)))
             }
         }
         // In flight until recorded: a crash before the record sends these again, and no more than these.
-        await context.delivered?.record(delivered)
+        await context.settled.record(delivered)
         metrics.inFlightPushes.add(-Int64(pushes.count))
         limit.release(count: pushes.count)
         if Task.isCancelled { return false }
@@ -136,7 +136,7 @@ struct Deliverer: Sendable {
             }
             metrics.pushLatency.observe(since: started)
             if case .answered(let response) = outcome, response.disposition == .delivered {
-                await context.delivered?.record([push.token])
+                await context.settled.record([SettledPush(token: push.token, outcome: .delivered, retries: attempt - 1)])
             }
             metrics.inFlightPushes.add(-1)
             limit.release()
@@ -166,8 +166,10 @@ struct Deliverer: Sendable {
                 return true
             case .removeToken:
                 // 410 carries when the token stopped being valid: keep what was (re-)registered after it.
-                return await removeToken(push, app: context.plan.app.id,
-                                         keepAfter: response.status == 410 ? response.timestamp : nil)
+                guard await removeToken(push, app: context.plan.app.id,
+                                        keepAfter: response.status == 410 ? response.timestamp : nil) else { return false }
+                await context.settled.record([SettledPush(token: push.token, outcome: .tokenRemoved, retries: attempt - 1)])
+                return true
             case .retry, .refreshProviderToken:
                 // ExpiredProviderToken seen here means the client could not re-sign yet (20-minute rule).
                 retryable = true
@@ -186,8 +188,10 @@ struct Deliverer: Sendable {
             do { try await Task.sleep(for: backoff.delay(attempt: attempt)) } catch { return false }
             return nil
         }
-        return await deadLetters.write(DeadLetter(push: push, of: context.plan.job, source: context.source, failure: failure,
-                                                  disposition: retryable ? .retriesExhausted : .rejected))
+        guard await deadLetters.write(DeadLetter(push: push, of: context.plan.job, source: context.source, failure: failure,
+                                                 disposition: retryable ? .retriesExhausted : .rejected)) else { return false }
+        await context.settled.record([SettledPush(token: push.token, outcome: .deadLettered, retries: attempt - 1)])
+        return true
     }
 
     private func countAnswer(_ push: Push, _ response: APNsResponse) {

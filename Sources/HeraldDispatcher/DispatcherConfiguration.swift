@@ -16,6 +16,8 @@ public struct DispatcherConfiguration: Sendable {
     public var consumerGroup = "herald-dispatcher"
     /// `HERALD_ACTIVITY_TTL_SECONDS`: the lifetime of Live Activity registrations (shared with ingest).
     public var activityTTL: Duration = .seconds(3600)
+    /// `HERALD_JOB_STATUS_TTL_SECONDS`: a job's status is kept this long after its last update (shared with ingest).
+    public var jobStatusTTL: Duration = .seconds(86_400)
     /// Kafka brokers and client settings for the consumer.
     public var kafka: KafkaConfiguration = KafkaConfiguration(brokers: ["127.0.0.1:9092"], clientID: "herald-dispatcher")
     /// `HERALD_CONSUMER_INSTANCE_ID`: static group membership (`group.instance.id`), so a dispatcher restarted

@@ -37,8 +37,9 @@ public final class DispatcherService: Service {
                                   logger: logger)
         let runner = JobRunner(apps: apps, subscriptions: subscriptions, activities: activities, deliverer: deliverer,
                                deadLetters: deadLetters,
-                               progress: FanOutProgress(redis: redis, group: configuration.consumerGroup,
-                                                        ttl: configuration.progressTTL),
+                               progress: FanOutProgress(redis: redis,
+                                                        statuses: JobStatusStore(redis: redis, ttl: configuration.jobStatusTTL),
+                                                        group: configuration.consumerGroup, ttl: configuration.progressTTL),
                                limit: limit, batchSize: max(1, configuration.batchSize),
                                maxJobBytes: configuration.maxJobBytes, signing: configuration.jobSigning,
                                maxBatchesInFlight: max(1, configuration.maxBatchesInFlightPerJob),

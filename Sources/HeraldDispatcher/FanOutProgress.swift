@@ -1,119 +1,164 @@
+import Foundation
 import HeraldCore
 import HeraldRedis
 import HeraldRuntime
+import HeraldStore
 
 /// Where a fan-out has got to, kept in Redis so that a dispatcher that restarts (or takes over the partition)
-/// resumes there instead of from the first subscriber, and skips the pushes it already delivered.
+/// resumes there instead of from the first subscriber, and skips the pushes it already settled.
 ///
-/// Key: `herald:fanout:{<group>}:<topic>:<partition>:<offset>`, a hash per job record (a re-delivered record finds
-/// its own): `cursor` — the scan cursor up to which every push is settled; `d:<token>` — a push delivered past
-/// that cursor; `done` — the whole fan-out settled (kept an hour, for a record that runs again before its offset
-/// was committed). It expires after `ttl` otherwise.
+/// Key: `herald:{<app>}:fanout:<group>:<topic>:<partition>:<offset>`, a hash per job record (a re-delivered record
+/// finds its own), in the app's slot with the job's status: `cursor` — the scan cursor up to which every push is
+/// settled; `s:<token>` — a push settled past that cursor (marked by the same script that counts it in the job's
+/// status); `done` — the whole fan-out settled (kept an hour, for a record that runs again before its offset was
+/// committed). It expires after `ttl` otherwise.
 struct FanOutProgress: Sendable {
     let redis: RedisClient
+    let statuses: JobStatusStore
     let group: String
     let ttl: Duration
 
     struct Saved: Sendable {
         var done = false
         var cursor = "0"
-        /// Tokens delivered past `cursor`.
-        var delivered: Set<String> = []
+        /// Tokens settled past `cursor`.
+        var settled: Set<String> = []
     }
 
-    func key(_ source: DeadLetter.Source) -> String {
-        "herald:fanout:{\(group)}:\(source.topic):\(source.partition):\(source.offset)"
+    func key(app: String, _ source: DeadLetter.Source) -> String {
+        RedisKeys(app: app).fanOut(group: group, topic: source.topic, partition: source.partition, offset: source.offset)
     }
 
-    func load(_ source: DeadLetter.Source) async throws -> Saved {
-        guard case .array(let fields) = try await redis.command(["HGETALL", key(source)]) else { return Saved() }
-        var saved = Saved()
-        var index = 0
-        while index + 1 < fields.count {
-            let field = fields[index].string ?? "", value = fields[index + 1].string ?? ""
-            index += 2
-            if field == "done" { saved.done = true }
-            else if field == "cursor" { saved.cursor = value }
-            else if field.hasPrefix("d:") { saved.delivered.insert(String(field.dropFirst(2))) }
-        }
-        return saved
-    }
-
-    /// Records pushes as delivered (one write for all of them).
-    func delivered(_ source: DeadLetter.Source, tokens: [String]) async throws {
-        guard !tokens.isEmpty else { return }
-        var set = ["HSET", key(source)]
-        set.reserveCapacity(2 + 2 * tokens.count)
-        for token in tokens { set += ["d:" + token, ""] }
-        try await write(source, [set])
-    }
-
-    /// Moves the settled cursor, forgetting the delivered pushes it now covers.
-    func advance(_ source: DeadLetter.Source, cursor: String, covering tokens: [String]) async throws {
-        var commands = [["HSET", key(source), "cursor", cursor]]
-        if !tokens.isEmpty { commands.append(["HDEL", key(source)] + tokens.map { "d:" + $0 }) }
-        try await write(source, commands)
-    }
-
-    func markDone(_ source: DeadLetter.Source) async throws {
-        try await write(source, [["DEL", key(source)], ["HSET", key(source), "done", "1"]], expiringIn: .seconds(3600))
-    }
-
-    /// Runs `commands` and renews the record's TTL (`ttl`, or `expiringIn` when shorter), in one pipeline.
-    private func write(_ source: DeadLetter.Source, _ commands: [[String]], expiringIn limit: Duration? = nil) async throws {
-        let seconds = max(1, min(ttl, limit ?? ttl).components.seconds)
-        let replies = try await redis.pipeline(commands + [["EXPIRE", key(source), String(seconds)]])
+    /// Moves the settled cursor, forgetting the settled pushes it now covers.
+    func advance(_ key: String, cursor: String, covering tokens: [String]) async throws {
+        var commands = [["HSET", key, "cursor", cursor]]
+        if !tokens.isEmpty { commands.append(["HDEL", key] + tokens.map { "s:" + $0 }) }
+        let replies = try await redis.pipeline(commands + [["EXPIRE", key, String(max(1, ttl.components.seconds))]])
         for case .error(let message) in replies { throw RedisError(.server, message) }
     }
 }
 
-/// Records a fan-out's delivered pushes in few writes: pushes delivered while a write is under way go in the next
-/// one. `record` returns once its tokens are written (or the write failed and was logged), and the caller holds
-/// the pushes' slots until then, so the pushes a crash can send twice are never more than those in flight.
-final class DeliveredPushes: Sendable {
+/// One job's settled pushes, on their way into its status and, for a fan-out that keeps a progress record, into
+/// that record.
+///
+/// A job that keeps no record (one push, or one batch send's worth) tallies in memory and writes once, when it
+/// ends. A recording one writes as it goes, in few writes: pushes settled while a write is under way go in the next
+/// one. `record` returns once its pushes are written (or the write failed: they go again with the next write), and
+/// the caller holds the pushes' slots until then, so the pushes a crash can send twice are never more than those
+/// in flight.
+final class SettledPushes: Sendable {
     private struct State {
-        var pending: [String] = []
+        var recording = false
+        var tally = JobStatus.Counts()
+        var pending: [SettledPush] = []
         var waiting: [CheckedContinuation<Void, Never>] = []
         var writing = false
     }
 
+    let app: String
+    let source: DeadLetter.Source
+    private let origin: JobStatusStore.Origin
+    private let startedAt = Timestamp.rfc3339(Date())
     private let progress: FanOutProgress
-    private let source: DeadLetter.Source
+    private let progressKey: String
     private let logger: Logger
     private let state = Lock(State())
 
-    init(progress: FanOutProgress, source: DeadLetter.Source, logger: Logger) {
-        self.progress = progress
+    init(job: PushJob, source: DeadLetter.Source, progress: FanOutProgress, logger: Logger) {
+        self.app = job.appId
         self.source = source
+        self.origin = JobStatusStore.Origin(job)
+        self.progress = progress
+        self.progressKey = progress.key(app: job.appId, source)
         self.logger = logger
     }
 
-    func record(_ tokens: [String]) async {
-        guard !tokens.isEmpty else { return }
-        // Not cancellable: a revoked job's delivered pushes are recorded all the same, for the next owner.
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let startWriting = state.withLock { s -> Bool in
-                s.pending += tokens
-                s.waiting.append(continuation)
-                guard !s.writing else { return false }
-                s.writing = true
-                return true
-            }
-            if startWriting { Task { await self.writeAll() } }
+    /// Marks the job started and reads its progress record.
+    func start() async throws -> FanOutProgress.Saved {
+        let fields = try await progress.statuses.started(app: app, origin: origin, startedAt: startedAt,
+                                                         progressKey: progressKey)
+        var saved = FanOutProgress.Saved()
+        for (field, value) in fields {
+            if field == "done" { saved.done = true }
+            else if field == "cursor" { saved.cursor = value }
+            else if field.hasPrefix("s:") { saved.settled.insert(String(field.dropFirst(2))) }
         }
+        return saved
+    }
+
+    /// From now on every settled push is marked in the progress record as it settles.
+    func startRecording() { state.withLock { $0.recording = true } }
+
+    func advance(cursor: String, covering tokens: [String]) async throws {
+        try await progress.advance(progressKey, cursor: cursor, covering: tokens)
+    }
+
+    func record(_ pushes: [SettledPush]) async {
+        guard !pushes.isEmpty else { return }
+        // Not cancellable: a revoked job's settled pushes are recorded all the same, for the next owner.
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let next = state.withLock { s -> RecordStep in
+                guard s.recording else {
+                    for push in pushes { s.tally = s.tally + Self.count(push) }
+                    return .tallied
+                }
+                s.pending += pushes
+                s.waiting.append(continuation)
+                guard !s.writing else { return .queued }
+                s.writing = true
+                return .write
+            }
+            switch next {
+            case .tallied: continuation.resume()
+            case .queued: break
+            case .write: Task { await self.writeAll() }
+            }
+        }
+    }
+
+    private enum RecordStep { case tallied, queued, write }
+
+    /// Ends the job's status (with whatever is not written yet) and, for a recording fan-out, leaves its `done`
+    /// mark. A job that has ended already (run again before its offset was committed) changes nothing.
+    func finish(jobDeadLettered: Bool = false) async throws {
+        let (recording, pending, tally) = state.withLock { s in (s.recording, s.pending, s.tally) }
+        try await progress.statuses.settled(
+            app: app, jobID: origin.jobID, progressKey: progressKey, progressTTL: recording ? progress.ttl : nil,
+            pushes: pending, tally: tally,
+            finish: .init(origin: origin, startedAt: startedAt, finishedAt: Timestamp.rfc3339(Date()),
+                          jobDeadLettered: jobDeadLettered))
+    }
+
+    private static func count(_ push: SettledPush) -> JobStatus.Counts {
+        var counts = JobStatus.Counts()
+        switch push.outcome {
+        case .delivered: counts.delivered = 1
+        case .tokenRemoved: counts.tokensRemoved = 1
+        case .deadLettered: counts.deadLettered = 1
+        }
+        counts.retried = push.retries
+        return counts
     }
 
     private func writeAll() async {
         while true {
-            let (tokens, waiting) = state.withLock { s -> ([String], [CheckedContinuation<Void, Never>]) in
+            let (pushes, waiting) = state.withLock { s -> ([SettledPush], [CheckedContinuation<Void, Never>]) in
+                guard !s.waiting.isEmpty else {
+                    s.writing = false
+                    return ([], [])
+                }
                 defer { s.pending = []; s.waiting = [] }
-                if s.waiting.isEmpty { s.writing = false }
                 return (s.pending, s.waiting)
             }
             guard !waiting.isEmpty else { return }
-            do { try await progress.delivered(source, tokens: tokens) } catch {
-                logger.warning("cannot record delivered pushes; a restart would send them again",
-                               ["error": "\(error)", "pushes": "\(tokens.count)"])
+            do {
+                try await progress.statuses.settled(app: app, jobID: origin.jobID, progressKey: progressKey,
+                                                    progressTTL: progress.ttl, pushes: pushes)
+            } catch {
+                // Kept for the next write, or the job's end: until then a restart would send them again.
+                state.withLock { $0.pending = pushes + $0.pending }
+                logger.warning("cannot record settled pushes; a restart would send them again",
+                               ["error": "\(error)", "pushes": "\(pushes.count)"])
             }
             for continuation in waiting { continuation.resume() }
         }

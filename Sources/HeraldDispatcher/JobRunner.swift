@@ -59,7 +59,8 @@ struct JobRunner: Sendable {
             metrics.jobsInvalid.increment()
             return await deadLetters.write(DeadLetter(invalidJob: record.value, source: source, job: parsed, error: error))
         }
-        let context = JobContext(plan: plan, source: source)
+        let context = JobContext(plan: plan, source: source,
+                                 settled: SettledPushes(job: plan.job, source: source, progress: progress, logger: logger))
         let settled: Bool
         switch plan.job.target {
         case .device:
@@ -74,7 +75,7 @@ struct JobRunner: Sendable {
                 return (batch.cursor, batch.targets)
             } load: { targets in
                 targets.compactMap(plan.push(for:))
-            } } catch { return await deadLetterWhole(plan.job, source: source, error) }
+            } } catch { return await deadLetterWhole(context, error) }
             if settled, plan.job.final == true {
                 guard await removeChannel(app: plan.app.id, channel: channel) else { return false }
             }
@@ -85,13 +86,29 @@ struct JobRunner: Sendable {
                 return (batch.cursor, batch.ids)
             } load: { ids in
                 try await activities.registrations(app: plan.app.id, ids: ids).compactMap(plan.push(for:))
-            } } catch { return await deadLetterWhole(plan.job, source: source, error) }
+            } } catch { return await deadLetterWhole(context, error) }
             if settled, plan.job.isFinal {
                 guard await removePost(app: plan.app.id, post: post) else { return false }
             }
         }
-        if settled { metrics.jobsCompleted.increment() }
-        return settled
+        guard settled, await finish(context) else { return false }
+        metrics.jobsCompleted.increment()
+        return true
+    }
+
+    /// Ends the job's status (and leaves a fan-out's `done` mark); false only when cancelled first. Redis refusing
+    /// the write for good is logged and ends the job all the same: its status then stays `sending`.
+    private func finish(_ context: JobContext, jobDeadLettered: Bool = false) async -> Bool {
+        do {
+            try await retrying("record the job finished") { try await context.settled.finish(jobDeadLettered: jobDeadLettered) }
+            return true
+        } catch let refusal as StoreRefusal {
+            logger.error("Redis refuses the job's status; it stays unfinished",
+                         ["job.id": context.plan.job.id, "error": refusal.error.message])
+            return true
+        } catch {
+            return false
+        }
     }
 
     /// True when signatures are off, or the record carries a signature by the deployment's secret or one of the
@@ -102,15 +119,21 @@ struct JobRunner: Sendable {
         return JobSignature.verifies(record.headers, record: record.value, secrets: [deployment] + appSecrets)
     }
 
-    private func deadLetterWhole(_ job: PushJob, source: DeadLetter.Source, _ refusal: StoreRefusal) async -> Bool {
+    private func deadLetterWhole(_ context: JobContext, _ refusal: StoreRefusal) async -> Bool {
+        let job = context.plan.job
         logger.error("Redis keeps refusing this job's data; dead-lettering the whole job",
                      ["job.id": job.id, "app": job.appId, "error": refusal.error.message])
-        return await deadLetters.write(DeadLetter(storeRefused: job, source: source, refusal: refusal))
+        guard await deadLetters.write(DeadLetter(storeRefused: job, source: context.source, refusal: refusal)) else {
+            return false
+        }
+        // Redis refusing the job's data may well refuse its status too: one try.
+        try? await context.settled.finish(jobDeadLettered: true)
+        return true
     }
 
     /// Streams the targets batch by batch (bounded memory whatever their number), keeps up to
     /// `maxBatchesInFlight` batches sending at once, and records in Redis the cursor up to which every push is
-    /// settled and, past it, each push delivered (`FanOutProgress`), so a resumed fan-out skips them.
+    /// settled and, past it, each push settled (`SettledPushes`), so a resumed fan-out skips them.
     ///
     /// Reading runs ahead of sending: the next `readAhead` batches are scanned and loaded from Redis while the
     /// ones before them are sending, each batch's load (a post's HGETALL round) beside the next scan, and the
@@ -122,12 +145,11 @@ struct JobRunner: Sendable {
         _ context: JobContext, scan: @escaping @Sendable (String) async throws -> (cursor: String, items: [Item]),
         load: @escaping @Sendable ([Item]) async throws -> [Push]
     ) async throws(StoreRefusal) -> Bool {
-        let source = context.source
         // The first batch is read while the saved progress is looked up: nearly every fan-out has none (one
         // Redis round trip saved on the latency of every small job); a resumed one may discard that batch.
         async let fromStart = try? Self.read(from: "0", scan: scan, load: load)
         let saved: FanOutProgress.Saved
-        do { saved = try await retrying("load fan-out progress") { try await progress.load(source) } }
+        do { saved = try await retrying("load fan-out progress") { try await context.settled.start() } }
         catch let refusal as StoreRefusal { throw refusal } catch { return false }
         if saved.done {
             logger.info("fan-out already settled; nothing sent again", ["job.id": context.plan.job.id])
@@ -135,22 +157,21 @@ struct JobRunner: Sendable {
         }
         let start = saved.cursor
         let first = start == "0" ? await fromStart : nil
-        let resumed = start != "0" || !saved.delivered.isEmpty
+        let resumed = start != "0" || !saved.settled.isEmpty
         if resumed {
             metrics.resumedFanOuts.increment()
             logger.info("resuming a fan-out from its saved progress", [
-                "job.id": context.plan.job.id, "cursor": start, "pushes.delivered": "\(saved.delivered.count)"])
+                "job.id": context.plan.job.id, "cursor": start, "pushes.settled": "\(saved.settled.count)"])
         }
         // One send's worth of pushes in all (nearly every job): not worth a record; a crash sends them again.
         if !resumed, let first, first.cursor == "0", first.pushes.count <= Self.pushesPerSend {
             return await send(first.pushes, context: context)
         }
-        let recording = JobContext(plan: context.plan, source: source,
-                                   delivered: DeliveredPushes(progress: progress, source: source, logger: logger))
-        // A resumed batch sends only what its earlier run did not deliver; the rest is forgotten with its cursor.
+        context.settled.startRecording()
+        // A resumed batch sends only what its earlier run did not settle; the rest is forgotten with its cursor.
         let unsent = { (pushes: [Push]) -> [Push] in
-            guard !saved.delivered.isEmpty else { return pushes }
-            let left = pushes.filter { !saved.delivered.contains($0.token) }
+            guard !saved.settled.isEmpty else { return pushes }
+            let left = pushes.filter { !saved.settled.contains($0.token) }
             metrics.resumedPushesSkipped.increment(by: UInt64(pushes.count - left.count))
             return left
         }
@@ -190,7 +211,7 @@ struct JobRunner: Sendable {
                 settledTokens = []
                 saving = true
                 group.addTask {
-                    do { try await progress.advance(source, cursor: position, covering: covered) } catch {
+                    do { try await context.settled.advance(cursor: position, covering: covered) } catch {
                         logger.warning("cannot save fan-out progress", ["error": "\(error)", "job.id": context.plan.job.id])
                     }
                     return .saved(count)
@@ -202,7 +223,7 @@ struct JobRunner: Sendable {
                     loaded[nextToLaunch] = nil
                     let index = nextToLaunch
                     nextToLaunch += 1
-                    group.addTask { .sent(index, await send(pushes, context: recording)) }
+                    group.addTask { .sent(index, await send(pushes, context: context)) }
                 }
                 if !scanning, !scanDone, cursors.count - nextToLaunch < Self.readAhead { startScan() }
                 if scanDone, !scanning, nextToSettle == cursors.count, !saving { return .completed }
@@ -261,13 +282,10 @@ struct JobRunner: Sendable {
             }
         }
         switch end {
-        case .completed: break
+        case .completed: return true
         case .cancelled: return false
         case .refused(let refusal): throw refusal
         }
-        do { try await retrying("record the fan-out settled") { try await progress.markDone(source) } }
-        catch let refusal as StoreRefusal { throw refusal } catch { return false }
-        return true
     }
 
     private enum FanOutEnd: Sendable {

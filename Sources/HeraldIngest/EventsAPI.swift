@@ -9,6 +9,7 @@ import HeraldStore
 struct EventsAPI: Sendable {
     let producer: KafkaProducer
     let idempotency: IdempotencyStore
+    let statuses: JobStatusStore
     let topic: String
     /// Signs every job record (the dispatcher refuses unsigned ones).
     let signing: JobSigning
@@ -26,6 +27,14 @@ struct EventsAPI: Sendable {
                                                          help: "Jobs the broker did not acknowledge in time.")
 
     func register(on router: inout Router) {
+        router.get("/v1/apps/{appID}/jobs/{jobId}", gate.endpoint(.producer) { request, admission in
+            let id = try request.pathParameter("jobId")
+            guard let status = try await statuses.read(app: admission.app.id, jobID: id) else {
+                throw HTTPError(status: 404, code: "not_found",
+                                message: "no job \(id) of this app within the last \(statuses.ttl.secondsText)")
+            }
+            return .json(bytes: status.jsonValue.encoded())
+        })
         router.post("/v1/apps/{appID}/events", gate.endpoint(.producer) { request, admission in
             let body = try request.jsonBody()
             let job = try EventIntake.channelEvent(body, appID: admission.app.id, jobID: Self.idempotencyKey(request))
@@ -74,6 +83,10 @@ struct EventsAPI: Sendable {
         }
         publishLatency.observe(since: start)
         published.labels(job.target.kind.rawValue).increment()
+        do { try await statuses.accepted(job) } catch {
+            // The push goes out all the same; its status appears when the dispatcher starts it.
+            logger.warning("job status not saved", ["job.id": job.id, "error": "\(error)"])
+        }
         if clientChoseID { await markPublished(job) }
         return Self.accepted(job)
     }

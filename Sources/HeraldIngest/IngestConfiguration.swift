@@ -16,6 +16,8 @@ public struct IngestConfiguration: Sendable {
     public var appRateLimitPerMinute = 600_000
     /// `HERALD_ACTIVITY_TTL_SECONDS`: a Live Activity registration lives this long after its last re-post.
     public var activityTTL: Duration = .seconds(3600)
+    /// `HERALD_JOB_STATUS_TTL_SECONDS`: a job's status can be read this long after its last update.
+    public var jobStatusTTL: Duration = .seconds(86_400)
     /// `HERALD_MAX_SUBSCRIPTIONS_PER_DEVICE`: a device token's subscriptions; a new one past it gets 409.
     public var maxSubscriptionsPerDevice = 500
     /// `HERALD_SUBSCRIPTION_TTL_DAYS`: a subscription not renewed (re-subscribed) for this long ends; nil: never.

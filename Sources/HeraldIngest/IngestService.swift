@@ -25,7 +25,8 @@ public final class IngestService: Service {
         SubscriptionsAPI(store: subscriptions, gate: gate, logger: logger).register(on: &router)
         ActivitiesAPI(store: ActivityStore(redis: redis, ttl: configuration.activityTTL), gate: gate, logger: logger)
             .register(on: &router)
-        EventsAPI(producer: producer, idempotency: IdempotencyStore(redis: redis), topic: configuration.jobsTopic,
+        EventsAPI(producer: producer, idempotency: IdempotencyStore(redis: redis),
+                  statuses: JobStatusStore(redis: redis, ttl: configuration.jobStatusTTL), topic: configuration.jobsTopic,
                   signing: configuration.jobSigning, publishTimeout: configuration.publishTimeout, gate: gate, logger: logger)
             .register(on: &router)
         let readiness = Operations.readiness(redis: redis, producer: producer, topic: configuration.jobsTopic)

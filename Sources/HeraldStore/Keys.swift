@@ -14,6 +14,8 @@ import HeraldCrypto
 /// | `herald:{app}:acttok:<token>` | zset, TTL | registration ids of a push token, scored by expiry (ms) |
 /// | `herald:{app}:idem:<id>` | string, 24 h | idempotency marker of a producer request |
 /// | `herald:{app}:rl:<key>:<window>` | counter, 61 s | fixed-window rate limit of one API key or OAuth subject |
+/// | `herald:{app}:job:<id>` | hash, 24 h | a job's status: acceptedAt, target, startedAt, finishedAt, counts (`JobStatusStore`) |
+/// | `herald:{app}:fanout:<group>:<topic>:<partition>:<offset>` | hash, TTL | a job record's fan-out progress (the dispatcher's `FanOutProgress`) |
 public struct RedisKeys: Sendable {
     public let app: String
     /// `herald:{app}:`, passed to scripts that derive index keys from stored fields.
@@ -33,6 +35,11 @@ public struct RedisKeys: Sendable {
     public func activityToken(_ token: String) -> String { key("acttok:", token) }
     public func idempotency(_ id: String) -> String { key("idem:", id) }
     public func rateLimit(_ key: String, window: Int) -> String { self.key("rl:", key, suffix: ":" + String(window)) }
+    public func jobStatus(_ id: String) -> String { key("job:", id) }
+    /// In the app's slot with the job's status, which one script updates with it.
+    public func fanOut(group: String, topic: String, partition: Int32, offset: Int64) -> String {
+        key("fanout:", group, suffix: ":\(topic):\(partition):\(offset)")
+    }
 
     /// `prefix + kind + name + suffix` in one allocation: chained `+` builds a string per step, and every request
     /// of the hot endpoints builds four or five keys.

@@ -27,6 +27,7 @@ let usage = """
       HERALD_CONSUMER_INSTANCE_ID     static group membership: a stable id unique in the group (a StatefulSet
                                       pod's name) lets a restarted dispatcher resume at once [unset: dynamic]
       HERALD_ACTIVITY_TTL_SECONDS     Live Activity registration lifetime [\(defaults.activityTTL.secondsText)]
+      HERALD_JOB_STATUS_TTL_SECONDS   how long a job's status can be read [\(defaults.jobStatusTTL.secondsText)]
       HERALD_APNS_PRODUCTION_URL      [https://api.push.apple.com]
       HERALD_APNS_SANDBOX_URL         [https://api.sandbox.push.apple.com]
       HERALD_APNS_CA_FILE             extra trusted root (PEM), e.g. the simulator's ca.pem [none]
@@ -61,6 +62,9 @@ struct DispatcherSettings {
         configuration.consumerGroup = env.string("HERALD_CONSUMER_GROUP", default: defaults.consumerGroup)
         configuration.activityTTL = .seconds(try env.int("HERALD_ACTIVITY_TTL_SECONDS", default: Int(defaults.activityTTL.components.seconds),
                                                           range: 1...86_400 * 30))
+        configuration.jobStatusTTL = .seconds(try env.int("HERALD_JOB_STATUS_TTL_SECONDS",
+                                                          default: Int(defaults.jobStatusTTL.components.seconds),
+                                                          range: 60...86_400 * 30))
         configuration.maxAttempts = try env.int("HERALD_RETRY_MAX_ATTEMPTS", default: defaults.maxAttempts, range: 1...100)
         configuration.retryInitialDelay = try env.seconds("HERALD_RETRY_INITIAL_DELAY_SECONDS", default: defaults.retryInitialDelay)
         configuration.maxInFlightPushes = try env.int("HERALD_MAX_IN_FLIGHT_PUSHES", default: defaults.maxInFlightPushes, range: 1...100_000)

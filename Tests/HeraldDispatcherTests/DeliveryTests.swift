@@ -106,12 +106,14 @@ struct DeliveryTests {
         #expect(received.count == tokens.count, "\(received.count - tokens.count) duplicates")
         #expect(Set(received) == Set(tokens))
         // A save still running when the last batch settled must not land after the record that it is done.
-        let keys = try await harness.redis.command(["KEYS", "herald:fanout:{\(harness.topics.group)}:*"]).strings ?? []
+        let keys = try await harness.redis.command(["KEYS", "herald:{\(app.id)}:fanout:\(harness.topics.group):*"]).strings ?? []
         #expect(keys.count == 1, "one progress record per job: \(keys)")
         for key in keys {
             let fields = try await harness.redis.command(["HGETALL", key]).strings
             #expect(fields == ["done", "1"], "the settled job's record holds only that it is done")
         }
+        let status = try #require(try await JobStatusStore(redis: harness.redis).read(app: app.id, jobID: job.id))
+        #expect(status.state == .done && status.counts.delivered == tokens.count && status.counts.retried == 0, "\(status)")
         await harness.stop()
     }
 

@@ -184,6 +184,7 @@ struct ProcessTests {
         print("\(name) fan-out: first push \(takeover) after the restart")
         #expect(takeover <= .seconds(10), "the restarted dispatcher resumed after \(takeover)")
         let duplicates = try await everyTokenDelivered(tokens, simulator: simulator, job: job)
+        try await expectDone(job, delivered: count)
         print("\(name) fan-out: \(beforeRestart) delivered before the kill, \(Int(inFlight)) in flight, \(duplicates) duplicates after the restart")
         #expect(Double(duplicates) <= inFlight, "\(duplicates) duplicates, \(inFlight) pushes in flight at the kill")
         #expect(duplicates <= count / 50, "\(duplicates) duplicates: over 2 % of the fan-out")
@@ -225,6 +226,7 @@ struct ProcessTests {
         }
         #expect(simulator.acceptedCount() < count, "the fan-out finished before the rebalance; the test proves nothing")
         let duplicates = try await everyTokenDelivered(tokens, simulator: simulator, job: job)
+        try await expectDone(job, delivered: count)
         var resumed = 0.0
         for member in [first, second] { resumed += await member.metric("herald_dispatcher_fanouts_resumed_total") ?? 0 }
         print("member joining mid fan-out: \(duplicates) duplicates, fan-out resumed \(Int(resumed)) times")
@@ -239,6 +241,19 @@ struct ProcessTests {
     /// Waits until every token received the job's push and returns how many it received more than once. Every
     /// push carries the apns-id derived from the job and its token, before and after a restart alike: a
     /// duplicate is recognisable as one.
+    /// The job's status ends `done`, each push counted once however many went out twice.
+    private func expectDone(_ job: PushJob, delivered: Int) async throws {
+        let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
+        let statuses = JobStatusStore(redis: redis)
+        try await eventually("the job's status is done") {
+            (try? await statuses.read(app: job.appId, jobID: job.id))?.state == .done
+        }
+        var expected = JobStatus.Counts()
+        expected.delivered = delivered
+        #expect(try await statuses.read(app: job.appId, jobID: job.id)?.counts == expected)
+        await redis.close()
+    }
+
     private func everyTokenDelivered(_ tokens: [String], simulator: SimulatorProcess, job: PushJob) async throws -> Int {
         try await eventually("every token received the push", timeout: .seconds(180)) {
             Set(simulator.accepted().compactMap { $0["token"]?.stringValue }).count >= tokens.count

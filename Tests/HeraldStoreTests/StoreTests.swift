@@ -433,3 +433,67 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await store.claim(app: redis.app, id: "e1") == .alreadyPublished)
     }
 }
+
+@Suite struct JobStatusStoreTests {
+    @Test("a push marked in the progress record is counted once, and an ended job's status takes no second ending")
+    func countsEachSettledPushOnce() async throws {
+        let redis = try TestRedis()
+        let store = JobStatusStore(redis: redis.client)
+        let job = PushJob(id: "job-" + SecureRandom.hex(4), appId: redis.app, target: .channel("news"))
+        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 7)
+        try await store.accepted(job)
+        let queued = try #require(try await store.read(app: redis.app, jobID: job.id))
+        #expect(queued.state == .queued && queued.target?["channel"]?.stringValue == "news")
+
+        let fields = try await store.started(app: redis.app, origin: .init(job), startedAt: "2026-12-02T10:00:00Z",
+                                             progressKey: progress)
+        #expect(fields.isEmpty)
+        let a = SettledPush(token: "aa", outcome: .delivered, retries: 0)
+        let b = SettledPush(token: "bb", outcome: .tokenRemoved, retries: 1)
+        let c = SettledPush(token: "cc", outcome: .deadLettered, retries: 4)
+        try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: .seconds(60), pushes: [a, b])
+        // The first write again (a retried write whose reply was lost) and one more.
+        try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: .seconds(60), pushes: [a, b, c])
+        let sending = try #require(try await store.read(app: redis.app, jobID: job.id))
+        #expect(sending.state == .sending && sending.startedAt == "2026-12-02T10:00:00Z")
+        var expected = JobStatus.Counts()
+        (expected.delivered, expected.tokensRemoved, expected.deadLettered, expected.retried) = (1, 1, 1, 5)
+        #expect(sending.counts == expected)
+        let resumed = try await store.started(app: redis.app, origin: .init(job), startedAt: "2026-12-02T11:00:00Z",
+                                              progressKey: progress)
+        #expect(Set(resumed.keys) == ["s:aa", "s:bb", "s:cc"])
+
+        let finish = JobStatusStore.Finish(origin: .init(job), startedAt: "x", finishedAt: "2026-12-02T10:05:00Z")
+        try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: .seconds(60), pushes: [],
+                                finish: finish)
+        var more = JobStatus.Counts()
+        more.delivered = 10
+        try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: nil, pushes: [],
+                                tally: more, finish: finish)
+        let done = try #require(try await store.read(app: redis.app, jobID: job.id))
+        #expect(done.state == .done && done.counts == expected && done.startedAt == "2026-12-02T10:00:00Z")
+        #expect(try await redis.client.command(["HGETALL", progress]).strings == ["done", "1"])
+        #expect(try await store.read(app: redis.app, jobID: "other") == nil)
+    }
+
+    @Test("a job without a progress record writes its tally once, with its ending")
+    func tallyWithTheEnding() async throws {
+        let redis = try TestRedis()
+        let store = JobStatusStore(redis: redis.client, ttl: .seconds(120))
+        let job = PushJob(id: "job-" + SecureRandom.hex(4), appId: redis.app, target: .channel("news"))
+        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 8)
+        var tally = JobStatus.Counts()
+        tally.delivered = 3
+        let finish = JobStatusStore.Finish(origin: .init(job), startedAt: "2026-12-02T10:00:00Z",
+                                           finishedAt: "2026-12-02T10:00:01Z")
+        try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: nil,
+                                pushes: [SettledPush(token: "dd", outcome: .deadLettered, retries: 2)], tally: tally,
+                                finish: finish)
+        let done = try #require(try await store.read(app: redis.app, jobID: job.id))
+        #expect(done.state == .done && done.counts.delivered == 3 && done.counts.deadLettered == 1 && done.counts.retried == 2)
+        #expect(done.acceptedAt == job.createdAt && done.target?["kind"]?.stringValue == "channel")
+        #expect(try await redis.client.command(["EXISTS", progress]).int == 0, "no progress record")
+        let ttl = try await redis.client.command(["TTL", RedisKeys(app: redis.app).jobStatus(job.id)]).int ?? 0
+        #expect(ttl > 60 && ttl <= 120)
+    }
+}

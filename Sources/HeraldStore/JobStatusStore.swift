@@ -1,0 +1,220 @@
+import HeraldCore
+import HeraldRedis
+import HeraldRuntime
+
+/// What became of a push job, as its producer reads it (`GET /v1/apps/{app}/jobs/{jobId}`).
+public struct JobStatus: Sendable, Equatable {
+    public enum State: String, Sendable { case queued, sending, done }
+
+    /// Pushes settled so far, each counted once however often a crash made it go out.
+    public struct Counts: Sendable, Equatable {
+        public var delivered = 0
+        public var tokensRemoved = 0
+        /// Attempts after the first, over the settled pushes.
+        public var retried = 0
+        public var deadLettered = 0
+
+        public init() {}
+
+        public static func + (a: Counts, b: Counts) -> Counts {
+            var sum = a
+            sum.delivered += b.delivered
+            sum.tokensRemoved += b.tokensRemoved
+            sum.retried += b.retried
+            sum.deadLettered += b.deadLettered
+            return sum
+        }
+    }
+
+    public var jobID: String
+    /// The job's `target` as in its record (schemas/push-job.schema.json).
+    public var target: JSONValue?
+    public var acceptedAt: String?
+    public var startedAt: String?
+    public var finishedAt: String?
+    public var counts = Counts()
+    /// The whole job went to the dead-letter topic (Redis kept refusing its data).
+    public var jobDeadLettered = false
+
+    public var state: State { finishedAt != nil ? .done : startedAt != nil ? .sending : .queued }
+
+    public var jsonValue: JSONValue {
+        var fields: [String: JSONValue] = [
+            "jobId": .string(jobID), "state": .string(state.rawValue),
+            "counts": .object(["delivered": .number(Double(counts.delivered)),
+                               "tokensRemoved": .number(Double(counts.tokensRemoved)),
+                               "retried": .number(Double(counts.retried)),
+                               "deadLettered": .number(Double(counts.deadLettered))]),
+        ]
+        fields["target"] = target
+        fields["acceptedAt"] = acceptedAt.map { .string($0) }
+        fields["startedAt"] = startedAt.map { .string($0) }
+        fields["finishedAt"] = finishedAt.map { .string($0) }
+        if jobDeadLettered { fields["jobDeadLettered"] = .bool(true) }
+        return .object(fields)
+    }
+}
+
+/// How one push of a job settled, as its job status counts it.
+public struct SettledPush: Sendable, Equatable {
+    public enum Outcome: String, Sendable { case delivered = "d", tokenRemoved = "r", deadLettered = "x" }
+    public var token: String
+    public var outcome: Outcome
+    /// Attempts after the first.
+    public var retries: Int
+
+    public init(token: String, outcome: Outcome, retries: Int) {
+        self.token = token
+        self.outcome = outcome
+        self.retries = retries
+    }
+}
+
+/// Job statuses in Redis: `herald:{app}:job:<jobId>`, a hash kept `ttl` after its last write. Ingest writes
+/// `acceptedAt` and `target` when the broker acknowledges the job; the dispatcher writes `startedAt`, the counts and
+/// `finishedAt`. The state is derived from which times are present, so the two services never race over it.
+///
+/// The dispatcher counts a settled push in the same script that marks it settled in the job's fan-out progress
+/// record (`s:<token>` there, in the app's slot too): a push marked before a crash is skipped on resume, one not
+/// marked is sent again and counted then, so no push is counted twice. A job too small to keep a progress record
+/// writes its counts once, with `finishedAt`, and a second run of it after that writes nothing.
+public struct JobStatusStore: Sendable {
+    let redis: RedisClient
+    public let ttl: Duration
+
+    public init(redis: RedisClient, ttl: Duration = .seconds(86_400)) {
+        self.redis = redis
+        self.ttl = ttl
+    }
+
+    /// The fields a job's status starts with; the dispatcher sets them too (only where unset), so a status whose
+    /// ingest write failed still says what it was.
+    public struct Origin: Sendable {
+        public var jobID: String
+        public var acceptedAt: String
+        public var target: String
+
+        public init(_ job: PushJob) {
+            jobID = job.id
+            acceptedAt = job.createdAt
+            target = String(decoding: job.target.jsonValue.encoded(), as: UTF8.self)
+        }
+    }
+
+    public func accepted(_ job: PushJob) async throws {
+        let origin = Origin(job)
+        let key = RedisKeys(app: job.appId).jobStatus(job.id)
+        let replies = try await redis.pipeline([
+            ["HSET", key, "jobId", origin.jobID, "acceptedAt", origin.acceptedAt, "target", origin.target],
+            ["EXPIRE", key, seconds(ttl)],
+        ])
+        for case .error(let message) in replies { throw RedisError(.server, message) }
+    }
+
+    /// Nil for a job this app never published or whose status has expired.
+    public func read(app: String, jobID: String) async throws -> JobStatus? {
+        guard let fields = try await redis.command(["HGETALL", RedisKeys(app: app).jobStatus(jobID)]).fieldValues,
+              !fields.isEmpty else { return nil }
+        var status = JobStatus(jobID: jobID)
+        status.target = fields["target"].flatMap { JSONValue(parsing: Array($0.utf8)) }
+        status.acceptedAt = fields["acceptedAt"]
+        status.startedAt = fields["startedAt"]
+        status.finishedAt = fields["finishedAt"]
+        status.counts.delivered = fields["delivered"].flatMap { Int($0) } ?? 0
+        status.counts.tokensRemoved = fields["tokensRemoved"].flatMap { Int($0) } ?? 0
+        status.counts.retried = fields["retried"].flatMap { Int($0) } ?? 0
+        status.counts.deadLettered = fields["deadLettered"].flatMap { Int($0) } ?? 0
+        status.jobDeadLettered = fields["jobDeadLettered"] == "1"
+        return status
+    }
+
+    /// Marks the job started and returns the fields of its progress record (`progressKey`, in the app's slot), in
+    /// one round trip.
+    public func started(app: String, origin: Origin, startedAt: String, progressKey: String) async throws -> [String: String] {
+        let reply = try await redis.run(Self.start, keys: [RedisKeys(app: app).jobStatus(origin.jobID), progressKey],
+                                        args: [seconds(ttl), origin.jobID, origin.acceptedAt, startedAt, origin.target])
+        return reply.fieldValues ?? [:]
+    }
+
+    /// What a `settled` call ends the job with.
+    public struct Finish: Sendable {
+        public var origin: Origin
+        public var startedAt: String
+        public var finishedAt: String
+        public var jobDeadLettered = false
+
+        public init(origin: Origin, startedAt: String, finishedAt: String, jobDeadLettered: Bool = false) {
+            self.origin = origin
+            self.startedAt = startedAt
+            self.finishedAt = finishedAt
+            self.jobDeadLettered = jobDeadLettered
+        }
+    }
+
+    /// Counts `pushes` not yet marked in the progress record (marking them there, kept `progressTTL`; nil keeps no
+    /// marks) plus `tally`, counted elsewhere; with `finish`, ends the job — unless it has ended already, in which
+    /// case nothing is written — and replaces its progress record with a `done` mark kept an hour.
+    public func settled(app: String, jobID: String, progressKey: String, progressTTL: Duration?, pushes: [SettledPush],
+                        tally: JobStatus.Counts = .init(), finish: Finish? = nil) async throws {
+        var args = [seconds(ttl), progressTTL.map(seconds) ?? "0", finish?.finishedAt ?? "",
+                    finish?.jobDeadLettered == true ? "1" : "", finish?.origin.jobID ?? "",
+                    finish?.origin.acceptedAt ?? "", finish?.startedAt ?? "", finish?.origin.target ?? "",
+                    String(tally.delivered), String(tally.tokensRemoved), String(tally.retried),
+                    String(tally.deadLettered)]
+        args.reserveCapacity(args.count + 3 * pushes.count)
+        for push in pushes { args += [push.token, push.outcome.rawValue, String(push.retries)] }
+        _ = try await redis.run(Self.settle, keys: [RedisKeys(app: app).jobStatus(jobID), progressKey], args: args)
+    }
+
+    private func seconds(_ duration: Duration) -> String { String(max(1, duration.components.seconds)) }
+
+    /// KEYS: status, progress. ARGV: status TTL, jobId, acceptedAt, startedAt, target. Returns the progress hash.
+    static let start = RedisScript(source: """
+        local status = KEYS[1]
+        redis.call('HSETNX', status, 'jobId', ARGV[2])
+        redis.call('HSETNX', status, 'acceptedAt', ARGV[3])
+        redis.call('HSETNX', status, 'startedAt', ARGV[4])
+        redis.call('HSETNX', status, 'target', ARGV[5])
+        redis.call('EXPIRE', status, ARGV[1])
+        return redis.call('HGETALL', KEYS[2])
+        """)
+
+    /// KEYS: status, progress. ARGV: status TTL, progress TTL ("0": no marks), finishedAt ("" unless ending),
+    /// jobDeadLettered ("1"), jobId, acceptedAt, startedAt, target (set where unset, when ending), the tally's
+    /// delivered, tokensRemoved, retried, deadLettered, then (token, outcome, retries) per push.
+    /// Returns 0 when the job had ended already (nothing written), else 1.
+    static let settle = RedisScript(source: """
+        local status, progress = KEYS[1], KEYS[2]
+        local finishedAt = ARGV[3]
+        if finishedAt ~= '' and redis.call('HEXISTS', status, 'finishedAt') == 1 then return 0 end
+        local counts = {d = tonumber(ARGV[9]), r = tonumber(ARGV[10]), x = tonumber(ARGV[12])}
+        local retried = tonumber(ARGV[11])
+        local marking = ARGV[2] ~= '0'
+        for i = 13, #ARGV, 3 do
+          if not marking or redis.call('HSETNX', progress, 's:' .. ARGV[i], ARGV[i + 1]) == 1 then
+            counts[ARGV[i + 1]] = counts[ARGV[i + 1]] + 1
+            retried = retried + tonumber(ARGV[i + 2])
+          end
+        end
+        if marking and #ARGV >= 13 then redis.call('EXPIRE', progress, ARGV[2]) end
+        if counts.d > 0 then redis.call('HINCRBY', status, 'delivered', counts.d) end
+        if counts.r > 0 then redis.call('HINCRBY', status, 'tokensRemoved', counts.r) end
+        if counts.x > 0 then redis.call('HINCRBY', status, 'deadLettered', counts.x) end
+        if retried > 0 then redis.call('HINCRBY', status, 'retried', retried) end
+        if finishedAt ~= '' then
+          redis.call('HSETNX', status, 'jobId', ARGV[5])
+          redis.call('HSETNX', status, 'acceptedAt', ARGV[6])
+          redis.call('HSETNX', status, 'startedAt', ARGV[7])
+          redis.call('HSETNX', status, 'target', ARGV[8])
+          redis.call('HSET', status, 'finishedAt', finishedAt)
+          if ARGV[4] == '1' then redis.call('HSET', status, 'jobDeadLettered', '1') end
+          if marking then
+            redis.call('DEL', progress)
+            redis.call('HSET', progress, 'done', '1')
+            redis.call('EXPIRE', progress, 3600)
+          end
+        end
+        redis.call('EXPIRE', status, ARGV[1])
+        return 1
+        """)
+}
