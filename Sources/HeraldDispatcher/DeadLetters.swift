@@ -1,4 +1,5 @@
 import Foundation
+import HeraldAPNs
 import HeraldCore
 import HeraldCrypto
 import HeraldKafka
@@ -64,6 +65,16 @@ extension DeadLetter {
     }
 }
 
+extension DeadLetter {
+    /// The `reason` label of the dead-letter metrics: Apple's reason for an APNs answer (`other` for one Apple does
+    /// not document, so a server cannot grow the metric without bound), the local error's kind when APNs did not
+    /// answer, or the disposition of a letter for a whole job.
+    var metricReason: String {
+        guard disposition == .rejected || disposition == .retriesExhausted else { return reason }
+        return status == nil ? reason : APNsReason(reason).metricLabel
+    }
+}
+
 /// Redis answered the same step of a job with an error about the data itself on every try (WRONGTYPE: a key of
 /// another type where Herald's belongs): retrying will not help until someone fixes the key, so the job is
 /// dead-lettered instead of holding its partition. Every other failure (an outage, LOADING, OOM, READONLY during
@@ -112,7 +123,7 @@ struct DeadLetterWriter: Sendable {
         while !Task.isCancelled {
             do {
                 _ = try await producer.send(topic: topic, key: key, value: value)
-                metrics.deadLetters.labels(disposition).increment()
+                metrics.deadLetters.labels(letter.metricReason, disposition).increment()
                 logger.warning("dead-lettered", [
                     "dlq.reason": disposition, "job.id": letter.jobId ?? "", "app": letter.appId,
                     "apns.status": letter.status.map(String.init) ?? "",
@@ -122,7 +133,7 @@ struct DeadLetterWriter: Sendable {
                 return true
             } catch where error.code.refusesTheRecordForGood {
                 // Retrying would wedge the partition behind this record for good: settle without the letter.
-                metrics.deadLettersRefused.labels(disposition).increment()
+                metrics.deadLettersRefused.labels(letter.metricReason, disposition).increment()
                 logger.error("the broker refuses this dead letter for good; the push is settled without it", [
                     "error": "\(error)", "dlq.topic": topic, "dlq.reason": disposition, "job.id": letter.jobId ?? "",
                     "app": letter.appId, "dlq.bytes": String(value.count),

@@ -47,10 +47,11 @@ struct DispatcherMetrics: Sendable {
         retries = registry.counter("herald_dispatcher_retries_total",
                                    help: "Push attempts scheduled again after a retryable failure", labels: ["reason"])
         deadLetters = registry.counter("herald_dispatcher_dead_letters_total",
-                                       help: "Dead-letter records written", labels: ["reason"])
+                                       help: "Dead-letter records written, by APNs reason (or local error) and disposition",
+                                       labels: ["reason", "disposition"])
         deadLettersRefused = registry.counter("herald_dispatcher_dead_letters_refused_total",
                                               help: "Dead letters the broker refused for good (too large, invalid); their pushes settled without one",
-                                              labels: ["reason"])
+                                              labels: ["reason", "disposition"])
         tokensRemoved = registry.counter("herald_dispatcher_tokens_removed_total",
                                          help: "Subscriptions and registrations removed because APNs reported the token invalid",
                                          labels: ["kind"])

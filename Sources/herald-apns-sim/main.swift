@@ -31,6 +31,19 @@ let usage = """
                                                                   time between MIN and MAX), as Apple's round trip
                                                                   does; a rule's delayMs replaces it (default 0)
       --log-level LEVEL           HERALD_LOG_LEVEL                debug, info, warning, error (default info)
+
+    Rules file (--rules): {"rules": [{...}, ...]}. A request that passed every validation takes the first rule
+    that matches it; a goawayAfterStreams rule applies to every connection. Keys of a rule:
+      tokenPrefix          hex prefix of the device tokens it applies to (case-insensitive); absent: every token
+      times                only the first N matching requests of each token (counted since the rules were loaded)
+      status, reason       answer this status (400-599) and APNs reason; a 410's timestamp (ms since the epoch)
+                           defaults to the time of the request
+      delayMs              answer after this many ms (with status, or else the normal 200)
+      reset                true: close the TCP connection without answering
+      goawayAfterStreams   GOAWAY after this many requests on each connection (goawayReason: its debug data)
+    Example: {"rules": [{"tokenPrefix": "dead", "status": 410, "reason": "Unregistered"},
+                        {"tokenPrefix": "beef", "status": 503, "reason": "ServiceUnavailable", "times": 2},
+                        {"delayMs": 40}]}
     """
 
 let tool = "herald-apns-sim"

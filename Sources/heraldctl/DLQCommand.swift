@@ -29,7 +29,7 @@ enum DLQCommand {
         The topic is read up to where it ended when the command started; it is never held in memory whole.
 
         --json: list prints {"deadLetters": [...], "matched": n, "shown": n, "scanned": n, "byReason": {...}};
-        stats prints {"matched": n, "scanned": n, "unreadable": n, "first": time, "last": time,
+        stats prints {"matched": n, "scanned": n, "unreadable": n, "first": time, "last": time, "until": last + 1 ms,
         "byReason": {...}, "byStatus": {...}, "byApp": {...}, "byPushType": {...}}.
 
         Examples:
@@ -120,8 +120,10 @@ enum DLQCommand {
             let document: JSONValue = .object([
                 "matched": .number(Double(counts.matched)), "scanned": .number(Double(scanned)),
                 "unreadable": .number(Double(counts.unreadable)),
-                "first": counts.first.map { .string(Timestamp.rfc3339($0)) } ?? .null,
-                "last": counts.last.map { .string(Timestamp.rfc3339($0)) } ?? .null,
+                "first": counts.first.map { .string(Self.time($0)) } ?? .null,
+                "last": counts.last.map { .string(Self.time($0)) } ?? .null,
+                // What --until takes to include `last` (it is exclusive).
+                "until": counts.last.map { .string(Self.time($0, plus: 1)) } ?? .null,
                 "byReason": object(counts.byReason), "byStatus": object(counts.byStatus),
                 "byApp": object(counts.byApp), "byPushType": object(counts.byPushType),
             ])
@@ -129,7 +131,8 @@ enum DLQCommand {
         } else {
             var text = "\(counts.matched) of \(scanned) dead letters in \(connections.dlqTopic) matched"
             if let first = counts.first, let last = counts.last {
-                text += ", dead-lettered from \(Timestamp.rfc3339(first)) to \(Timestamp.rfc3339(last))"
+                text += ", dead-lettered from \(Self.time(first)) to \(Self.time(last))"
+                    + " (--since \(Self.time(first)) --until \(Self.time(last, plus: 1)) selects them again)"
             }
             if counts.unreadable > 0 { text += "; \(counts.unreadable) records were not readable dead letters" }
             text += "\n"
@@ -143,6 +146,11 @@ enum DLQCommand {
     }
 
     /// Counts, largest first, as aligned lines.
+    /// A record time as `--since`/`--until` take it, `plus` milliseconds later.
+    static func time(_ date: Date, plus: Int64 = 0) -> String {
+        Timestamp.rfc3339(milliseconds: DLQFilter.milliseconds(date) + plus)
+    }
+
     static func table(_ counts: [String: Int]) -> String {
         let rows = counts.map { (key: $0.key.escapingControls, value: $0.value) }
             .sorted { ($0.value, $1.key) > ($1.value, $0.key) }

@@ -58,8 +58,8 @@ struct DLQFilter: Sendable {
 
     /// Whether a dead letter written at `time` (its record timestamp) matches every filter.
     func matches(_ letter: DeadLetter, at time: Date?) -> Bool {
-        if let since, let time, time < since { return false }
-        if let until, let time, time >= until { return false }
+        if let since, let time, Self.milliseconds(time) < Self.milliseconds(since) { return false }
+        if let until, let time, Self.milliseconds(time) >= Self.milliseconds(until) { return false }
         if !apps.isEmpty, !apps.contains(letter.appId) { return false }
         if !statuses.isEmpty, !statuses.contains(letter.status) { return false }
         if !reasons.isEmpty, !reasons.contains(letter.reason.lowercased()) { return false }
@@ -69,6 +69,10 @@ struct DLQFilter: Sendable {
         if let post, letter.originalPost != post { return false }
         return true
     }
+
+    /// Record times are whole milliseconds; compared as such, a time printed by `dlq stats` selects its record
+    /// whatever the `Double` rounding of either side.
+    static func milliseconds(_ date: Date) -> Int64 { Int64((date.timeIntervalSince1970 * 1000).rounded()) }
 
     private static func list(_ value: String?) -> Set<String> {
         guard let value else { return [] }

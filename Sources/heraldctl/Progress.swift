@@ -9,7 +9,12 @@ final class ReplayCounters: Sendable {
     let sent = Atomic<Int>(0)
     let already = Atomic<Int>(0)
     let skipped = Atomic<Int>(0)
+    /// Chosen to be sent from the batch in hand and not handed to the producer yet.
+    let waiting = Atomic<Int>(0)
 }
+
+/// What the broker has done with the jobs handed to it: acknowledged, and still awaiting an answer.
+typealias PublishedCounts = @Sendable () -> (acknowledged: Int, inFlight: Int)
 
 /// Shows a replay's progress on stderr: a bar redrawn in place on a terminal, a plain line every few seconds
 /// otherwise (logs, CI), so output stays readable in both.
@@ -21,8 +26,9 @@ final class ProgressDisplay: Sendable {
         isTerminal = isatty(STDERR_FILENO) == 1
     }
 
-    /// Starts drawing; `scanned` and `expected` give the fraction of the topic read, which drives the ETA.
-    func start(name: String, reader: DLQReader, counters: ReplayCounters) {
+    /// Starts drawing. The fraction done (and the ETA) counts a dead letter once it is dealt with: left out,
+    /// skipped, or its job acknowledged by the broker; one read but still waiting to be sent is not done.
+    func start(name: String, reader: DLQReader, counters: ReplayCounters, published: @escaping PublishedCounts) {
         let terminal = isTerminal
         let expected = reader.expected, scannedCount = reader.scanned
         let started = ContinuousClock.now
@@ -32,7 +38,8 @@ final class ProgressDisplay: Sendable {
                 if Task.isCancelled { break }
                 let scanned = scannedCount.current
                 let line = Self.line(name: name, scanned: scanned, expected: expected, counters: counters,
-                                     elapsed: ContinuousClock.now - started, terminal: terminal)
+                                     published: published(), elapsed: ContinuousClock.now - started,
+                                     terminal: terminal)
                 FileHandle.standardError.write(Data((terminal ? "\r\u{1B}[2K" + line : line + "\n").utf8))
             }
         }
@@ -47,25 +54,26 @@ final class ProgressDisplay: Sendable {
         if isTerminal { FileHandle.standardError.write(Data("\r\u{1B}[2K".utf8)) }
     }
 
-    static func line(name: String, scanned: Int, expected: Int64, counters: ReplayCounters, elapsed: Duration,
-                     terminal: Bool) -> String {
+    static func line(name: String, scanned: Int, expected: Int64, counters: ReplayCounters,
+                     published: (acknowledged: Int, inFlight: Int), elapsed: Duration, terminal: Bool) -> String {
         let seconds = max(elapsed.inSeconds, 0.001)
-        let fraction = expected > 0 ? min(1, Double(scanned) / Double(expected)) : 1
-        let rate = Double(counters.sent.load(ordering: .relaxed)) / seconds
-        let scanRate = Double(scanned) / seconds
-        let remaining = max(0, Double(expected) - Double(scanned))
-        let eta = scanRate > 0 ? formatDuration(remaining / scanRate) : "?"
-        let counts = "\(counters.sent.load(ordering: .relaxed)) re-published, "
+        let done = max(0, scanned - counters.waiting.load(ordering: .relaxed) - published.inFlight)
+        let fraction = expected > 0 ? min(1, Double(done) / Double(expected)) : 1
+        let rate = Double(published.acknowledged) / seconds
+        let doneRate = Double(done) / seconds
+        let remaining = max(0, Double(expected) - Double(done))
+        let eta = doneRate > 0 ? formatDuration(remaining / doneRate) : "?"
+        let counts = "\(published.acknowledged) re-published, \(published.inFlight) awaiting the broker, "
             + "\(counters.already.load(ordering: .relaxed)) already, \(counters.skipped.load(ordering: .relaxed)) skipped"
             + " · \(Int(rate))/s · ETA \(eta)"
         let percent = "\(Int(fraction * 100))%"
         guard terminal else {
-            return "replay \(name): \(percent) of the dead letters read (\(scanned)/\(expected)), \(counts)"
+            return "replay \(name): \(percent) of the dead letters done (\(done)/\(expected), \(scanned) read), \(counts)"
         }
         let width = 24
         let filled = Int(fraction * Double(width))
         let bar = String(repeating: "█", count: filled) + String(repeating: "░", count: width - filled)
-        return "\(bar) \(percent.padding(4)) \(scanned)/\(expected) read · \(counts)"
+        return "\(bar) \(percent.padding(4)) \(done)/\(expected) done · \(counts)"
     }
 
     static func formatDuration(_ seconds: Double) -> String {

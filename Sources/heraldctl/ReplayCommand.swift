@@ -204,7 +204,14 @@ final class Replay {
         }
         stopRequested = StopRequest()
         let progress = ProgressDisplay()
-        progress.start(name: options.name, reader: reader, counters: counters)
+        let counters = self.counters
+        let published: PublishedCounts
+        if options.dryRun {
+            published = { (acknowledged: counters.sent.load(ordering: .relaxed), inFlight: 0) }
+        } else {
+            published = { ledger.progress }
+        }
+        progress.start(name: options.name, reader: reader, counters: counters, published: published)
         if options.dryRun, options.json { output.write("{\"jobs\":[") }
         do {
             try await reader.read { entries in try await self.handle(entries) }
@@ -260,6 +267,7 @@ final class Replay {
         let already = try await ledger.alreadySent(candidates.map(\.member))
         let live = options.includeRemoved ? nil : try await registeredTokens(candidates.map(\.entry))
         var toSend: [(entry: DLQEntry, member: String)] = []
+        defer { counters.waiting.store(0, ordering: .relaxed) }
         for candidate in candidates {
             if already.contains(candidate.member) {
                 summary.alreadyRepublished += 1
@@ -279,11 +287,8 @@ final class Replay {
                                         id: ReplayCommand.jobID(name: name, entry: entry), now: now)
             }
         }
+        counters.waiting.store(toSend.count, ordering: .relaxed)
         for ((entry, member), built) in zip(toSend, jobs) {
-            guard case .success(let job?) = built else {
-                if case .failure = built { skip("invalid_job") } else { skip("not_replayable") }
-                continue
-            }
             if options.limit > 0, counters.sent.load(ordering: .relaxed) >= options.limit {
                 summary.stop = .limit
                 return false
@@ -291,6 +296,11 @@ final class Replay {
             if stopRequested?.isSet == true {
                 summary.stop = .interrupted
                 return false
+            }
+            counters.waiting.subtract(1, ordering: .relaxed)
+            guard case .success(let job?) = built else {
+                if case .failure = built { skip("invalid_job") } else { skip("not_replayable") }
+                continue
             }
             await pace()
             if let producer {

@@ -110,6 +110,11 @@ final class ReplayLedger: Sendable {
         }
     }
 
+    /// Jobs the broker acknowledged, and those handed to it and not answered yet.
+    var progress: (acknowledged: Int, inFlight: Int) {
+        state.withLock { ($0.acknowledgedCount, $0.inFlight) }
+    }
+
     /// Jobs the broker acknowledged, those recorded in Redis, and failures by Kafka error name.
     var outcome: (acknowledged: Int, recorded: Int, failures: [String: Int]) {
         state.withLock { ($0.acknowledgedCount, $0.recorded, $0.failures) }

@@ -25,6 +25,10 @@ struct ExecutableTests {
         #expect(help.status == 0)
         #expect(help.stdout.contains("--tls-dir"))
         #expect(help.stdout.contains("HERALD_SIM_RULES_FILE"))
+        // The rules file's example in the help is a valid rules file.
+        let example = try #require(help.stdout.range(of: "Example: ").map { help.stdout[$0.upperBound...] })
+        let rules = try SimulatorRule.parse(Data(example.utf8))
+        #expect(rules.count == 3 && rules[0].status == 410 && rules[1].times == 2 && rules[2].delayMilliseconds == 40)
 
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }

@@ -109,12 +109,19 @@ struct DLQCommandTests {
         #expect(stats["byStatus"] == .object(["503": .number(2), "410": .number(1), "none": .number(1)]))
         #expect(stats["byApp"] == .object([harness.app: .number(4)]))
         #expect(stats["byPushType"] == .object(["alert": .number(3), "liveactivity": .number(1)]))
-        #expect(stats["first"]?.stringValue != nil)
+        // The span it prints, pasted back, selects the same dead letters (--until is exclusive).
+        let first = try #require(stats["first"]?.stringValue), until = try #require(stats["until"]?.stringValue)
+        let again = try await harness.heraldctl(["dlq", "stats", "--json", "--since", first, "--until", until]).json()
+        #expect(again["matched"]?.numberValue == 4, "--since \(first) --until \(until): \(again)")
+        let last = try #require(stats["last"]?.stringValue)
+        let before = try await harness.heraldctl(["dlq", "stats", "--json", "--since", first, "--until", last]).json()
+        #expect((before["matched"]?.numberValue ?? 0) < 4, "--until \(last) leaves the newest out")
 
         let text = try await harness.heraldctl(["dlq", "stats", "--reason", "ServiceUnavailable"])
         #expect(text.status == 0)
         #expect(text.stdout.contains("2 of 4 dead letters"))
         #expect(text.stdout.contains("by reason:"))
+        #expect(text.stdout.contains("selects them again"), "\(text.stdout)")
     }
 
     @Test("--since and --until select by the time a dead letter was written (offsets-for-times)")
