@@ -65,7 +65,8 @@ let package = Package(
                                                                 "HeraldRuntime"]),
         .executableTarget(name: "herald-dispatcher", dependencies: ["HeraldDispatcher", "HeraldRuntime"]),
         .executableTarget(name: "heraldctl", dependencies: ["HeraldCore", "HeraldKafka", "HeraldRedis", "HeraldStore",
-                                                            "HeraldCrypto", "HeraldRuntime"]),
+                                                            "HeraldCrypto", "HeraldRuntime", "HeraldAPNs",
+                                                            "HeraldDispatcher"]),
         .executableTarget(name: "herald-apns-sim", dependencies: ["HeraldAPNsSimulator", "HeraldRuntime"]),
 
         // Helpers shared by the test targets (a raw HTTP/1.1 client, apps files with fresh keys, child processes,

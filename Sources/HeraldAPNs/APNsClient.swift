@@ -90,6 +90,22 @@ public final class APNsClient: Sendable {
         return try await perform(request, token: fresh, credentials: credentials, endpoint: endpoint)
     }
 
+    /// The HTTP/2 request `send(_:credentials:environment:)` would make, without sending it: its header fields in
+    /// order, the provider token cut to its first 16 characters (it is a credential), and its body.
+    public func preview(_ request: APNsRequest, credentials: APNsCredentials,
+                        environment: APNsEnvironment) throws(APNsError) -> (headers: [(String, String)], body: [UInt8]) {
+        try request.validate()
+        let token = try providerTokens.token(for: credentials)
+        let block = Self.headers(request, token: token.value, endpoint: environment == .production ? production : sandbox)
+        let fields = block.fields.map { field -> (String, String) in
+            let name = String(decoding: block.bytes[field.nameStart..<field.nameStart + field.nameLength], as: UTF8.self)
+            var value = String(decoding: block.bytes[field.valueStart..<field.valueStart + field.valueLength], as: UTF8.self)
+            if name == "authorization" { value = String(value.prefix("bearer ".count + 16)) + "…" }
+            return (name, value)
+        }
+        return (fields, request.payload)
+    }
+
     /// Sends many notifications signed with one provider key; returns one outcome per request, in order.
     ///
     /// Each request is treated as `send(_:credentials:environment:)` treats it (local checks, transparent resend
@@ -214,9 +230,12 @@ public final class APNsClient: Sendable {
     private func response(_ raw: RawResponse) -> APNsResponse {
         if raw.status == 200 {
             metrics.delivered.increment()
-            return APNsResponse(status: 200, apnsID: raw.apnsID, reason: nil, timestamp: nil)
+            var response = APNsResponse(status: 200, apnsID: raw.apnsID, reason: nil, timestamp: nil)
+            response.uniqueID = raw.uniqueID
+            return response
         }
-        let response = APNsResponse(status: raw.status, apnsID: raw.apnsID, body: raw.body)
+        var response = APNsResponse(status: raw.status, apnsID: raw.apnsID, body: raw.body)
+        response.uniqueID = raw.uniqueID
         metrics.pushes.labels(String(raw.status), response.reason?.metricLabel ?? "").increment()
         return response
     }

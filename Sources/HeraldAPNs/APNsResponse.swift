@@ -12,6 +12,9 @@ public struct APNsResponse: Sendable, Equatable {
     public var reason: APNsReason?
     /// 410 only: when APNs learned the token was no longer valid.
     public var timestamp: Date?
+    /// The `apns-unique-id` header (development environment only): the key to the notification's delivery log in
+    /// Apple's Push Notifications Console.
+    public var uniqueID: String?
 
     public init(status: Int, apnsID: String?, reason: APNsReason?, timestamp: Date?) {
         self.status = status

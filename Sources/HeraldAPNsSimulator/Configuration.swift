@@ -43,6 +43,9 @@ public struct APNsSimulatorConfiguration: Sendable {
     public var maxConnections: Int
     /// How often counters are logged (when they changed). Default 10 s.
     public var statisticsInterval: Duration
+    /// Answers as Apple's development environment does, with an `apns-unique-id` on every response; false: as
+    /// production, without. Default true.
+    public var development = true
 
     public init(listen: HostPort, certificateChainPath: String, privateKeyPath: String,
                 providerKeys: [ProviderKey], allowedTopics: Set<String> = [], rules: [SimulatorRule] = [],

@@ -388,6 +388,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         }
         let now = Date().timeIntervalSince1970
         var headers: [(String, String)] = [(":status", String(answer.status)), ("apns-id", answer.apnsID)]
+        if simulator.configuration.development { headers.append(("apns-unique-id", UUID().uuidString.lowercased())) }
         var body: [UInt8]?
         if let rejection = answer.rejection {
             body = rejection.body

@@ -115,3 +115,17 @@ struct JobPlan: Sendable {
                     apnsID: job.apnsID(token: push.token))
     }
 }
+
+/// A device job's one APNs request, exactly as the dispatcher sends it (for `heraldctl send --direct`).
+public enum DeviceJobRequest {
+    public static func make(_ job: PushJob, app: App, now: Date = Date())
+        throws(ValidationError) -> (request: APNsRequest, credentials: APNsCredentials, environment: APNsEnvironment) {
+        let timestamp = Int64(now.timeIntervalSince1970)
+        let plan: JobPlan
+        do { plan = try JobPlan(job: job, app: app, timestamp: timestamp) } catch { throw error.error }
+        guard let push = plan.devicePush(timestamp: timestamp) else {
+            throw .invalid("target", "only a device job makes one APNs request")
+        }
+        return (plan.request(for: push), plan.credentials, push.environment)
+    }
+}

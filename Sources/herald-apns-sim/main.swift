@@ -30,6 +30,8 @@ let usage = """
       --delay-ms N | MIN-MAX      HERALD_SIM_DELAY_MS             answer every request after N ms (or a random
                                                                   time between MIN and MAX), as Apple's round trip
                                                                   does; a rule's delayMs replaces it (default 0)
+      --environment ENV           HERALD_SIM_ENVIRONMENT          development (answers carry apns-unique-id, as
+                                                                  Apple's sandbox's do) or production [development]
       --log-level LEVEL           HERALD_LOG_LEVEL                debug, info, warning, error (default info)
 
     Rules file (--rules): {"rules": [{...}, ...]}. A request that passed every validation takes the first rule
@@ -102,7 +104,7 @@ let logger: Logger
 do {
     let options = try parseOptions(arguments, allowed: [
         "listen", "tls-dir", "cert", "cert-key", "key", "config", "topic", "rules", "record", "record-rejected",
-        "max-concurrent-streams", "delay-ms", "log-level",
+        "max-concurrent-streams", "delay-ms", "environment", "log-level",
     ])
     func option(_ name: String) -> String? { options.last { $0.0 == name }?.1 }
     func list(_ variable: String) -> [String] {
@@ -160,7 +162,11 @@ do {
           0 <= low, low <= high, high <= 60_000 else {
         throw ConfigurationError("HERALD_SIM_DELAY_MS", "expected milliseconds N or MIN-MAX within 0...60000, got \"\(delayText)\"")
     }
-    let configuration = APNsSimulatorConfiguration(
+    let environmentName = option("environment") ?? environment.string("HERALD_SIM_ENVIRONMENT", default: "development")
+    guard ["development", "production"].contains(environmentName) else {
+        throw ConfigurationError("HERALD_SIM_ENVIRONMENT", "expected development or production, got \"\(environmentName)\"")
+    }
+    var configuration = APNsSimulatorConfiguration(
         listen: listen, certificateChainPath: certificate, privateKeyPath: certificateKey, providerKeys: keys,
         allowedTopics: Set(topics),
         rulesPath: option("rules") ?? environment.optionalString("HERALD_SIM_RULES_FILE"),
@@ -168,6 +174,7 @@ do {
         rejectedRecordPath: option("record-rejected") ?? environment.optionalString("HERALD_SIM_REJECTED_FILE"),
         maxConcurrentStreams: maxStreams,
         responseDelay: high == 0 ? nil : .milliseconds(low) ... .milliseconds(high))
+    configuration.development = environmentName == "development"
     simulator = try APNsSimulator(configuration: configuration, logger: logger)
     // Bind before the service group runs, so a taken port is a one-line configuration error.
     try simulator.start()

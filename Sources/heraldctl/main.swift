@@ -4,7 +4,7 @@ import HeraldRedis
 import HeraldRuntime
 
 let usage = """
-    heraldctl — operate Herald: API keys, Kafka topics, dead letters, replay.
+    heraldctl — operate Herald: API keys, Kafka topics, test sends, dead letters, replay.
 
     Usage:
       heraldctl keys new --app ID --kind public|secret [--user USER]
@@ -13,6 +13,9 @@ let usage = """
           Prints a new random secret for a job-signing or channel-grant secret file (keys new-secret > FILE).
       heraldctl topics create [--partitions N] [--replication-factor R]
           Creates HERALD_TOPIC_JOBS and HERALD_TOPIC_DLQ (existing topics are left as they are).
+      heraldctl send --app ID (--device-token HEX | --channel NAME | --post HASH) [--payload-file FILE | --alert-title T]
+                     [--environment E] [--push-type T] [--direct] [--dry-run] [--json]
+          One test push through Kafka and the dispatcher (waits for its job status), or --direct to APNs.
       heraldctl dlq list [FILTERS] [--limit N] [--json]
           The failed deliveries on HERALD_TOPIC_DLQ that match, then counts by reason.
       heraldctl dlq stats [FILTERS] [--json]
@@ -25,15 +28,16 @@ let usage = """
       --status 410,503|none   --reason BadDeviceToken,ServiceUnavailable (any case)
       --push-type alert,...   --channel NAME   --post POST_ID_HASH
 
-    Run `heraldctl dlq --help` or `heraldctl replay --help` for details and examples.
+    Run `heraldctl send --help`, `heraldctl dlq --help` or `heraldctl replay --help` for details and examples.
 
     Environment: HERALD_KAFKA_BROKERS [127.0.0.1:9092], HERALD_TOPIC_JOBS [herald.jobs], HERALD_TOPIC_DLQ [herald.dlq],
-    HERALD_REDIS_URL [redis://127.0.0.1:6379/0] and HERALD_JOB_SIGNING_SECRET_FILE (replay only). Kafka and Redis
-    security as for the services:
+    HERALD_REDIS_URL [redis://127.0.0.1:6379/0], HERALD_JOB_SIGNING_SECRET_FILE (replay, send), HERALD_APPS_FILE
+    and HERALD_APNS_PRODUCTION_URL / _SANDBOX_URL / _CA_FILE (send --direct). Kafka and Redis security as for the
+    services:
     \(KafkaSecurity.usage)
     \(RedisConfiguration.usage)
-    Exit codes: 0 done, 1 failed (the reason is printed), 2 bad usage or configuration; replay also uses 3 and 4
-    (see heraldctl replay --help).
+    Exit codes: 0 done, 1 failed (the reason is printed), 2 bad usage or configuration; replay and send also use 3,
+    replay 4 (see their --help).
     """
 
 /// Flags of one subcommand: `--name value` pairs and value-less `--switch`es; anything else is a usage error.
@@ -84,6 +88,7 @@ func runCommand() async {
         switch group {
         case "dlq": CommandLineTool.exitWithUsage(DLQCommand.usage)
         case "replay": CommandLineTool.exitWithUsage(ReplayCommand.usage)
+        case "send": CommandLineTool.exitWithUsage(SendCommand.usage)
         default: CommandLineTool.exitWithUsage(usage)
         }
     }
@@ -101,6 +106,8 @@ func runCommand() async {
                                             switches: ["json"]))
         case ("dlq", "stats"):
             try await DLQCommand.stats(Flags(rest.dropFirst(), allowed: DLQFilter.flagNames, switches: ["json"]))
+        case ("send", _):
+            exit(try await SendCommand.run(Flags(rest, allowed: SendCommand.flagNames, switches: SendCommand.switches)))
         case ("replay", _):
             let code = try await ReplayCommand.run(Flags(rest, allowed: DLQFilter.flagNames.union(["name", "limit", "rate"]),
                                                          switches: ["dry-run", "include-removed", "include-replayed", "json"]))

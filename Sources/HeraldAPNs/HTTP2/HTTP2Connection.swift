@@ -389,6 +389,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
 
     private static let statusName: StaticString = ":status"
     private static let apnsIDName: StaticString = "apns-id"
+    private static let uniqueIDName: StaticString = "apns-unique-id"
 
     private static func matches(_ name: UnsafeBufferPointer<UInt8>, _ expected: StaticString) -> Bool {
         name.count == expected.utf8CodeUnitCount && memcmp(name.baseAddress!, expected.utf8Start, name.count) == 0
@@ -402,6 +403,8 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
             request.status = status
         } else if Self.matches(name, Self.apnsIDName) {
             request.apnsID = String(decoding: value, as: UTF8.self)
+        } else if Self.matches(name, Self.uniqueIDName) {
+            request.uniqueID = String(decoding: value.prefix(64), as: UTF8.self)
         }
     }
 
@@ -416,7 +419,8 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         guard let request = streams.removeValue(forKey: stream) else { return }
         capacityChanged = true
         if request.status != 0, ending == .noError || request.responseComplete {
-            request.resolve(.success(RawResponse(status: request.status, apnsID: request.apnsID, body: request.responseBody)))
+            request.resolve(.success(RawResponse(status: request.status, apnsID: request.apnsID,
+                                                 uniqueID: request.uniqueID, body: request.responseBody)))
         } else if request.notProcessed || ending == .refused {
             notProcessed(request, "\(endpoint) refused the stream; it was not processed")
         } else {

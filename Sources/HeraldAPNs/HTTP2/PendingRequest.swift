@@ -121,6 +121,7 @@ struct HeaderBlock: Sendable {
 struct RawResponse: Sendable {
     let status: Int
     let apnsID: String?
+    var uniqueID: String? = nil
     let body: [UInt8]
 }
 
@@ -171,6 +172,7 @@ final class PendingRequest: @unchecked Sendable {  // @unchecked: `completion` i
     var bodyOffset = 0
     var status = 0
     var apnsID: String?
+    var uniqueID: String?
     var responseBody: [UInt8] = []
     var responseComplete = false
     /// Set when a GOAWAY's last-stream-id shows the server never processed this stream.
@@ -193,6 +195,7 @@ final class PendingRequest: @unchecked Sendable {  // @unchecked: `completion` i
         bodyOffset = 0
         status = 0
         apnsID = nil
+        uniqueID = nil
         responseBody.removeAll()
         responseComplete = false
         notProcessed = false
