@@ -1,3 +1,4 @@
+// Over 400 lines: one job record run to its end (checks, the fan-out with its read-ahead and saved progress, the final clean-up, the status) is one flow sharing the retry rules at the bottom.
 import Foundation
 import HeraldCore
 import HeraldKafka
