@@ -152,9 +152,9 @@ final class DLQReader {
 
     /// Decodes a record, skipping the work for records outside `--since`/`--until` by their timestamp.
     private static func entry(_ record: KafkaRecord, filter: DLQFilter) -> DLQEntry? {
-        if let stamp = record.timestamp {
-            if let since = filter.since, stamp < since { return nil }
-            if let until = filter.until, stamp >= until { return nil }
+        if let stamp = record.timestamp.map(DLQFilter.milliseconds) {
+            if let since = filter.since, stamp < DLQFilter.milliseconds(since) { return nil }
+            if let until = filter.until, stamp >= DLQFilter.milliseconds(until) { return nil }
         }
         let letter = try? DeadLetter.decode(record.value)
         return DLQEntry(partition: record.partition, offset: record.offset,
