@@ -58,6 +58,9 @@ public struct DeadLetter: Sendable, Equatable {
     public var collapseId: String?
     /// The push's `apns-id` (`PushJob.apnsID(token:)`): every attempt and re-delivery of it carried this one.
     public var apnsId: String?
+    /// The last answer's `apns-unique-id` (Apple's development environment only): where to find the push in the
+    /// Push Notifications Console's delivery log.
+    public var apnsUniqueId: String?
     /// APNs' HTTP status; absent when APNs never answered (timeouts, connection failures).
     public var status: Int?
     /// APNs' reason (`BadTopic`, `ServiceUnavailable`…), Herald's error kind when APNs never answered
@@ -110,6 +113,7 @@ public struct DeadLetter: Sendable, Equatable {
         fields["expiration"] = expiration.map { .number(Double($0)) }
         fields["collapseId"] = collapseId.map { .string($0) }
         fields["apnsId"] = apnsId.map { .string($0) }
+        fields["apnsUniqueId"] = apnsUniqueId.map { .string($0) }
         fields["status"] = status.map { .number(Double($0)) }
         fields["disposition"] = disposition.map { .string($0.rawValue) }
         fields["message"] = message.map { .string($0) }
@@ -151,6 +155,7 @@ public struct DeadLetter: Sendable, Equatable {
         letter.expiration = try fields.integer("expiration", in: exact)
         letter.collapseId = try fields.string("collapseId")
         letter.apnsId = try fields.string("apnsId")
+        letter.apnsUniqueId = try fields.string("apnsUniqueId")
         letter.status = try fields.integer("status", in: int32).map { Int($0) }
         letter.disposition = try fields.enumeration("disposition", Disposition.self)
         letter.message = try fields.string("message")

@@ -59,6 +59,7 @@ extension DeadLetter {
         (priority, expiration, collapseId) = (job.priority, job.expiration, job.collapseId)
         apnsId = job.apnsID(token: push.token).uuidString.lowercased()
         status = failure.status
+        apnsUniqueId = failure.apnsUniqueID
         firstAttemptAt = Timestamp.rfc3339(failure.firstAttemptAt)
         lastAttemptAt = Timestamp.rfc3339(failure.lastAttemptAt)
         self.source = source
@@ -101,6 +102,8 @@ struct DeliveryFailure: Sendable {
     var apnsReason: String?
     /// A local error's kind (`timeout`, `connection_failed`, `invalid_request`, …) when APNs did not answer.
     var error: String?
+    /// The last answer's `apns-unique-id`, when APNs sent one.
+    var apnsUniqueID: String? = nil
     var attempts: Int
     var firstAttemptAt: Date
     var lastAttemptAt: Date
@@ -129,6 +132,7 @@ struct DeadLetterWriter: Sendable {
                     "apns.status": letter.status.map(String.init) ?? "",
                     "apns.reason": [.invalidJob, .invalidSignature].contains(letter.disposition) ? "" : letter.reason,
                     "token": letter.deviceToken.map { Redaction.tag($0) } ?? "",
+                    "apns.unique_id": letter.apnsUniqueId ?? "",
                 ])
                 return true
             } catch where error.code.refusesTheRecordForGood {

@@ -178,6 +178,7 @@ struct Deliverer: Sendable {
             }
             failure.status = response.status
             failure.apnsReason = response.reason?.description
+            failure.apnsUniqueID = response.uniqueID
         case .failed(let error):
             count(push, status: "error", reason: error.kind)
             retryable = error.isRetriable

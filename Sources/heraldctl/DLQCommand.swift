@@ -210,6 +210,8 @@ enum Row {
         if let tokenType = letter.tokenType { object["tokenType"] = .string(tokenType.rawValue) }
         if let environment = letter.environment { object["environment"] = .string(environment.rawValue) }
         if let topic = letter.topic { object["topic"] = .string(topic) }
+        if let apnsId = letter.apnsId { object["apnsId"] = .string(apnsId) }
+        if let uniqueId = letter.apnsUniqueId { object["apnsUniqueId"] = .string(uniqueId) }
         if let target = letter.job?.target {
             var described: [String: JSONValue] = ["kind": .string(target.kind.rawValue)]
             if let channel = target.channel { described["channel"] = .string(channel) }

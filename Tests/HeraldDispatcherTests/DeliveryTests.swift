@@ -272,6 +272,7 @@ struct DeliveryTests {
         #expect(letter["disposition"]?.stringValue == "rejected")
         #expect(letter["status"]?.numberValue == 400)
         #expect(letter["reason"]?.stringValue == "BadTopic")
+        #expect(letter["apnsUniqueId"]?.stringValue.flatMap(UUID.init(uuidString:)) != nil, "the answer's apns-unique-id is kept")
         #expect(harness.metric("herald_dispatcher_dead_letters_total", labels: ["reason": "BadTopic", "disposition": "rejected"]) == 1)
         #expect(letter["attempts"]?.numberValue == 1)
         #expect(letter["deviceToken"]?.stringValue == token)
