@@ -15,10 +15,15 @@ import HeraldTLS
 public final class APNsClient: Sendable {
     private let production: APNsEndpoint
     private let sandbox: APNsEndpoint
+    let broadcastProduction: APNsEndpoint
+    let broadcastSandbox: APNsEndpoint
+    let manageProduction: APNsEndpoint
+    let manageSandbox: APNsEndpoint
     private let requestTimeout: Duration
     private let loop: EventLoop
     private let core: ClientCore
     private let metrics: APNsMetrics
+    let broadcastMetrics: BroadcastMetrics
     private let logger: Logger
     /// The provider-token cache this client signs with.
     public let providerTokens: APNsProviderTokenCache
@@ -30,6 +35,11 @@ public final class APNsClient: Sendable {
                 metrics: MetricsRegistry = .shared, now: @escaping @Sendable () -> Date = { Date() }) throws(APNsError) {
         production = try APNsEndpoint(url: configuration.productionURL)
         sandbox = try APNsEndpoint(url: configuration.sandboxURL)
+        broadcastProduction = try APNsEndpoint(url: configuration.broadcastProductionURL ?? configuration.productionURL)
+        broadcastSandbox = try APNsEndpoint(url: configuration.broadcastSandboxURL ?? configuration.sandboxURL)
+        manageProduction = try APNsEndpoint(url: configuration.manageProductionURL)
+        manageSandbox = try APNsEndpoint(url: configuration.manageSandboxURL)
+        broadcastMetrics = BroadcastMetrics(metrics)
         requestTimeout = configuration.requestTimeout
         self.logger = logger
         self.metrics = APNsMetrics(metrics)
@@ -97,13 +107,17 @@ public final class APNsClient: Sendable {
         try request.validate()
         let token = try providerTokens.token(for: credentials)
         let block = Self.headers(request, token: token.value, endpoint: environment == .production ? production : sandbox)
-        let fields = block.fields.map { field -> (String, String) in
+        return (Self.readable(block), request.payload)
+    }
+
+    /// A header block as name/value pairs, the provider token cut to its first 16 characters.
+    static func readable(_ block: HeaderBlock) -> [(String, String)] {
+        block.fields.map { field -> (String, String) in
             let name = String(decoding: block.bytes[field.nameStart..<field.nameStart + field.nameLength], as: UTF8.self)
             var value = String(decoding: block.bytes[field.valueStart..<field.valueStart + field.valueLength], as: UTF8.self)
             if name == "authorization" { value = String(value.prefix("bearer ".count + 16)) + "…" }
             return (name, value)
         }
-        return (fields, request.payload)
     }
 
     /// Sends many notifications signed with one provider key; returns one outcome per request, in order.
@@ -157,31 +171,37 @@ public final class APNsClient: Sendable {
     private func perform(_ request: APNsRequest, token: APNsProviderTokenCache.Token, credentials: APNsCredentials,
                          endpoint: APNsEndpoint) async throws -> APNsResponse {
         let started = ContinuousClock.now
-        let pending = PendingRequest(headers: Self.headers(request, token: token.value, endpoint: endpoint),
-                                     body: request.payload, deadline: started + requestTimeout,
-                                     poolKey: PoolKey(teamID: credentials.teamID, keyID: credentials.keyID,
-                                                      endpoint: endpoint))
-        metrics.inFlight.add(1)
-        defer { metrics.inFlight.add(-1) }
         let raw: RawResponse
         do {
-            raw = try await withTaskCancellationHandler {
-                try await withUnsafeThrowingContinuation { continuation in
-                    pending.completion = .single(continuation)
-                    if !loop.submit(pending) {
-                        pending.completion = nil
-                        continuation.resume(throwing: APNsError(.shutdown, "the APNs client was shut down"))
-                    }
-                }
-            } onCancel: { [loop, core] in
-                loop.execute { core.cancel(pending) }
-            }
+            raw = try await perform(Self.headers(request, token: token.value, endpoint: endpoint), body: request.payload,
+                                    poolKey: PoolKey(teamID: credentials.teamID, keyID: credentials.keyID,
+                                                     endpoint: endpoint))
         } catch let error as APNsError {
             metrics.pushes.labels("error", error.kind).increment()
             throw error
         }
         metrics.latency.observe(since: started)
         return response(raw)
+    }
+
+    /// One request on its own: one hand-over to the loop, one suspension.
+    func perform(_ headers: HeaderBlock, body: [UInt8], poolKey: PoolKey,
+                 successBodyLimit: Int = 0) async throws -> RawResponse {
+        let pending = PendingRequest(headers: headers, body: body, deadline: .now + requestTimeout, poolKey: poolKey,
+                                     successBodyLimit: successBodyLimit)
+        metrics.inFlight.add(1)
+        defer { metrics.inFlight.add(-1) }
+        return try await withTaskCancellationHandler {
+            try await withUnsafeThrowingContinuation { continuation in
+                pending.completion = .single(continuation)
+                if !loop.submit(pending) {
+                    pending.completion = nil
+                    continuation.resume(throwing: APNsError(.shutdown, "the APNs client was shut down"))
+                }
+            }
+        } onCancel: { [loop, core] in
+            loop.execute { core.cancel(pending) }
+        }
     }
 
     /// One hand-over to the loop and one suspension for the whole batch.

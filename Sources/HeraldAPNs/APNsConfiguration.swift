@@ -8,7 +8,10 @@ public struct APNsEndpoint: Sendable, Hashable, CustomStringConvertible {
 
     /// Apple's own hosts: only the system trust store vouches for them, never `extraCAFile`.
     public static let appleHosts: Set<String> = ["api.push.apple.com", "api.sandbox.push.apple.com",
-                                                 "api.development.push.apple.com"]
+                                                 "api.development.push.apple.com",
+                                                 "api-manage-broadcast.push.apple.com",
+                                                 "api-manage-broadcast.sandbox.push.apple.com",
+                                                 "api-broadcast.push.apple.com", "api-broadcast.sandbox.push.apple.com"]
 
     /// True for one of Apple's APNs hosts (any port, any case).
     public var isApple: Bool { Self.appleHosts.contains(host.lowercased()) }
@@ -81,6 +84,12 @@ public struct APNsConfiguration: Sendable {
     public var productionURL = "https://api.push.apple.com"
     /// `https://host[:port]` of sandbox APNs.
     public var sandboxURL = "https://api.sandbox.push.apple.com"
+    /// Where broadcasts to iOS 18 channels are published; nil: the push host (`productionURL`, `sandboxURL`).
+    public var broadcastProductionURL: String?
+    public var broadcastSandboxURL: String?
+    /// Apple's channel management hosts.
+    public var manageProductionURL = "https://api-manage-broadcast.push.apple.com:2196"
+    public var manageSandboxURL = "https://api-manage-broadcast.sandbox.push.apple.com:2195"
     /// An extra PEM file of trusted roots, added to the system trust store for the configured hosts that are not
     /// Apple's (the simulator's CA): a certificate it signed for Apple's hosts is never accepted. Verification
     /// itself cannot be turned off.

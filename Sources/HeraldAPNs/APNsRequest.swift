@@ -15,6 +15,8 @@ public enum APNsRequestProblem: Sendable, Equatable, CustomStringConvertible {
     case collapseIDTooLong(size: Int)
     /// The collapse id is empty or contains characters a header cannot carry.
     case invalidCollapseID
+    /// A broadcast channel id is empty, too long or not base64.
+    case invalidChannelID
 
     public var description: String {
         switch self {
@@ -24,6 +26,7 @@ public enum APNsRequestProblem: Sendable, Equatable, CustomStringConvertible {
         case .payloadTooLarge(let size, let limit): "payload is \(size) bytes, the limit is \(limit)"
         case .collapseIDTooLong(let size): "collapse id is \(size) bytes, the limit is 64"
         case .invalidCollapseID: "collapse id must be a non-empty header value"
+        case .invalidChannelID: "channel id must be 1–256 base64 characters"
         }
     }
 }

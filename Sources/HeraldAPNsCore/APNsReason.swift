@@ -4,9 +4,12 @@ public enum APNsReason: Sendable, Hashable, CustomStringConvertible {
     case badCollapseID, badDeviceToken, badExpirationDate, badMessageID, badPriority, badTopic,
          deviceTokenNotForTopic, duplicateHeaders, idleTimeout, invalidPushType, missingDeviceToken, missingTopic,
          payloadEmpty, topicDisallowed
+    // 400, broadcast (iOS 18 channels) only
+    case badChannelID, badRequestParams, badRequestPayload, cannotCreateChannelConfig, channelNotRegistered,
+         featureNotEnabled, missingChannelID, missingPushType
     // 403
     case badCertificate, badCertificateEnvironment, expiredProviderToken, forbidden, invalidProviderToken,
-         missingProviderToken, unrelatedKeyIDInToken, badEnvironmentKeyInToken
+         missingProviderToken, unrelatedKeyIDInToken, badEnvironmentKeyInToken, topicMismatch
     // 404, 405
     case badPath, methodNotAllowed
     // 410
@@ -24,6 +27,10 @@ public enum APNsReason: Sendable, Hashable, CustomStringConvertible {
         "DeviceTokenNotForTopic": .deviceTokenNotForTopic, "DuplicateHeaders": .duplicateHeaders,
         "IdleTimeout": .idleTimeout, "InvalidPushType": .invalidPushType, "MissingDeviceToken": .missingDeviceToken,
         "MissingTopic": .missingTopic, "PayloadEmpty": .payloadEmpty, "TopicDisallowed": .topicDisallowed,
+        "BadChannelId": .badChannelID, "BadRequestParams": .badRequestParams, "BadRequestPayload": .badRequestPayload,
+        "CannotCreateChannelConfig": .cannotCreateChannelConfig, "ChannelNotRegistered": .channelNotRegistered,
+        "FeatureNotEnabled": .featureNotEnabled, "MissingChannelId": .missingChannelID,
+        "MissingPushType": .missingPushType, "TopicMismatch": .topicMismatch,
         "BadCertificate": .badCertificate, "BadCertificateEnvironment": .badCertificateEnvironment,
         "ExpiredProviderToken": .expiredProviderToken, "Forbidden": .forbidden,
         "InvalidProviderToken": .invalidProviderToken, "MissingProviderToken": .missingProviderToken,

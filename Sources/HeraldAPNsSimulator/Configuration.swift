@@ -43,6 +43,17 @@ public struct APNsSimulatorConfiguration: Sendable {
     public var maxConnections: Int
     /// How often counters are logged (when they changed). Default 10 s.
     public var statisticsInterval: Duration
+    /// Where the channel management API (iOS 18 broadcast) listens; nil: not served.
+    public var manageListen: HostPort?
+    /// Bundle ids without the Broadcast capability: their channel requests and broadcasts get 400
+    /// FeatureNotEnabled.
+    public var broadcastDisabledBundles: Set<String> = []
+    /// Channels per bundle id; creating one more gets 400 CannotCreateChannelConfig. Apple's cap is 10,000.
+    public var maxChannelsPerBundle = 10_000
+    /// How many devices a new channel reaches until `ChannelBook.setSubscribers` says otherwise.
+    public var channelSubscribers = 0
+    /// Where to append one JSON line per accepted broadcast.
+    public var broadcastRecordPath: String?
     /// Answers as Apple's development environment does, with an `apns-unique-id` on every response; false: as
     /// production, without. Default true.
     public var development = true

@@ -23,11 +23,18 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         var rejection: APNsRejection?
         var push: AcceptedPush?
         var request: IncomingRequest
+        /// Broadcasts and channel requests: the id goes back as `apns-request-id`, with these headers and body.
+        var isChannelRequest = false
+        var headers: [(String, String)] = []
+        var body: [UInt8]?
+        var broadcast: AcceptedBroadcast?
     }
 
     let descriptor: Int32
     let id: Int
     let simulator: APNsSimulator
+    /// Accepted on the channel management listener: only `/1/apps/…` requests are served.
+    let isManagement: Bool
     private let logger: Logger
     private var session: OpaquePointer?
     var streams: [Int32: StreamState] = [:]
@@ -54,10 +61,11 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
     private static let shutdownDeadline = Duration.seconds(2)
     private static let lingerTime = Duration.seconds(1)
 
-    init(descriptor: Int32, id: Int, simulator: APNsSimulator) {
+    init(descriptor: Int32, id: Int, simulator: APNsSimulator, isManagement: Bool = false) {
         self.descriptor = descriptor
         self.id = id
         self.simulator = simulator
+        self.isManagement = isManagement
         self.logger = simulator.logger.with(["sim.connection": "\(id)"])
         self.tokens = ProviderTokenTracker(minimumInterval: simulator.configuration.providerTokenMinimumRefresh)
     }
@@ -306,6 +314,9 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
 
         let request = state.request
         let now = Date().timeIntervalSince1970
+        if isManagement || request.path?.hasPrefix("/4/broadcasts/") == true {
+            return schedule(channelAnswer(streamID, request, now: now), after: configuredDelay())
+        }
         let requestedID = request.header("apns-id")
         let apnsID = requestedID.flatMap { RequestValidator.isCanonicalUUID($0) ? $0 : nil }
             ?? RequestValidator.newAPNsID()
@@ -353,6 +364,65 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         delayed.insert((due, answer), at: low)
     }
 
+    /// A channel management request or a broadcast: routed, authenticated, then checked by `BroadcastValidator`.
+    private func channelAnswer(_ streamID: Int32, _ request: IncomingRequest, now: Double) -> Answer {
+        let requestedID = request.header("apns-request-id")
+        let requestID = requestedID.flatMap { RequestValidator.isCanonicalUUID($0) ? $0 : nil }
+            ?? RequestValidator.newAPNsID()
+        var answer = Answer(streamID: streamID, status: 200, apnsID: requestID, request: request, isChannelRequest: true)
+        let book = simulator.channels
+        let outcome: Result<(status: Int, headers: [(String, String)], body: [UInt8]?), APNsRejection>
+        if isManagement {
+            outcome = BroadcastValidator.managementRoute(request).flatMap { operation, bundle in
+                if let rejection = RequestValidator.duplicates(request) ?? authenticate(request, now: now) {
+                    return .failure(rejection)
+                }
+                return BroadcastValidator.manage(operation, bundle: bundle, request: request, book: book,
+                                                 enabled: simulator.broadcastEnabled(bundle))
+            }
+        } else {
+            outcome = BroadcastValidator.broadcastRoute(request).flatMap { bundle in
+                if let rejection = RequestValidator.duplicates(request) ?? authenticate(request, now: now) {
+                    return .failure(rejection)
+                }
+                return BroadcastValidator.broadcast(request, bundle: bundle, book: book,
+                                                    enabled: simulator.broadcastEnabled(bundle))
+                    .flatMap { broadcast in
+                        if let rejection = simulator.ruleBook.decide(channelID: broadcast.channelID, now: now) {
+                            return .failure(rejection)
+                        }
+                        answer.broadcast = broadcast
+                        return .success((200, [], nil))
+                    }
+            }
+        }
+        switch outcome {
+        case .success(let success):
+            answer.status = success.status
+            answer.headers = success.headers
+            answer.body = success.body
+        case .failure(let rejection):
+            answer.status = rejection.status
+            answer.rejection = rejection
+        }
+        return answer
+    }
+
+    /// The provider token: nil when it is good (the first good one raises the stream limit, as APNs does).
+    private func authenticate(_ request: IncomingRequest, now: Double) -> APNsRejection? {
+        switch simulator.verifier.verify(authorization: request.header("authorization"), now: now) {
+        case .failure(let rejection):
+            return rejection
+        case .success(let verified):
+            guard tokens.accept(verified) else { return APNsRejection(429, "TooManyProviderTokenUpdates") }
+            if !concurrencyRaised {
+                concurrencyRaised = true
+                submitSettings(maxConcurrentStreams: simulator.configuration.maxConcurrentStreams)
+            }
+            return nil
+        }
+    }
+
     private func evaluate(_ request: IncomingRequest, now: Double) -> Result<AcceptedPush, APNsRejection> {
         let token: String
         switch RequestValidator.route(request) {
@@ -387,9 +457,15 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
             return
         }
         let now = Date().timeIntervalSince1970
-        var headers: [(String, String)] = [(":status", String(answer.status)), ("apns-id", answer.apnsID)]
+        var headers: [(String, String)] = [(":status", String(answer.status)),
+                                           (answer.isChannelRequest ? "apns-request-id" : "apns-id", answer.apnsID)]
         if simulator.configuration.development { headers.append(("apns-unique-id", UUID().uuidString.lowercased())) }
-        var body: [UInt8]?
+        headers += answer.headers
+        var body = answer.body
+        if body != nil {
+            headers.append(("content-type", "application/json"))
+            headers.append(("content-length", String(body!.count)))
+        }
         if let rejection = answer.rejection {
             body = rejection.body
             headers.append(("content-type", "application/json"))
@@ -399,6 +475,11 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                                                                     apnsID: answer.apnsID, time: now, connection: id))
             logger.debug("rejected", ["apns.status": "\(rejection.status)", "apns.reason": rejection.reason,
                                       "apns.id": answer.apnsID])
+        } else if let broadcast = answer.broadcast {
+            simulator.countAccepted()
+            simulator.channels.countBroadcast(reaching: broadcast.subscribers)
+            simulator.broadcastRecorder?.append(BroadcastValidator.recordLine(broadcast, requestID: answer.apnsID,
+                                                                              time: now, connection: id))
         } else if let push = answer.push {
             simulator.countAccepted()
             if simulator.recorder != nil {
@@ -426,7 +507,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                 cursor += value.utf8.count
                 // Every answer carries a new apns-id: indexing it would only churn both HPACK tables (an insert
                 // and an eviction per answer on each side) for a value never sent again.
-                let flags = name == "apns-id" ? NGHTTP2_NV_FLAG_NO_INDEX : NGHTTP2_NV_FLAG_NONE
+                let flags = name == "apns-id" || name == "apns-request-id" ? NGHTTP2_NV_FLAG_NO_INDEX : NGHTTP2_NV_FLAG_NONE
                 fields.append(nghttp2_nv(name: nameStart, value: valueStart, namelen: name.utf8.count,
                                          valuelen: value.utf8.count, flags: UInt8(flags.rawValue)))
             }

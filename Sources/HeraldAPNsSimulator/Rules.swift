@@ -7,6 +7,8 @@ import HeraldRuntime
 ///
 /// Rules file: `{"rules": [ {...}, ... ]}` with these keys per rule:
 /// - `tokenPrefix`: hex prefix of the device tokens the rule applies to (case-insensitive); absent = every token.
+/// - `channelId`: the rule applies to broadcasts on this channel instead (only `status`, `reason`, `times`); rules
+///   without it never apply to broadcasts.
 /// - `times`: apply only to the first N matching requests of each token (counted since the rules were loaded).
 /// - `status` + `reason`: answer with this status (400–599) and reason; for 410, `timestamp` (ms since the
 ///   epoch) defaults to the time of the request.
@@ -16,6 +18,7 @@ import HeraldRuntime
 ///   the GOAWAY debug data as `{"reason": ...}`); later streams are refused and the connection is closed.
 public struct SimulatorRule: Sendable, Equatable {
     public var tokenPrefix: String?
+    public var channelID: String?
     public var times: Int?
     public var status: Int?
     public var reason: String?
@@ -25,10 +28,11 @@ public struct SimulatorRule: Sendable, Equatable {
     public var goawayAfterStreams: Int?
     public var goawayReason: String?
 
-    public init(tokenPrefix: String? = nil, times: Int? = nil, status: Int? = nil, reason: String? = nil,
-                timestamp: Int64? = nil, delayMilliseconds: Int? = nil, reset: Bool = false,
+    public init(tokenPrefix: String? = nil, channelID: String? = nil, times: Int? = nil, status: Int? = nil,
+                reason: String? = nil, timestamp: Int64? = nil, delayMilliseconds: Int? = nil, reset: Bool = false,
                 goawayAfterStreams: Int? = nil, goawayReason: String? = nil) {
         self.tokenPrefix = tokenPrefix?.lowercased()
+        self.channelID = channelID
         self.times = times
         self.status = status
         self.reason = reason
@@ -69,6 +73,12 @@ public struct SimulatorRule: Sendable, Equatable {
             throw fail("tokenPrefix must be hex, got \"\(prefix)\"")
         }
         if let times, times < 1 { throw fail("times must be at least 1") }
+        if let channelID {
+            guard !channelID.isEmpty, tokenPrefix == nil, status != nil, delayMilliseconds == nil, !reset,
+                  goawayAfterStreams == nil else {
+                throw fail("a channelId rule takes only status, reason and times")
+            }
+        }
         if let goaway = goawayAfterStreams {
             guard goaway >= 1 else { throw fail("goawayAfterStreams must be at least 1") }
             guard tokenPrefix == nil, times == nil, status == nil, reason == nil, delayMilliseconds == nil, !reset else {
@@ -94,7 +104,7 @@ public struct SimulatorRule: Sendable, Equatable {
         }
     }
 
-    private static let keys: Set<String> = ["tokenPrefix", "times", "status", "reason", "timestamp", "delayMs",
+    private static let keys: Set<String> = ["tokenPrefix", "channelId", "times", "status", "reason", "timestamp", "delayMs",
                                             "reset", "goawayAfterStreams", "goawayReason"]
 
     /// Parses a rules document (`{"rules": [...]}`); unknown keys and bad combinations are errors.
@@ -129,7 +139,7 @@ public struct SimulatorRule: Sendable, Equatable {
                 reset = flag
             }
             let rule = SimulatorRule(
-                tokenPrefix: try string("tokenPrefix"), times: try int("times"), status: try int("status"),
+                tokenPrefix: try string("tokenPrefix"), channelID: try string("channelId"), times: try int("times"), status: try int("status"),
                 reason: try string("reason"), timestamp: try int("timestamp").map(Int64.init),
                 delayMilliseconds: try int("delayMs"), reset: reset, goawayAfterStreams: try int("goawayAfterStreams"),
                 goawayReason: try string("goawayReason"))
@@ -211,7 +221,7 @@ final class RuleBook: Sendable {
         return state.withLock { s -> RuleDecision? in
             for index in s.rules.indices {
                 let rule = s.rules[index]
-                if rule.isConnectionRule { continue }
+                if rule.isConnectionRule || rule.channelID != nil { continue }
                 if let prefix = rule.tokenPrefix, !token.hasPrefix(prefix) { continue }
                 if let times = rule.times {
                     let used = s.attempts[index][token, default: 0]
@@ -225,6 +235,24 @@ final class RuleBook: Sendable {
                 }
                 return RuleDecision(rejection: rejection, delay: rule.delayMilliseconds.map { .milliseconds($0) },
                                     reset: rule.reset)
+            }
+            return nil
+        }
+    }
+
+    /// The answer a `channelId` rule programs for a broadcast on `channelID`, if any.
+    func decide(channelID: String, now: Double) -> APNsRejection? {
+        refreshIfDue()
+        return state.withLock { s -> APNsRejection? in
+            for index in s.rules.indices {
+                let rule = s.rules[index]
+                guard rule.channelID == channelID, let status = rule.status, let reason = rule.reason else { continue }
+                if let times = rule.times {
+                    let used = s.attempts[index][channelID, default: 0]
+                    if used >= times { continue }
+                    s.attempts[index][channelID] = used + 1
+                }
+                return APNsRejection(status, reason)
             }
             return nil
         }

@@ -27,6 +27,9 @@ public final class APNsSimulator: Sendable {
     let ruleBook: RuleBook
     let recorder: LineRecorder?
     let rejectedRecorder: LineRecorder?
+    let broadcastRecorder: LineRecorder?
+    /// Broadcast channels created through the management listener.
+    public let channels: ChannelBook
     let stopping = Atomic<Bool>(false)
     let liveThreads = Atomic<Int>(0)
     let openConnections = Atomic<Int>(0)
@@ -35,6 +38,7 @@ public final class APNsSimulator: Sendable {
     let rejectedCount = Atomic<Int>(0)
     private let started = Atomic<Bool>(false)
     private let boundPort = Atomic<UInt16>(0)
+    private let boundManagePort = Atomic<UInt16>(0)
 
     private let metricAccepted: Counter
     private let metricRejected: CounterFamily
@@ -61,6 +65,11 @@ public final class APNsSimulator: Sendable {
         rejectedRecorder = try configuration.rejectedRecordPath.map { path throws(ConfigurationError) in
             try LineRecorder(path: path)
         }
+        broadcastRecorder = try configuration.broadcastRecordPath.map { path throws(ConfigurationError) in
+            try LineRecorder(path: path)
+        }
+        channels = ChannelBook(maximumPerBundle: configuration.maxChannelsPerBundle,
+                               defaultSubscribers: configuration.channelSubscribers)
         metricAccepted = metrics.counter("herald_sim_pushes_accepted_total",
                                          help: "Pushes the APNs simulator accepted (200).").labels()
         metricRejected = metrics.counter("herald_sim_requests_rejected_total",
@@ -70,6 +79,14 @@ public final class APNsSimulator: Sendable {
 
     /// The port the simulator listens on (after `start()`).
     public var port: UInt16 { boundPort.load(ordering: .acquiring) }
+
+    /// The channel management listener's port (after `start()`, when `manageListen` is set).
+    public var managePort: UInt16 { boundManagePort.load(ordering: .acquiring) }
+
+    func broadcastEnabled(_ bundle: String) -> Bool {
+        !configuration.broadcastDisabledBundles.contains(bundle)
+            && (configuration.allowedTopics.isEmpty || configuration.allowedTopics.contains(bundle))
+    }
 
     /// Counters since start.
     public var statistics: Statistics {
@@ -91,22 +108,25 @@ public final class APNsSimulator: Sendable {
     public func start() throws(ConfigurationError) {
         guard !started.exchange(true, ordering: .acquiringAndReleasing) else { return }
         let fd = try ListeningSocket.open(configuration.listen)
-        var address = sockaddr_storage()
-        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
-        _ = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        boundPort.store(ListeningSocket.port(of: fd), ordering: .releasing)
+        var manageFD: Int32?
+        if let manageListen = configuration.manageListen {
+            do { manageFD = try ListeningSocket.open(manageListen) } catch {
+                close(fd)
+                throw ConfigurationError("manage-listen", error.message)
+            }
+            boundManagePort.store(ListeningSocket.port(of: manageFD!), ordering: .releasing)
         }
-        let port = address.ss_family == sa_family_t(AF_INET6)
-            ? withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee.sin6_port } }
-            : withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_port } }
-        boundPort.store(UInt16(bigEndian: port), ordering: .releasing)
         liveThreads.add(1, ordering: .acquiringAndReleasing)
-        let thread = Thread { [self] in acceptLoop(fd) }
+        let thread = Thread { [self, manageFD] in acceptLoop(fd, manageFD: manageFD) }
         thread.name = "apns-sim-accept"
         thread.start()
-        logger.info("listening", ["sim.addr": HostPort(host: configuration.listen.host, port: self.port).description,
-                                  "sim.keys": "\(configuration.providerKeys.count)",
-                                  "sim.rules": "\(ruleBook.rules.count)"])
+        var fields = ["sim.addr": HostPort(host: configuration.listen.host, port: self.port).description,
+                      "sim.keys": "\(configuration.providerKeys.count)", "sim.rules": "\(ruleBook.rules.count)"]
+        if let manageListen = configuration.manageListen {
+            fields["sim.manage_addr"] = HostPort(host: manageListen.host, port: managePort).description
+        }
+        logger.info("listening", fields)
     }
 
     /// Asks every thread to finish: connections get GOAWAY and are closed once their streams are answered.
@@ -134,45 +154,53 @@ public final class APNsSimulator: Sendable {
         metricRejected.labels(String(rejection.status)).increment()
     }
 
-    private func acceptLoop(_ listenFD: Int32) {
+    private func acceptLoop(_ listenFD: Int32, manageFD: Int32?) {
         defer {
             close(listenFD)
+            if let manageFD { close(manageFD) }
             logStatistics(force: true)
             liveThreads.subtract(1, ordering: .acquiringAndReleasing)
         }
         var lastStatistics = ContinuousClock.now
+        var pollers = [pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0)]
+        if let manageFD { pollers.append(pollfd(fd: manageFD, events: Int16(POLLIN), revents: 0)) }
         while !isStopping {
-            var poller = pollfd(fd: listenFD, events: Int16(POLLIN), revents: 0)
-            let ready = poll(&poller, 1, 100)
+            let ready = poll(&pollers, nfds_t(pollers.count), 100)
             if ContinuousClock.now - lastStatistics >= configuration.statisticsInterval {
                 lastStatistics = .now
                 logStatistics(force: false)
             }
             guard ready > 0 else { continue }
-            let client = accept(listenFD, nil, nil)
-            guard client >= 0 else { continue }
-            _ = fcntl(client, F_SETFD, FD_CLOEXEC)
-            _ = fcntl(client, F_SETFL, fcntl(client, F_GETFL) | O_NONBLOCK)
-            guard openConnections.load(ordering: .relaxed) < configuration.maxConnections else {
-                logger.warning("connection refused: too many connections",
-                               ["sim.max_connections": "\(configuration.maxConnections)"])
-                close(client)
-                continue
+            for index in pollers.indices where pollers[index].revents & Int16(POLLIN) != 0 {
+                acceptOne(pollers[index].fd, isManagement: index == 1)
             }
-            var one: Int32 = 1
-            setsockopt(client, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-            let id = connectionCount.add(1, ordering: .relaxed).newValue
-            openConnections.add(1, ordering: .relaxed)
-            liveThreads.add(1, ordering: .acquiringAndReleasing)
-            let connection = SimulatorConnection(descriptor: client, id: id, simulator: self)
-            let thread = Thread {
-                connection.run()
-                self.openConnections.subtract(1, ordering: .relaxed)
-                self.liveThreads.subtract(1, ordering: .acquiringAndReleasing)
-            }
-            thread.name = "apns-sim-conn-\(id)"
-            thread.start()
         }
+    }
+
+    private func acceptOne(_ listenFD: Int32, isManagement: Bool) {
+        let client = accept(listenFD, nil, nil)
+        guard client >= 0 else { return }
+        _ = fcntl(client, F_SETFD, FD_CLOEXEC)
+        _ = fcntl(client, F_SETFL, fcntl(client, F_GETFL) | O_NONBLOCK)
+        guard openConnections.load(ordering: .relaxed) < configuration.maxConnections else {
+            logger.warning("connection refused: too many connections",
+                           ["sim.max_connections": "\(configuration.maxConnections)"])
+            close(client)
+            return
+        }
+        var one: Int32 = 1
+        setsockopt(client, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+        let id = connectionCount.add(1, ordering: .relaxed).newValue
+        openConnections.add(1, ordering: .relaxed)
+        liveThreads.add(1, ordering: .acquiringAndReleasing)
+        let connection = SimulatorConnection(descriptor: client, id: id, simulator: self, isManagement: isManagement)
+        let thread = Thread {
+            connection.run()
+            self.openConnections.subtract(1, ordering: .relaxed)
+            self.liveThreads.subtract(1, ordering: .acquiringAndReleasing)
+        }
+        thread.name = "apns-sim-conn-\(id)"
+        thread.start()
     }
 
     private let lastLogged = Lock<Statistics?>(nil)
@@ -191,6 +219,19 @@ public final class APNsSimulator: Sendable {
 
 /// Opens a listening TCP socket.
 enum ListeningSocket {
+    /// The local port `fd` is bound to.
+    static func port(of fd: Int32) -> UInt16 {
+        var address = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        let port = address.ss_family == sa_family_t(AF_INET6)
+            ? withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { $0.pointee.sin6_port } }
+            : withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { $0.pointee.sin_port } }
+        return UInt16(bigEndian: port)
+    }
+
     static func open(_ address: HostPort) throws(ConfigurationError) -> Int32 {
         var hints = addrinfo()
         hints.ai_family = AF_UNSPEC

@@ -34,9 +34,19 @@ let usage = """
                                                                   Apple's sandbox's do) or production [development]
       --log-level LEVEL           HERALD_LOG_LEVEL                debug, info, warning, error (default info)
 
+    Broadcast (iOS 18 channels; broadcasts are published on --listen at /4/broadcasts/apps/BUNDLE_ID):
+      --manage-listen HOST:PORT   HERALD_SIM_MANAGE_ADDR          serve Apple's channel management API here
+                                                                  (/1/apps/BUNDLE_ID/channels, /all-channels)
+      --no-broadcast BUNDLE_ID    HERALD_SIM_NO_BROADCAST (comma-separated) bundles without the Broadcast
+                                                                  capability: 400 FeatureNotEnabled (repeatable)
+      --max-channels N            HERALD_SIM_MAX_CHANNELS         channels per bundle (default 10000, Apple's cap)
+      --channel-subscribers N     HERALD_SIM_CHANNEL_SUBSCRIBERS  devices each channel's broadcasts reach (default 0)
+      --record-broadcasts FILE    HERALD_SIM_BROADCAST_RECORD_FILE  one JSON line per accepted broadcast
+
     Rules file (--rules): {"rules": [{...}, ...]}. A request that passed every validation takes the first rule
     that matches it; a goawayAfterStreams rule applies to every connection. Keys of a rule:
       tokenPrefix          hex prefix of the device tokens it applies to (case-insensitive); absent: every token
+      channelId            applies to broadcasts on this channel instead (with status, reason, times only)
       times                only the first N matching requests of each token (counted since the rules were loaded)
       status, reason       answer this status (400-599) and APNs reason; a 410's timestamp (ms since the epoch)
                            defaults to the time of the request
@@ -104,7 +114,8 @@ let logger: Logger
 do {
     let options = try parseOptions(arguments, allowed: [
         "listen", "tls-dir", "cert", "cert-key", "key", "config", "topic", "rules", "record", "record-rejected",
-        "max-concurrent-streams", "delay-ms", "environment", "log-level",
+        "max-concurrent-streams", "delay-ms", "environment", "log-level", "manage-listen", "no-broadcast",
+        "max-channels", "channel-subscribers", "record-broadcasts",
     ])
     func option(_ name: String) -> String? { options.last { $0.0 == name }?.1 }
     func list(_ variable: String) -> [String] {
@@ -175,6 +186,25 @@ do {
         maxConcurrentStreams: maxStreams,
         responseDelay: high == 0 ? nil : .milliseconds(low) ... .milliseconds(high))
     configuration.development = environmentName == "development"
+    if let manageText = option("manage-listen") ?? environment.optionalString("HERALD_SIM_MANAGE_ADDR") {
+        guard let manage = HostPort(manageText) else {
+            throw ConfigurationError("HERALD_SIM_MANAGE_ADDR", "expected host:port, got \"\(manageText)\"")
+        }
+        configuration.manageListen = manage
+    }
+    configuration.broadcastDisabledBundles = Set(list("HERALD_SIM_NO_BROADCAST")
+                                                 + options.filter { $0.0 == "no-broadcast" }.map(\.1))
+    func count(_ name: String, _ variable: String, default fallback: Int) throws(ConfigurationError) -> Int {
+        let text = option(name) ?? environment.string(variable, default: String(fallback))
+        guard let value = Int(text), value >= 0 else {
+            throw ConfigurationError(variable, "expected a whole number ≥ 0, got \"\(text)\"")
+        }
+        return value
+    }
+    configuration.maxChannelsPerBundle = try count("max-channels", "HERALD_SIM_MAX_CHANNELS", default: 10_000)
+    configuration.channelSubscribers = try count("channel-subscribers", "HERALD_SIM_CHANNEL_SUBSCRIBERS", default: 0)
+    configuration.broadcastRecordPath = option("record-broadcasts")
+        ?? environment.optionalString("HERALD_SIM_BROADCAST_RECORD_FILE")
     simulator = try APNsSimulator(configuration: configuration, logger: logger)
     // Bind before the service group runs, so a taken port is a one-line configuration error.
     try simulator.start()

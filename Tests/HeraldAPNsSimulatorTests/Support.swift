@@ -31,21 +31,28 @@ final class Harness {
     let rejectedPath: String
     let rulesPath: String
 
+    let broadcastPath: String
+
     init(topics: Set<String> = [bundleID], rulesJSON: String? = nil, maxConcurrentStreams: Int = 1000,
-         responseDelay: ClosedRange<Duration>? = nil) throws {
+         responseDelay: ClosedRange<Duration>? = nil,
+         broadcast: (inout APNsSimulatorConfiguration) -> Void = { _ in }) throws {
         directory = try temporaryDirectory()
         files = try SimulatorCertificates.generate(directory: directory + "/tls")
         key = try PrivateKey.generateP256()
         recordPath = directory + "/accepted.jsonl"
         rejectedPath = directory + "/rejected.jsonl"
         rulesPath = directory + "/rules.json"
+        broadcastPath = directory + "/broadcasts.jsonl"
         if let rulesJSON { try writeAtomically(rulesJSON, to: rulesPath) }
-        let configuration = APNsSimulatorConfiguration(
+        var configuration = APNsSimulatorConfiguration(
             listen: HostPort(host: "127.0.0.1", port: 0), certificateChainPath: files.serverCertificate,
             privateKeyPath: files.serverKey,
             providerKeys: [ProviderKey(teamID: teamID, keyID: keyID, publicKey: key.publicKey)],
             allowedTopics: topics, rulesPath: rulesJSON == nil ? nil : rulesPath, recordPath: recordPath,
             rejectedRecordPath: rejectedPath, maxConcurrentStreams: maxConcurrentStreams, responseDelay: responseDelay)
+        configuration.manageListen = HostPort(host: "127.0.0.1", port: 0)
+        configuration.broadcastRecordPath = broadcastPath
+        broadcast(&configuration)
         simulator = try APNsSimulator(configuration: configuration,
                                       logger: Logger(label: "apns-sim-test", minimumLevel: .warning))
         try simulator.start()
@@ -59,6 +66,11 @@ final class Harness {
     deinit { try? FileManager.default.removeItem(atPath: directory) }
 
     var base: String { "https://127.0.0.1:\(simulator.port)" }
+    /// The channel management listener (a request path starting with `https://` is used as it is).
+    var manageBase: String { "https://127.0.0.1:\(simulator.managePort)" }
+
+    /// One provider token for a whole test: a connection switching tokens sooner than every 20 minutes gets 429.
+    lazy var providerToken: String = try! jwt()
 
     /// A provider token signed with the harness key (or `key`), issued `age` seconds ago.
     func jwt(age: Double = 0, kid: String = keyID, iss: String = teamID, key: PrivateKey? = nil) throws -> String {
@@ -77,6 +89,7 @@ final class Harness {
     }
 
     func accepted() throws -> [JSONValue] { try jsonLines(recordPath) }
+    func broadcasts() throws -> [JSONValue] { try jsonLines(broadcastPath) }
     func rejected() throws -> [JSONValue] { try jsonLines(rejectedPath) }
 
     func writeRules(_ json: String) throws { try writeAtomically(json, to: rulesPath) }
@@ -174,7 +187,8 @@ func curlResult(_ harness: Harness, _ requests: [HTTPRequest], extra: [String] =
             arguments += ["--data-binary", "@" + file]
         }
         arguments += ["-D", directory + "/headers-\(index)", "-o", directory + "/response-\(index)",
-                      "-w", "%{http_code} %{num_connects} %{time_total}\n", harness.base + request.path]
+                      "-w", "%{http_code} %{num_connects} %{time_total}\n",
+                      request.path.hasPrefix("https://") ? request.path : harness.base + request.path]
     }
     let result = try await run("/usr/bin/curl", arguments)
     var responses: [HTTPResponse] = []

@@ -12,12 +12,13 @@ final class SimulatorFixture: @unchecked Sendable {  // @unchecked: `simulator` 
     let directory: String
     let files: SimulatorCertificates.Files
     let credentials: APNsCredentials
-    private let configuration: APNsSimulatorConfiguration
+    private var configuration: APNsSimulatorConfiguration
     private(set) var simulator: APNsSimulator
 
     static let topic = "com.example.app"
 
-    init(port: UInt16, rules: [SimulatorRule] = [], maxConcurrentStreams: Int = 1000) throws {
+    init(port: UInt16, rules: [SimulatorRule] = [], maxConcurrentStreams: Int = 1000,
+         configure: (inout APNsSimulatorConfiguration) -> Void = { _ in }) throws {
         self.port = port
         directory = NSTemporaryDirectory() + "herald-apns-sim-client-\(port)-" + SecureRandom.hex(4)
         files = try SimulatorCertificates.generate(directory: directory + "/tls")
@@ -29,6 +30,9 @@ final class SimulatorFixture: @unchecked Sendable {  // @unchecked: `simulator` 
             providerKeys: [ProviderKey(teamID: credentials.teamID, keyID: credentials.keyID, publicKey: key.publicKey)],
             allowedTopics: [Self.topic], rules: rules, recordPath: directory + "/accepted.jsonl",
             rejectedRecordPath: directory + "/rejected.jsonl", maxConcurrentStreams: maxConcurrentStreams)
+        configuration.manageListen = HostPort(host: "127.0.0.1", port: 0)
+        configuration.broadcastRecordPath = directory + "/broadcasts.jsonl"
+        configure(&configuration)
         try ensurePortIsFree(port)
         simulator = try Self.makeSimulator(configuration)
         try simulator.start()
@@ -60,6 +64,8 @@ final class SimulatorFixture: @unchecked Sendable {  // @unchecked: `simulator` 
         var configuration = APNsConfiguration()
         configuration.productionURL = "https://127.0.0.1:\(port)"
         configuration.sandboxURL = "https://127.0.0.1:\(port)"
+        configuration.manageProductionURL = "https://127.0.0.1:\(simulator.managePort)"
+        configuration.manageSandboxURL = "https://127.0.0.1:\(simulator.managePort)"
         configuration.extraCAFile = files.caCertificate
         configuration.connectionsPerEndpoint = 2
         configuration.connectionStagger = .zero
@@ -82,6 +88,8 @@ final class SimulatorFixture: @unchecked Sendable {  // @unchecked: `simulator` 
     func accepted() throws -> [JSONValue] { try Self.lines(directory + "/accepted.jsonl") }
     /// What the simulator refused (one JSON object per request).
     func rejected() throws -> [JSONValue] { try Self.lines(directory + "/rejected.jsonl") }
+    /// What the simulator accepted as broadcasts.
+    func broadcasts() throws -> [JSONValue] { try Self.lines(directory + "/broadcasts.jsonl") }
 
     private static func lines(_ path: String) throws -> [JSONValue] {
         guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { return [] }

@@ -119,6 +119,11 @@ import Testing
         (413, "PayloadTooLarge", .permanent), (429, "TooManyProviderTokenUpdates", .retry),
         (429, "TooManyRequests", .retry), (500, "InternalServerError", .retry), (503, "ServiceUnavailable", .retry),
         (503, "Shutdown", .retry),
+        // Broadcast channels (iOS 18): management and publishing.
+        (400, "BadChannelId", .permanent), (400, "BadRequestParams", .permanent), (400, "BadRequestPayload", .permanent),
+        (400, "CannotCreateChannelConfig", .permanent), (400, "ChannelNotRegistered", .permanent),
+        (400, "FeatureNotEnabled", .permanent), (400, "MissingChannelId", .permanent),
+        (400, "MissingPushType", .permanent), (403, "TopicMismatch", .permanent),
     ]
 
     @Test func documentedPairsAreClassified() {

@@ -86,6 +86,10 @@ final class HTTP2ClientSession {
                                                    namelen: field.nameLength, valuelen: field.valueLength,
                                                    flags: UInt8(NGHTTP2_NV_FLAG_NONE.rawValue))
                 }
+                // No body (a channel read, list or delete): END_STREAM rides the HEADERS frame.
+                guard !request.body.isEmpty else {
+                    return nghttp2_submit_request(session, nil, nameValues.baseAddress, fields.count, nil, context)
+                }
                 var provider = nghttp2_data_provider()
                 provider.read_callback = readBodyCallback
                 return nghttp2_submit_request(session, nil, nameValues.baseAddress, fields.count, &provider, context)

@@ -390,6 +390,9 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     private static let statusName: StaticString = ":status"
     private static let apnsIDName: StaticString = "apns-id"
     private static let uniqueIDName: StaticString = "apns-unique-id"
+    private static let channelIDName: StaticString = "apns-channel-id"
+    /// Broadcasts and channel requests answer with `apns-request-id` where pushes have `apns-id`.
+    private static let requestIDName: StaticString = "apns-request-id"
 
     private static func matches(_ name: UnsafeBufferPointer<UInt8>, _ expected: StaticString) -> Bool {
         name.count == expected.utf8CodeUnitCount && memcmp(name.baseAddress!, expected.utf8Start, name.count) == 0
@@ -405,13 +408,18 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
             request.apnsID = String(decoding: value, as: UTF8.self)
         } else if Self.matches(name, Self.uniqueIDName) {
             request.uniqueID = String(decoding: value.prefix(64), as: UTF8.self)
+        } else if Self.matches(name, Self.requestIDName) {
+            request.apnsID = String(decoding: value.prefix(64), as: UTF8.self)
+        } else if Self.matches(name, Self.channelIDName) {
+            request.channelID = String(decoding: value.prefix(256), as: UTF8.self)
         }
     }
 
     func dataReceived(_ request: PendingRequest, data: UnsafeBufferPointer<UInt8>) {
-        guard request.status != 200 else { return }
         // Error bodies are tiny JSON; cap what a misbehaving server can make us hold.
-        let room = max(0, 4096 - request.responseBody.count)
+        let limit = request.status == 200 ? request.successBodyLimit : 4096
+        let room = limit - request.responseBody.count
+        guard room > 0 else { return }
         request.responseBody.append(contentsOf: data.prefix(room))
     }
 
@@ -420,7 +428,8 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         capacityChanged = true
         if request.status != 0, ending == .noError || request.responseComplete {
             request.resolve(.success(RawResponse(status: request.status, apnsID: request.apnsID,
-                                                 uniqueID: request.uniqueID, body: request.responseBody)))
+                                                 uniqueID: request.uniqueID, channelID: request.channelID,
+                                                 body: request.responseBody)))
         } else if request.notProcessed || ending == .refused {
             notProcessed(request, "\(endpoint) refused the stream; it was not processed")
         } else {

@@ -122,6 +122,8 @@ struct RawResponse: Sendable {
     let status: Int
     let apnsID: String?
     var uniqueID: String? = nil
+    /// `apns-channel-id` (channel management and broadcasts).
+    var channelID: String? = nil
     let body: [UInt8]
 }
 
@@ -162,6 +164,9 @@ final class PendingRequest: @unchecked Sendable {  // @unchecked: `completion` i
     /// When the request fails as `.timeout`.
     let deadline: ContinuousClock.Instant
     let poolKey: PoolKey
+    /// How much of a 200 answer's body is kept: none for a push (APNs sends none), the channel list for channel
+    /// management.
+    let successBodyLimit: Int
     var completion: Completion?
 
     // Loop-thread state.
@@ -173,16 +178,19 @@ final class PendingRequest: @unchecked Sendable {  // @unchecked: `completion` i
     var status = 0
     var apnsID: String?
     var uniqueID: String?
+    var channelID: String?
     var responseBody: [UInt8] = []
     var responseComplete = false
     /// Set when a GOAWAY's last-stream-id shows the server never processed this stream.
     var notProcessed = false
 
-    init(headers: HeaderBlock, body: [UInt8], deadline: ContinuousClock.Instant, poolKey: PoolKey) {
+    init(headers: HeaderBlock, body: [UInt8], deadline: ContinuousClock.Instant, poolKey: PoolKey,
+         successBodyLimit: Int = 0) {
         self.headers = headers
         self.body = body
         self.deadline = deadline
         self.poolKey = poolKey
+        self.successBodyLimit = successBodyLimit
     }
 
     /// True when the server did not process the last attempt and another one is allowed before the deadline.
@@ -196,6 +204,7 @@ final class PendingRequest: @unchecked Sendable {  // @unchecked: `completion` i
         status = 0
         apnsID = nil
         uniqueID = nil
+        channelID = nil
         responseBody.removeAll()
         responseComplete = false
         notProcessed = false
