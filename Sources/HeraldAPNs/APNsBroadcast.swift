@@ -2,15 +2,6 @@ import Foundation
 import HeraldAPNsCore
 import HeraldRuntime
 
-/// Whether APNs keeps a channel's most recent message for devices that were offline (`message-storage-policy`).
-/// Fixed when the channel is created.
-public enum APNsStoragePolicy: Int, Sendable, Codable, CaseIterable {
-    /// Nothing is stored: a higher publishing budget; broadcasts must carry `apns-expiration: 0`.
-    case noStorage = 0
-    /// The most recent message is kept for up to 8 hours.
-    case mostRecentMessage = 1
-}
-
 /// One update published to an iOS 18 broadcast channel: `POST /4/broadcasts/apps/<bundleId>` with
 /// `apns-channel-id`, `apns-push-type: liveactivity` and no `apns-topic`. Every device whose Live Activity joined
 /// the channel gets it.

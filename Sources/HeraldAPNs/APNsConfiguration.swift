@@ -1,5 +1,6 @@
 import Foundation
 import HeraldCrypto
+import HeraldRuntime
 
 /// An APNs server address parsed from `https://host[:port]`.
 public struct APNsEndpoint: Sendable, Hashable, CustomStringConvertible {
@@ -123,4 +124,31 @@ public struct APNsConfiguration: Sendable {
     public var providerTokenMinimumInterval: Duration = .seconds(20 * 60)
 
     public init() {}
+}
+
+extension APNsConfiguration {
+    /// Where APNs is, from `HERALD_APNS_*` (the dispatcher's and `heraldctl send --direct`'s settings): the push,
+    /// broadcast and channel management URLs (each checked to be `https://host[:port]`) and the extra CA file
+    /// (checked to be readable).
+    public init(environment env: EnvironmentReader) throws(ConfigurationError) {
+        self.init()
+        productionURL = env.string("HERALD_APNS_PRODUCTION_URL", default: productionURL)
+        sandboxURL = env.string("HERALD_APNS_SANDBOX_URL", default: sandboxURL)
+        broadcastProductionURL = env.optionalString("HERALD_APNS_BROADCAST_PRODUCTION_URL")
+        broadcastSandboxURL = env.optionalString("HERALD_APNS_BROADCAST_SANDBOX_URL")
+        manageProductionURL = env.string("HERALD_APNS_MANAGE_PRODUCTION_URL", default: manageProductionURL)
+        manageSandboxURL = env.string("HERALD_APNS_MANAGE_SANDBOX_URL", default: manageSandboxURL)
+        let urls = [("HERALD_APNS_PRODUCTION_URL", productionURL), ("HERALD_APNS_SANDBOX_URL", sandboxURL),
+                    ("HERALD_APNS_BROADCAST_PRODUCTION_URL", broadcastProductionURL ?? productionURL),
+                    ("HERALD_APNS_BROADCAST_SANDBOX_URL", broadcastSandboxURL ?? sandboxURL),
+                    ("HERALD_APNS_MANAGE_PRODUCTION_URL", manageProductionURL),
+                    ("HERALD_APNS_MANAGE_SANDBOX_URL", manageSandboxURL)]
+        for (name, url) in urls {
+            do { _ = try APNsEndpoint(url: url) } catch { throw ConfigurationError(name, "\(error)") }
+        }
+        extraCAFile = env.optionalString("HERALD_APNS_CA_FILE")
+        if let file = extraCAFile, !FileManager.default.isReadableFile(atPath: file) {
+            throw ConfigurationError("HERALD_APNS_CA_FILE", "cannot read \(file)")
+        }
+    }
 }

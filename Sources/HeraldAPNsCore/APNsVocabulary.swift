@@ -18,3 +18,20 @@ public enum APNsPriority: Int, Sendable, CaseIterable {
     /// 1: prioritise the device's power over everything else.
     case low = 1
 }
+
+/// Whether APNs keeps a broadcast channel's most recent message for devices that were offline
+/// (`message-storage-policy`). Fixed when the channel is created.
+public enum APNsStoragePolicy: Int, Sendable, Codable, CaseIterable {
+    /// Nothing is stored: a higher publishing budget; broadcasts must carry `apns-expiration: 0`.
+    case noStorage = 0
+    /// The most recent message is kept for up to 8 hours.
+    case mostRecentMessage = 1
+
+    /// The name Herald's API and job records use.
+    public var name: String { self == .noStorage ? "noStorage" : "mostRecentMessage" }
+
+    public init?(name: String) {
+        guard let policy = Self.allCases.first(where: { $0.name == name }) else { return nil }
+        self = policy
+    }
+}

@@ -61,6 +61,8 @@ public struct DeadLetter: Sendable, Equatable {
     /// The last answer's `apns-unique-id` (Apple's development environment only): where to find the push in the
     /// Push Notifications Console's delivery log.
     public var apnsUniqueId: String?
+    /// A failed broadcast's channel (such a letter names no device).
+    public var channelId: String?
     /// APNs' HTTP status; absent when APNs never answered (timeouts, connection failures).
     public var status: Int?
     /// APNs' reason (`BadTopic`, `ServiceUnavailable`…), Herald's error kind when APNs never answered
@@ -114,6 +116,7 @@ public struct DeadLetter: Sendable, Equatable {
         fields["collapseId"] = collapseId.map { .string($0) }
         fields["apnsId"] = apnsId.map { .string($0) }
         fields["apnsUniqueId"] = apnsUniqueId.map { .string($0) }
+        fields["channelId"] = channelId.map { .string($0) }
         fields["status"] = status.map { .number(Double($0)) }
         fields["disposition"] = disposition.map { .string($0.rawValue) }
         fields["message"] = message.map { .string($0) }
@@ -156,6 +159,7 @@ public struct DeadLetter: Sendable, Equatable {
         letter.collapseId = try fields.string("collapseId")
         letter.apnsId = try fields.string("apnsId")
         letter.apnsUniqueId = try fields.string("apnsUniqueId")
+        letter.channelId = try fields.string("channelId")
         letter.status = try fields.integer("status", in: int32).map { Int($0) }
         letter.disposition = try fields.enumeration("disposition", Disposition.self)
         letter.message = try fields.string("message")

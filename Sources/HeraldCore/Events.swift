@@ -49,6 +49,28 @@ public enum EventIntake {
         return job
     }
 
+    /// `POST /v1/apps/{appID}/activities/{postIdHash}/broadcast`: `{environment, storagePolicy?}` → the job that
+    /// makes the post's broadcast channel (storage policy `noStorage` unless given).
+    public static func broadcastChannel(_ body: JSONValue, appID: String,
+                                        postIDHash: String) throws(ValidationError) -> PushJob {
+        try PostIDHash.validate(postIDHash, field: "postIdHash")
+        let fields = try FieldReader(body, allowed: ["environment", "storagePolicy"])
+        guard let environment = try fields.enumeration("environment", APNsEnvironment.self) else {
+            throw .missing("environment")
+        }
+        var policy = APNsStoragePolicy.noStorage
+        if let name = try fields.string("storagePolicy") {
+            guard let named = APNsStoragePolicy(name: name) else {
+                throw .invalid("storagePolicy", "storagePolicy must be noStorage or mostRecentMessage")
+            }
+            policy = named
+        }
+        var job = PushJob(id: randomUUID(), appId: appID, target: .post(postIDHash))
+        job.broadcastChannel = PushJob.BroadcastChannel(environment: environment, storagePolicy: policy)
+        try job.validate()
+        return job
+    }
+
     /// `POST /v1/apps/{appID}/devices/{deviceToken}/push`: one device.
     public static func devicePush(_ body: JSONValue, appID: String, deviceToken: String,
                                   jobID: String?) throws(ValidationError) -> PushJob {

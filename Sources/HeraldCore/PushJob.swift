@@ -112,6 +112,17 @@ public struct PushJob: Sendable, Equatable {
         }
     }
 
+    /// A post job that makes the post's iOS 18 broadcast channel in one environment (the dispatcher holds the APNs
+    /// key; herald-ingest waits for the channel to be stored).
+    public struct BroadcastChannel: Sendable, Equatable {
+        public var environment: APNsEnvironment
+        public var storagePolicy: APNsStoragePolicy
+
+        public init(environment: APNsEnvironment, storagePolicy: APNsStoragePolicy) {
+            (self.environment, self.storagePolicy) = (environment, storagePolicy)
+        }
+    }
+
     /// Set on jobs `heraldctl replay` re-publishes from the dead-letter topic.
     public struct ReplayOf: Sendable, Equatable {
         public var jobId: String
@@ -149,6 +160,8 @@ public struct PushJob: Sendable, Equatable {
     public var collapseId: String?
     /// Post jobs: the last update; the post's registrations are removed once it is sent.
     public var final: Bool?
+    /// Post jobs: make the post's broadcast channel instead of sending an update.
+    public var broadcastChannel: BroadcastChannel?
     public var replayOf: ReplayOf?
 
     public init(id: String, appId: String, createdAt: Date = Date(), target: Target) {
@@ -204,6 +217,10 @@ public struct PushJob: Sendable, Equatable {
         fields["expiration"] = expiration.map { .number(Double($0)) }
         fields["collapseId"] = collapseId.map { .string($0) }
         fields["final"] = final.map { .bool($0) }
+        if let broadcastChannel {
+            fields["broadcastChannel"] = .object(["environment": .string(broadcastChannel.environment.rawValue),
+                                                  "storagePolicy": .string(broadcastChannel.storagePolicy.name)])
+        }
         if let replayOf {
             var origin: [String: JSONValue] = ["jobId": .string(replayOf.jobId),
                                                "dlqPartition": .number(Double(replayOf.dlqPartition)),
@@ -232,6 +249,9 @@ public struct PushJob: Sendable, Equatable {
                 throw .invalid("collapseId", "collapseId must be 1–64 printable ASCII characters (APNs takes at most 64 bytes)")
             }
         }
+        if broadcastChannel != nil, target.kind != .post {
+            throw ValidationError(code: "invalid_field", message: "broadcastChannel belongs to post jobs", field: "broadcastChannel")
+        }
         switch target {
         case .channel(let name):
             try Self.validateChannel(name, field: "target.channel")
@@ -241,9 +261,18 @@ public struct PushJob: Sendable, Equatable {
             try rejectParts(payload: true, final: false)
         case .post(let hash):
             try PostIDHash.validate(hash, field: "target.postIdHash")
-            guard liveActivity != nil else { throw .missing("liveActivity") }
+            guard (liveActivity != nil) != (broadcastChannel != nil) else {
+                if broadcastChannel != nil {
+                    throw ValidationError(code: "invalid_field", message: "a post job carries liveActivity or broadcastChannel, not both")
+                }
+                throw .missing("liveActivity")
+            }
             guard alert == nil, start == nil else {
                 throw ValidationError(code: "invalid_field", message: "a post job carries only liveActivity")
+            }
+            if broadcastChannel != nil, final != nil {
+                throw ValidationError(code: "invalid_field", message: "final belongs to updates, not to broadcastChannel",
+                                      field: "final")
             }
             try rejectParts(payload: true, final: false)
             if liveActivity?.activityID != nil {

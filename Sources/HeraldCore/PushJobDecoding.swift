@@ -9,7 +9,7 @@ import HeraldRuntime
 extension PushJob {
     private static let fields: Set<String> = ["version", "id", "appId", "createdAt", "target", "alert", "liveActivity",
                                               "start", "payload", "pushType", "priority", "expiration", "collapseId",
-                                              "final", "replayOf"]
+                                              "final", "broadcastChannel", "replayOf"]
     /// A target carries only its own kind's fields (as the schema's `oneOf` says).
     private static let targetFields: [Target.Kind: Set<String>] = [
         .channel: ["kind", "channel"], .post: ["kind", "postIdHash"],
@@ -18,6 +18,7 @@ extension PushJob {
     private static let liveActivityFields: Set<String> = ["event", "contentState", "alert", "staleDate", "dismissalDate",
                                                           "relevanceScore", "activityID"]
     private static let startFields: Set<String> = ["attributesType", "attributes", "contentState", "alert"]
+    private static let broadcastChannelFields: Set<String> = ["environment", "storagePolicy"]
     private static let replayOfFields: Set<String> = ["jobId", "dlqPartition", "dlqOffset", "channel", "postIdHash"]
     /// Integers a JSON number (a `Double`) holds exactly.
     private static let exact: ClosedRange<Int64> = -(1 << 53) + 1...(1 << 53) - 1
@@ -32,7 +33,7 @@ extension PushJob {
 
     /// Decodes a job already parsed (a dead letter's `job`), by the same rules.
     public static func decode(_ root: JSONValue) throws(ValidationError) -> PushJob {
-        do {
+        do throws(ValidationError) {
             let job = try JobFields(root, allowed: fields)
             var decoded = PushJob(
                 version: Int(try job.required(job.reader.integer("version", in: int32), "version")),
@@ -63,6 +64,17 @@ extension PushJob {
             decoded.expiration = try job.reader.integer("expiration", in: exact)
             decoded.collapseId = try job.reader.string("collapseId")
             decoded.final = try job.reader.bool("final")
+            if let request = job.reader.value("broadcastChannel") {
+                let fields = try JobFields(request, allowed: broadcastChannelFields, prefix: "broadcastChannel.")
+                let policyName = try fields.required(fields.reader.string("storagePolicy"), "storagePolicy")
+                guard let policy = APNsStoragePolicy(name: policyName) else {
+                    throw ValidationError.invalid("broadcastChannel.storagePolicy",
+                                                  "broadcastChannel.storagePolicy must be noStorage or mostRecentMessage")
+                }
+                decoded.broadcastChannel = BroadcastChannel(
+                    environment: try fields.required(fields.reader.enumeration("environment", APNsEnvironment.self), "environment"),
+                    storagePolicy: policy)
+            }
             if let replayOf = job.reader.value("replayOf") {
                 let fields = try JobFields(replayOf, allowed: replayOfFields, prefix: "replayOf.")
                 decoded.replayOf = ReplayOf(

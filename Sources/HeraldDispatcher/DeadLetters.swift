@@ -5,6 +5,7 @@ import HeraldCrypto
 import HeraldKafka
 import HeraldRedis
 import HeraldRuntime
+import HeraldStore
 
 extension DeadLetter {
     /// How much of an unusable record a dead letter keeps: enough to see what it was, small enough that the
@@ -58,6 +59,27 @@ extension DeadLetter {
         payload = JSONValue(parsing: push.payload)
         (priority, expiration, collapseId) = (job.priority, job.expiration, job.collapseId)
         apnsId = job.apnsID(token: push.token).uuidString.lowercased()
+        status = failure.status
+        apnsUniqueId = failure.apnsUniqueID
+        firstAttemptAt = Timestamp.rfc3339(failure.firstAttemptAt)
+        lastAttemptAt = Timestamp.rfc3339(failure.lastAttemptAt)
+        self.source = source
+    }
+
+    /// A broadcast APNs refused, or that had no answer on every attempt.
+    init(broadcast channel: BroadcastChannel, payload: [UInt8], of job: PushJob, source: Source,
+         failure: DeliveryFailure, disposition: Disposition, at time: Date = Date()) {
+        self.init(appId: job.appId, job: job, reason: failure.apnsReason ?? failure.error ?? disposition.rawValue,
+                  attempts: failure.attempts, deadLetteredAt: time)
+        self.disposition = disposition
+        let what = failure.apnsReason.map { "APNs answered \(failure.status ?? 0) \($0) to the broadcast" }
+            ?? "no answer from APNs to the broadcast (\(failure.error ?? "unknown"))"
+        message = disposition == .retriesExhausted ? "\(what) on all \(failure.attempts) attempts" : what
+        channelId = channel.channelID
+        environment = channel.environment
+        pushType = APNsPushType.liveactivity.rawValue
+        self.payload = JSONValue(parsing: payload)
+        priority = job.priority
         status = failure.status
         apnsUniqueId = failure.apnsUniqueID
         firstAttemptAt = Timestamp.rfc3339(failure.firstAttemptAt)

@@ -35,8 +35,13 @@ public final class DispatcherService: Service {
                                                         maximum: configuration.retryMaximumDelay),
                                   infrastructureRetryDelay: configuration.infrastructureRetryDelay, metrics: counters,
                                   logger: logger)
+        let broadcaster = Broadcaster(apns: apns, channels: BroadcastChannelStore(redis: redis), deadLetters: deadLetters,
+                                      maxAttempts: max(1, configuration.maxAttempts),
+                                      backoff: RetryBackoff(initial: configuration.retryInitialDelay,
+                                                            maximum: configuration.retryMaximumDelay),
+                                      infrastructureRetryDelay: configuration.infrastructureRetryDelay, logger: logger)
         let runner = JobRunner(apps: apps, subscriptions: subscriptions, activities: activities, deliverer: deliverer,
-                               deadLetters: deadLetters,
+                               broadcaster: broadcaster, deadLetters: deadLetters,
                                progress: FanOutProgress(redis: redis,
                                                         statuses: JobStatusStore(redis: redis, ttl: configuration.jobStatusTTL),
                                                         group: configuration.consumerGroup, ttl: configuration.progressTTL),

@@ -26,7 +26,8 @@ struct JobPlan: Sendable {
     /// When the job was created (for the end-to-end latency).
     let createdAt: Date?
     private let alertPayload: [UInt8]?
-    private let liveActivityPayload: [UInt8]?
+    /// A post's update (or end) as every registration and broadcast channel receives it.
+    let liveActivityPayload: [UInt8]?
     private let startPayload: [UInt8]?
     private let liveActivityTopic: String
 

@@ -14,6 +14,7 @@ struct JobRunner: Sendable {
     let subscriptions: SubscriptionStore
     let activities: ActivityStore
     let deliverer: Deliverer
+    let broadcaster: Broadcaster
     let deadLetters: DeadLetterWriter
     let progress: FanOutProgress
     let limit: ConcurrencyLimit
@@ -80,7 +81,11 @@ struct JobRunner: Sendable {
             if settled, plan.job.final == true {
                 guard await removeChannel(app: plan.app.id, channel: channel) else { return false }
             }
+        case .post(let post) where plan.job.broadcastChannel != nil:
+            settled = await broadcaster.createChannel(plan, post: post, plan.job.broadcastChannel!)
         case .post(let post):
+            // The broadcast first: one request reaches every iOS 18 device that joined a channel of the post.
+            guard await broadcaster.publish(context, post: post) else { return false }
             do throws(StoreRefusal) { settled = try await fanOut(context) { cursor in
                 let batch = try await activities.postIDs(app: plan.app.id, postIDHash: post, cursor: cursor,
                                                          count: batchSize)
@@ -89,7 +94,8 @@ struct JobRunner: Sendable {
                 try await activities.registrations(app: plan.app.id, ids: ids).compactMap(plan.push(for:))
             } } catch { return await deadLetterWhole(context, error) }
             if settled, plan.job.isFinal {
-                guard await removePost(app: plan.app.id, post: post) else { return false }
+                guard await removePost(app: plan.app.id, post: post),
+                      await broadcaster.deleteChannels(plan, post: post) else { return false }
             }
         }
         guard settled, await finish(context) else { return false }

@@ -61,7 +61,7 @@ struct EventsAPI: Sendable {
     /// The answer comes soon after `publishTimeout` whatever the broker does (librdkafka reports a record it
     /// could not deliver within `message.timeout.ms`, checking about once a second): 503 when the broker has not
     /// acknowledged by then. A 503 releases a client-chosen id, so a retry with the same id publishes again.
-    private func publish(_ job: PushJob, clientChoseID: Bool) async throws -> HTTPResponse {
+    func publish(_ job: PushJob, clientChoseID: Bool) async throws -> HTTPResponse {
         if clientChoseID {
             switch try await idempotency.claim(app: job.appId, id: job.id) {
             case .claimed: break

@@ -31,6 +31,8 @@ public struct IngestConfiguration: Sendable {
     public var jobSigning: JobSigning = .unverified
     /// How long a producer request waits for the broker's acknowledgement before answering 503.
     public var publishTimeout: Duration = .seconds(5)
+    /// How long a broadcast channel request waits for the dispatcher to make the channel at APNs.
+    public var broadcastChannelWait: Duration = .seconds(10)
     /// `HERALD_HTTP_THREADS`: HTTP worker loops, each a thread with its own epoll set and Redis connection; about
     /// one per core the process may use.
     public var threads = 2
@@ -54,6 +56,7 @@ public struct IngestConfiguration: Sendable {
         HTTPServerConfiguration(address: address, threads: threads, maxBodyBytes: maxBodyBytes,
                                 connectionTimeout: idleTimeout, requestReadTimeout: readTimeout,
                                 maxConnections: maxConnections, maxConnectionsPerAddress: maxConnectionsPerAddress,
-                                requestDeadline: publishTimeout + .seconds(2), accessLog: accessLog)
+                                requestDeadline: max(publishTimeout, broadcastChannelWait) + .seconds(2),
+                                accessLog: accessLog)
     }
 }

@@ -25,9 +25,13 @@ public final class IngestService: Service {
         SubscriptionsAPI(store: subscriptions, gate: gate, logger: logger).register(on: &router)
         ActivitiesAPI(store: ActivityStore(redis: redis, ttl: configuration.activityTTL), gate: gate, logger: logger)
             .register(on: &router)
-        EventsAPI(producer: producer, idempotency: IdempotencyStore(redis: redis),
-                  statuses: JobStatusStore(redis: redis, ttl: configuration.jobStatusTTL), topic: configuration.jobsTopic,
-                  signing: configuration.jobSigning, publishTimeout: configuration.publishTimeout, gate: gate, logger: logger)
+        let events = EventsAPI(producer: producer, idempotency: IdempotencyStore(redis: redis),
+                               statuses: JobStatusStore(redis: redis, ttl: configuration.jobStatusTTL),
+                               topic: configuration.jobsTopic, signing: configuration.jobSigning,
+                               publishTimeout: configuration.publishTimeout, gate: gate, logger: logger)
+        events.register(on: &router)
+        BroadcastAPI(channels: BroadcastChannelStore(redis: redis), events: events, gate: gate,
+                     wait: configuration.broadcastChannelWait)
             .register(on: &router)
         let readiness = Operations.readiness(redis: redis, producer: producer, topic: configuration.jobsTopic)
         router.addOperations(readiness: readiness)

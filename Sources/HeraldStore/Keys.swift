@@ -12,6 +12,7 @@ import HeraldCrypto
 /// | `herald:{app}:act:<id>` | hash, TTL | one Live Activity registration: createdAt, user, postIdHash, pushToken, environment, bundleId, lastSeenMs |
 /// | `herald:{app}:post:<hash>` | zset, TTL | registration ids of a post, scored by expiry (ms) |
 /// | `herald:{app}:acttok:<token>` | zset, TTL | registration ids of a push token, scored by expiry (ms) |
+/// | `herald:{app}:bcast:<hash>` | hash | a post's broadcast channels: `<environment>` → channel JSON, `<environment>:refused` → APNs' last refusal (`BroadcastChannelStore`) |
 /// | `herald:{app}:idem:<id>` | string, 24 h | idempotency marker of a producer request |
 /// | `herald:{app}:rl:<key>:<window>` | counter, 61 s | fixed-window rate limit of one API key or OAuth subject |
 /// | `herald:{app}:job:<id>` | hash, 24 h | a job's status: acceptedAt, target, startedAt, finishedAt, counts (`JobStatusStore`) |
@@ -33,6 +34,7 @@ public struct RedisKeys: Sendable {
     public func registration(_ id: String) -> String { key("act:", id) }
     public func post(_ hash: String) -> String { key("post:", hash) }
     public func activityToken(_ token: String) -> String { key("acttok:", token) }
+    public func broadcast(_ postIDHash: String) -> String { key("bcast:", postIDHash) }
     public func idempotency(_ id: String) -> String { key("idem:", id) }
     public func rateLimit(_ key: String, window: Int) -> String { self.key("rl:", key, suffix: ":" + String(window)) }
     public func jobStatus(_ id: String) -> String { key("job:", id) }

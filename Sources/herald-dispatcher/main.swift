@@ -31,6 +31,9 @@ let usage = """
       HERALD_APNS_PRODUCTION_URL      [https://api.push.apple.com]
       HERALD_APNS_SANDBOX_URL         [https://api.sandbox.push.apple.com]
       HERALD_APNS_CA_FILE             extra trusted root (PEM), e.g. the simulator's ca.pem [none]
+      HERALD_APNS_MANAGE_PRODUCTION_URL  broadcast channel management [https://api-manage-broadcast.push.apple.com:2196]
+      HERALD_APNS_MANAGE_SANDBOX_URL     [https://api-manage-broadcast.sandbox.push.apple.com:2195]
+      HERALD_APNS_BROADCAST_PRODUCTION_URL / _SANDBOX_URL  where broadcasts are published [the push URLs]
       HERALD_APNS_CONNECTIONS         connections per app and environment [\(APNsConfiguration().connectionsPerEndpoint)]
       HERALD_RETRY_MAX_ATTEMPTS       attempts per push, the first included [\(defaults.maxAttempts)]
       HERALD_RETRY_INITIAL_DELAY_SECONDS  backoff before the second attempt, doubling, jittered [\(defaults.retryInitialDelay.secondsText)]
@@ -84,15 +87,7 @@ struct DispatcherSettings {
         var deadLetterClient = configuration.kafka
         deadLetterClient.clientID = "herald-dispatcher-dlq"
         producer = KafkaProducerConfiguration(kafka: deadLetterClient, messageTimeout: .seconds(10))
-        apns.productionURL = env.string("HERALD_APNS_PRODUCTION_URL", default: apns.productionURL)
-        apns.sandboxURL = env.string("HERALD_APNS_SANDBOX_URL", default: apns.sandboxURL)
-        for (name, url) in [("HERALD_APNS_PRODUCTION_URL", apns.productionURL), ("HERALD_APNS_SANDBOX_URL", apns.sandboxURL)] {
-            do { _ = try APNsEndpoint(url: url) } catch { throw ConfigurationError(name, "\(error)") }
-        }
-        apns.extraCAFile = env.optionalString("HERALD_APNS_CA_FILE")
-        if let file = apns.extraCAFile, !FileManager.default.isReadableFile(atPath: file) {
-            throw ConfigurationError("HERALD_APNS_CA_FILE", "cannot read \(file)")
-        }
+        apns = try APNsConfiguration(environment: env)
         apns.connectionsPerEndpoint = try env.int("HERALD_APNS_CONNECTIONS", default: apns.connectionsPerEndpoint, range: 1...64)
         appsFile = env.string("HERALD_APPS_FILE", default: "config/apps.json")
         redis = try RedisConfiguration(environment: env)

@@ -205,10 +205,7 @@ enum SendCommand {
         }
         let made: (request: APNsRequest, credentials: APNsCredentials, environment: APNsEnvironment)
         do { made = try DeviceJobRequest.make(job, app: app) } catch { throw ConfigurationError("--app", error.message) }
-        var configuration = APNsConfiguration()
-        configuration.productionURL = env.string("HERALD_APNS_PRODUCTION_URL", default: configuration.productionURL)
-        configuration.sandboxURL = env.string("HERALD_APNS_SANDBOX_URL", default: configuration.sandboxURL)
-        configuration.extraCAFile = env.optionalString("HERALD_APNS_CA_FILE")
+        var configuration = try APNsConfiguration(environment: env)
         configuration.connectionsPerEndpoint = 1
         let client: APNsClient
         do { client = try APNsClient(configuration: configuration, logger: Logger(label: "heraldctl", minimumLevel: .error)) }

@@ -28,6 +28,18 @@ import Testing
         return HTTPRequest(path: "/4/broadcasts/apps/\(bundleID)", headers: headers, body: body)
     }
 
+    /// Sends every case, stops the simulator, and checks each answer's status, reason and `apns-request-id`.
+    private func expectAnswers(_ harness: Harness, _ cases: [(String, HTTPRequest, Int, String?)]) async throws {
+        let answers = try await curl(harness, cases.map(\.1))
+        await harness.stop()
+        try #require(answers.count == cases.count)
+        for (index, (name, _, status, reason)) in cases.enumerated() {
+            #expect(answers[index].status == status, "\(name): \(answers[index].body)")
+            #expect(answers[index].reason == reason, "\(name): \(answers[index].body)")
+            #expect(isLowercaseUUID(answers[index].headers["apns-request-id"]), "\(name)")
+        }
+    }
+
     @Test("channels are created, read, listed and deleted on the management listener only")
     func channelLifecycle() async throws {
         let harness = try Harness()
@@ -74,7 +86,7 @@ import Testing
         try #require(first.first?.status == 201)
         var disabled = try create(harness, policy: 0)
         disabled.path = harness.manageBase + "/1/apps/com.example.nobroadcast/channels"
-        let cases: [(String, HTTPRequest, Int, String)] = [
+        let cases: [(String, HTTPRequest, Int, String?)] = [
             ("past the cap", try create(harness, policy: 0), 400, "CannotCreateChannelConfig"),
             ("no push type", try manage(harness, "POST", "channels", body: #"{"message-storage-policy":0}"#), 400,
              "MissingPushType"),
@@ -93,13 +105,7 @@ import Testing
             ("expired provider token", try manage(harness, "GET", "all-channels", jwt: try harness.jwt(age: 7200)), 403,
              "ExpiredProviderToken"),
         ]
-        let answers = try await curl(harness, cases.map(\.1))
-        await harness.stop()
-        try #require(answers.count == cases.count)
-        for (index, (name, _, status, reason)) in cases.enumerated() {
-            #expect(answers[index].status == status, "\(name): \(answers[index].body)")
-            #expect(answers[index].reason == reason, "\(name): \(answers[index].body)")
-        }
+        try await expectAnswers(harness, cases)
     }
 
     @Test("a broadcast reaches the channel's devices once, and each mistake gets Apple's answer in Apple's order")
@@ -142,14 +148,7 @@ import Testing
             ("a start event", try broadcast(harness, channel: quiet, body: start), 400, "BadRequestPayload"),
             ("GET", get, 405, "MethodNotAllowed"),
         ]
-        let answers = try await curl(harness, cases.map(\.1))
-        await harness.stop()
-        try #require(answers.count == cases.count)
-        for (index, (name, _, status, reason)) in cases.enumerated() {
-            #expect(answers[index].status == status, "\(name): \(answers[index].body)")
-            #expect(answers[index].reason == reason, "\(name): \(answers[index].body)")
-            #expect(isLowercaseUUID(answers[index].headers["apns-request-id"]), "\(name)")
-        }
+        try await expectAnswers(harness, cases)
         #expect(large.utf8.count > 4096 && large.utf8.count <= 5120 && tooLarge.utf8.count > 5120)
         let records = try harness.broadcasts()
         try #require(records.count == 3)

@@ -128,11 +128,37 @@ import Testing
             try EventIntake.channelEvent(json(#"{"channel": "c", "alert": {"aps": {}}, "start": {"attributesType": "T", "attributes": {}, "contentState": {}, "alert": {"title": "t"}}, "expiration": 0}"#), appID: "shop", jobID: nil),
             try EventIntake.activityEvent(json(#"{"event": "update", "contentState": {}, "final": true, "relevanceScore": 1.5}"#), appID: "shop", postIDHash: "0123abcd", jobID: nil),
             try EventIntake.devicePush(json(#"{"payload": {"aps": {}}, "tokenType": "liveactivity-update", "environment": "sandbox"}"#), appID: "shop", deviceToken: token, jobID: nil),
+            try EventIntake.broadcastChannel(json(#"{"environment": "sandbox", "storagePolicy": "mostRecentMessage"}"#), appID: "shop", postIDHash: "0123abcd"),
         ]
         try validateAgainstSchema(jobs.map { $0.encoded() }, schema: "push-job.schema.json")
+        var both = jobs[3]
+        both.liveActivity = jobs[1].liveActivity
+        #expect(throws: (any Error).self) { try validateAgainstSchema([both.encoded()], schema: "push-job.schema.json") }
         var broken = jobs[0]
         broken.priority = 3
         #expect(throws: (any Error).self) { try validateAgainstSchema([broken.encoded()], schema: "push-job.schema.json") }
+    }
+
+    /// A post job makes the post's broadcast channel instead of sending an update: decoded back as written, and
+    /// refused with an update beside it, with `final`, or on another target.
+    @Test func broadcastChannelJobs() throws {
+        let job = try EventIntake.broadcastChannel(json(#"{"environment": "production"}"#), appID: "shop", postIDHash: "0123abcd")
+        #expect(job.broadcastChannel == PushJob.BroadcastChannel(environment: .production, storagePolicy: .noStorage))
+        #expect(try PushJob.decode(job.encoded()) == job)
+        #expect(throws: ValidationError.self) {
+            try EventIntake.broadcastChannel(json(#"{"environment": "production", "storagePolicy": "forever"}"#), appID: "shop", postIDHash: "0123abcd")
+        }
+        #expect(throws: ValidationError.self) { try EventIntake.broadcastChannel(json("{}"), appID: "shop", postIDHash: "0123abcd") }
+        var both = job
+        both.liveActivity = PushJob.LiveActivity(event: .update, contentState: .object([:]))
+        #expect(throws: ValidationError.self) { try both.validate() }
+        var final = job
+        final.final = true
+        #expect(throws: ValidationError.self) { try final.validate() }
+        var channel = PushJob(id: "j", appId: "shop", target: .channel("c"))
+        channel.alert = .object(["aps": .object([:])])
+        channel.broadcastChannel = job.broadcastChannel
+        #expect(throws: ValidationError.self) { try channel.validate() }
     }
 
     @Test func timestampsAreWrittenAsFoundationWritesThem() {

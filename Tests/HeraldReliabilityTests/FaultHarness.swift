@@ -137,9 +137,10 @@ struct FaultStack {
     static func start(apps: TestApps, redisURL: String, topics: FaultTopics, directory: String, channelCount: Int,
                       perChannel: Int, rules: [JSONValue] = [], ingestExtra: [String: String] = [:],
                       dispatcherName: String = "dispatcher", dispatcherExtra: [String: String] = [:],
+                      noBroadcast: [String] = [],
                       prefix: (Int, Int) -> String = { _, _ in "" }) async throws -> FaultStack {
         try await topics.create(partitions: 2)
-        let simulator = try SimulatorProcess(apps: apps, directory: directory, rules: rules)
+        let simulator = try SimulatorProcess(apps: apps, directory: directory, rules: rules, noBroadcast: noBroadcast)
         let ingest = try IngestServer(apps: apps, redisURL: redisURL, topics: topics, directory: directory, name: "ingest",
                                       extra: ingestExtra)
         try await simulator.waitUntilListening()

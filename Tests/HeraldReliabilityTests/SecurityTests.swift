@@ -310,14 +310,20 @@ import Testing
         #expect(setVerify >= 1, "no SSL_CTX_set_verify call found: did the TLS code move?")
     }
 
-    /// The dispatcher's APNs variables, read from its source: if one is added it must be added here, on purpose —
-    /// and it must not be a way to switch verification off.
+    /// The dispatcher's APNs variables, read from its source (its main and the APNs configuration it reads the
+    /// rest with): if one is added it must be added here, on purpose — and it must not be a way to switch
+    /// verification off.
     @Test func noVariableSwitchesVerificationOff() throws {
-        let main = try String(contentsOf: Self.sources.appendingPathComponent("herald-dispatcher/main.swift"), encoding: .utf8)
         let pattern = try Regex(#""(HERALD_[A-Z_]*(APNS|TLS|SSL|CA|VERIFY|INSECURE|CERT)[A-Z_]*)""#)
-        let variables = Set(main.matches(of: pattern).map { String($0.output[1].substring ?? "") })
+        var variables = Set<String>()
+        for file in ["herald-dispatcher/main.swift", "HeraldAPNs/APNsConfiguration.swift"] {
+            let text = try String(contentsOf: Self.sources.appendingPathComponent(file), encoding: .utf8)
+            variables.formUnion(text.matches(of: pattern).map { String($0.output[1].substring ?? "") })
+        }
         #expect(variables == ["HERALD_APNS_PRODUCTION_URL", "HERALD_APNS_SANDBOX_URL", "HERALD_APNS_CA_FILE",
-                              "HERALD_APNS_CONNECTIONS"], "\(variables.sorted())")
+                              "HERALD_APNS_CONNECTIONS", "HERALD_APNS_BROADCAST_PRODUCTION_URL",
+                              "HERALD_APNS_BROADCAST_SANDBOX_URL", "HERALD_APNS_MANAGE_PRODUCTION_URL",
+                              "HERALD_APNS_MANAGE_SANDBOX_URL"], "\(variables.sorted())")
     }
 
     /// herald-dispatcher without the simulator's CA (and with every plausible "insecure" variable set) refuses the

@@ -198,16 +198,24 @@ public final class SimulatorProcess: Sendable {
     public let caFile: String
     public let recordPath: String
     public let rulesPath: String
+    /// The channel management listener (iOS 18 broadcast).
+    public let managePort: UInt16
+    public let broadcastRecordPath: String
 
-    /// Starts the simulator with `rules` in force from its first request.
-    public init(apps: TestApps, directory: String, rules: [JSONValue] = []) throws {
+    /// Starts the simulator with `rules` in force from its first request; `noBroadcast` bundles lack the
+    /// Broadcast capability.
+    public init(apps: TestApps, directory: String, rules: [JSONValue] = [], noBroadcast: [String] = []) throws {
         port = try freePort()
+        managePort = try freePort()
         caFile = directory + "/tls/ca.pem"
         recordPath = directory + "/accepted.jsonl"
         rulesPath = directory + "/rules.json"
+        broadcastRecordPath = directory + "/broadcasts.jsonl"
         try Self.write(rules: rules, to: rulesPath)
         var arguments = ["--listen", "127.0.0.1:\(port)", "--tls-dir", directory + "/tls", "--record", recordPath,
-                         "--rules", rulesPath, "--log-level", "warning"]
+                         "--rules", rulesPath, "--log-level", "warning", "--manage-listen", "127.0.0.1:\(managePort)",
+                         "--record-broadcasts", broadcastRecordPath]
+        for bundle in noBroadcast { arguments += ["--no-broadcast", bundle] }
         for app in apps.apps {
             arguments += ["--key", "\(app.teamID):\(app.keyID):\(apps.folder.appendingPathComponent("\(app.id).p8").path)"]
         }
@@ -217,6 +225,8 @@ public final class SimulatorProcess: Sendable {
 
     /// The URL to give the dispatcher as its APNs host.
     public var url: String { "https://127.0.0.1:\(port)" }
+    /// The URL to give the dispatcher as its channel management host.
+    public var manageURL: String { "https://127.0.0.1:\(managePort)" }
 
     public func waitUntilListening() async throws {
         let port = self.port
@@ -236,6 +246,9 @@ public final class SimulatorProcess: Sendable {
 
     /// Every push accepted so far (one record line each).
     public func accepted() -> [JSONValue] { readJSONLines(recordPath) }
+
+    /// Every broadcast accepted so far.
+    public func broadcasts() -> [JSONValue] { readJSONLines(broadcastRecordPath) }
 
     /// How many pushes were accepted, counted without parsing (cheap while a fan-out runs).
     public func acceptedCount() -> Int {
@@ -264,6 +277,8 @@ public final class DispatcherProcess: Sendable {
             "HERALD_APNS_PRODUCTION_URL": simulator.url,
             "HERALD_APNS_SANDBOX_URL": simulator.url,
             "HERALD_APNS_CA_FILE": simulator.caFile,
+            "HERALD_APNS_MANAGE_PRODUCTION_URL": simulator.manageURL,
+            "HERALD_APNS_MANAGE_SANDBOX_URL": simulator.manageURL,
             "HERALD_KAFKA_SESSION_TIMEOUT_SECONDS": "6",
             "HERALD_KAFKA_MAX_POLL_INTERVAL_SECONDS": "10",
             "HERALD_KAFKA_FETCH_STALL_SECONDS": "30",

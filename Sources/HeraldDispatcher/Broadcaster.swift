@@ -1,0 +1,189 @@
+import Foundation
+import HeraldAPNs
+import HeraldCore
+import HeraldRuntime
+import HeraldStore
+
+/// A post's iOS 18 broadcast channels at APNs: made for a `broadcastChannel` job, published to once per update
+/// (one request reaches every device that joined), deleted after the final update. APNs' answers are retried
+/// as pushes are (backoff, `maxAttempts`); a broadcast that still fails is dead-lettered with its channel id.
+struct Broadcaster: Sendable {
+    let apns: APNsClient
+    let channels: BroadcastChannelStore
+    let deadLetters: DeadLetterWriter
+    let maxAttempts: Int
+    let backoff: RetryBackoff
+    let infrastructureRetryDelay: Duration
+    let logger: Logger
+
+    /// Makes the post's channel in `request.environment` unless it has one, and stores it, or APNs' refusal for
+    /// herald-ingest to report. False only when cancelled first.
+    func createChannel(_ plan: JobPlan, post: String, _ request: PushJob.BroadcastChannel) async -> Bool {
+        let app = plan.app.id
+        guard let state = await store("read the post's channel", { try await channels.state(app: app, postIDHash: post,
+                                                                                              environment: request.environment) })
+        else { return !Task.isCancelled }
+        if case .ready = state { return true }
+        let bundle = plan.app.apns.bundleId
+        guard let answer = await manage(.create(bundleID: bundle, storagePolicy: request.storagePolicy), plan,
+                                        environment: request.environment) else { return false }
+        switch answer {
+        case .success(let response) where response.status == 201 && response.channelID != nil:
+            let made = BroadcastChannel(channelID: response.channelID!, environment: request.environment,
+                                        storagePolicy: request.storagePolicy, createdAt: Timestamp.rfc3339(Date()))
+            guard let kept = await store("save the post's channel", { try await channels.save(app: app, postIDHash: post, made) })
+            else { return !Task.isCancelled }
+            if kept.channelID != made.channelID {
+                // Another job made one first: ours would only count against Apple's cap.
+                _ = await manage(.delete(bundleID: bundle, channelID: made.channelID), plan, environment: request.environment)
+            }
+            logger.info("broadcast channel ready", ["app": app, "post": post, "apns.environment": request.environment.rawValue,
+                                                    "apns.channel_id": kept.channelID])
+        case .success(let response):
+            let reason = response.reason?.description ?? "HTTP \(response.status)"
+            logger.error("APNs refused to create a broadcast channel", [
+                "app": app, "post": post, "apns.environment": request.environment.rawValue, "apns.status": "\(response.status)",
+                "apns.reason": reason, "hint": Self.hint(response.reason)])
+            return await store("save APNs' refusal", {
+                try await channels.saveRefusal(app: app, postIDHash: post, environment: request.environment,
+                                               reason: reason, message: Self.hint(response.reason))
+            }) != nil || !Task.isCancelled
+        case .failure(let error):
+            logger.error("no answer from APNs to a channel request", ["app": app, "post": post, "error": "\(error)"])
+            return await store("save the failure", {
+                try await channels.saveRefusal(app: app, postIDHash: post, environment: request.environment,
+                                               reason: error.kind, message: error.message)
+            }) != nil || !Task.isCancelled
+        }
+        return true
+    }
+
+    /// Publishes the post's update to each of its channels. False only when cancelled first.
+    func publish(_ context: JobContext, post: String) async -> Bool {
+        guard let payload = context.plan.liveActivityPayload else { return true }
+        let app = context.plan.app.id
+        guard let list = await store("read the post's channels", { try await channels.channels(app: app, postIDHash: post) })
+        else { return !Task.isCancelled }
+        for channel in list {
+            guard await publish(payload, to: channel, context: context, post: post) else { return false }
+        }
+        return true
+    }
+
+    /// After the final update: deletes the post's channels at APNs, then forgets them. A channel APNs keeps
+    /// refusing to delete is left in Redis (and logged) rather than holding the job.
+    func deleteChannels(_ plan: JobPlan, post: String) async -> Bool {
+        let app = plan.app.id
+        guard let list = await store("read the post's channels", { try await channels.channels(app: app, postIDHash: post) })
+        else { return !Task.isCancelled }
+        for channel in list {
+            guard let answer = await manage(.delete(bundleID: plan.app.apns.bundleId, channelID: channel.channelID), plan,
+                                            environment: channel.environment) else { return false }
+            if case .success(let response) = answer, response.isSuccess || response.reason == .channelNotRegistered {
+                guard await store("forget the channel", {
+                    try await channels.remove(app: app, postIDHash: post, environment: channel.environment)
+                }) != nil || !Task.isCancelled else { return false }
+                logger.info("final update sent; broadcast channel deleted",
+                            ["app": app, "post": post, "apns.channel_id": channel.channelID])
+            } else {
+                logger.error("final update sent; APNs did not delete the broadcast channel",
+                             ["app": app, "post": post, "apns.channel_id": channel.channelID, "answer": "\(answer)"])
+            }
+        }
+        return true
+    }
+
+    private func publish(_ payload: [UInt8], to channel: BroadcastChannel, context: JobContext, post: String) async -> Bool {
+        let plan = context.plan
+        let request = APNsBroadcastRequest(bundleID: plan.app.apns.bundleId, channelID: channel.channelID, payload: payload,
+                                           priority: plan.priority, expiration: plan.expiration,
+                                           storagePolicy: channel.storagePolicy)
+        let first = Date()
+        var failure = DeliveryFailure(status: nil, apnsReason: nil, error: nil, attempts: 0, firstAttemptAt: first,
+                                      lastAttemptAt: first)
+        var retryable = false
+        for attempt in 1...max(1, maxAttempts) {
+            failure.attempts = attempt
+            do {
+                let response = try await apns.publish(request, credentials: plan.credentials, environment: channel.environment)
+                failure.lastAttemptAt = Date()
+                if response.isSuccess { return true }
+                (failure.status, failure.apnsReason, failure.apnsUniqueID, failure.error) =
+                    (response.status, response.reason?.description, response.uniqueID, nil)
+                retryable = response.disposition == .retry || response.disposition == .refreshProviderToken
+                if response.reason == .channelNotRegistered {
+                    // Deleted at APNs (or never there): later updates would fail the same way.
+                    _ = await store("forget the channel", {
+                        try await channels.remove(app: plan.app.id, postIDHash: post, environment: channel.environment)
+                    })
+                }
+            } catch let error as APNsError {
+                (failure.status, failure.apnsReason, failure.error) = (nil, nil, error.kind)
+                failure.lastAttemptAt = Date()
+                retryable = error.isRetriable
+            } catch {
+                return false
+            }
+            guard retryable, attempt < maxAttempts else { break }
+            do { try await Task.sleep(for: backoff.delay(attempt: attempt)) } catch { return false }
+        }
+        logger.warning("broadcast dead-lettered", ["app": plan.app.id, "post": post, "apns.channel_id": channel.channelID,
+                                                   "apns.reason": failure.apnsReason ?? failure.error ?? ""])
+        return await deadLetters.write(DeadLetter(broadcast: channel, payload: payload, of: plan.job, source: context.source,
+                                                  failure: failure,
+                                                  disposition: retryable ? .retriesExhausted : .rejected))
+    }
+
+    /// One channel request, sent again after a backoff while APNs asks to retry or does not answer; nil when
+    /// cancelled.
+    private func manage(_ request: APNsChannelRequest, _ plan: JobPlan,
+                        environment: APNsEnvironment) async -> Result<APNsChannelResponse, APNsError>? {
+        var last: Result<APNsChannelResponse, APNsError> = .failure(APNsError(.timeout, "not sent"))
+        for attempt in 1...max(1, maxAttempts) {
+            let retryable: Bool
+            do {
+                let response = try await apns.manage(request, credentials: plan.credentials, environment: environment)
+                last = .success(response)
+                retryable = response.disposition == .retry || response.disposition == .refreshProviderToken
+            } catch let error as APNsError {
+                last = .failure(error)
+                retryable = error.isRetriable
+            } catch {
+                return nil
+            }
+            guard retryable, attempt < maxAttempts else { return last }
+            do { try await Task.sleep(for: backoff.delay(attempt: attempt)) } catch { return nil }
+        }
+        return last
+    }
+
+    /// Runs a Redis step until it succeeds (an outage is waited out); nil when cancelled, or when Redis answered
+    /// about the data itself `StoreRefusal.tries` times in a row (logged; the caller then goes on without it).
+    private func store<T: Sendable>(_ what: String, _ body: () async throws -> T) async -> T? {
+        var refusals = 0
+        while !Task.isCancelled {
+            do { return try await body() } catch {
+                if let refused = StoreRefusal.dataError(error) {
+                    refusals += 1
+                    if refusals >= StoreRefusal.tries {
+                        logger.error("Redis refuses to \(what); leaving it", ["error": refused.message])
+                        return nil
+                    }
+                }
+                logger.error("cannot \(what); retrying", ["error": "\(error)"])
+                do { try await Task.sleep(for: infrastructureRetryDelay) } catch { return nil }
+            }
+        }
+        return nil
+    }
+
+    /// What an operator should do about APNs refusing a channel.
+    static func hint(_ reason: APNsReason?) -> String {
+        switch reason {
+        case .featureNotEnabled?: "enable the Broadcast capability for the app's bundle id on Apple's developer site"
+        case .cannotCreateChannelConfig?: "the app has Apple's 10,000 channels in this environment: end posts (final updates delete their channels)"
+        case .channelNotRegistered?: "APNs does not know the channel"
+        default: "APNs refused the channel request"
+        }
+    }
+}

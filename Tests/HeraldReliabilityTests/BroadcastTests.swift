@@ -1,0 +1,88 @@
+import Foundation
+import HeraldCore
+import HeraldCrypto
+import HeraldRuntime
+import HeraldTestSupport
+import Testing
+
+@Suite("Broadcast channels", .serialized)
+struct BroadcastTests {
+    /// Ingest, dispatcher and simulator as processes: a post's channel is made once (idempotent), devices read it
+    /// with the public key, each update is one broadcast besides the registered tokens' pushes, and the final
+    /// update deletes the channel. An app without the Broadcast capability gets Apple's reason back.
+    @Test("create a post's channel, read it, publish an update and the end as one broadcast each, then it is deleted")
+    func aPostsChannelFromCreateToEnd() async throws {
+        let directory = try scratchDirectory("herald-broadcast-")
+        let apps = try TestApps(count: 2)
+        defer { apps.remove() }
+        let topics = FaultTopics(brokers: try TestEnvironment.kafkaBrokers())
+        let (app, other) = (apps.apps[0], apps.apps[1])
+        let stack = try await FaultStack.start(apps: apps, redisURL: try TestEnvironment.redisURL(), topics: topics,
+                                               directory: directory, channelCount: 1, perChannel: 1,
+                                               noBroadcast: [other.bundleID])
+        let (simulator, ingest) = (stack.simulator, stack.ingest)
+        let post = SecureRandom.hex(8)
+        let path = "/v1/apps/\(app.id)/activities/\(post)/broadcast"
+
+        let created = try await ingest.request("POST", path, key: app.secretKey, json: #"{"environment": "production"}"#)
+        try #require(created.status == 201, "\(created.text)")
+        let channel = try #require(JSONValue(parsing: Array(created.text.utf8)))
+        let channelID = try #require(channel["channelId"]?.stringValue)
+        #expect(channel["storagePolicy"]?.stringValue == "noStorage" && channel["environment"]?.stringValue == "production")
+        let again = try await ingest.request("POST", path, key: app.secretKey, json: #"{"environment": "production"}"#)
+        #expect(again.status == 200 && again.text.contains(channelID), "idempotent: \(again.text)")
+        let otherPolicy = try await ingest.request("POST", path, key: app.secretKey,
+                                                   json: #"{"environment": "production", "storagePolicy": "mostRecentMessage"}"#)
+        #expect(otherPolicy.status == 409, "\(otherPolicy.text)")
+        let bad = try await ingest.request("POST", path, key: app.secretKey, json: #"{"environment": "staging"}"#)
+        #expect(bad.status == 400, "\(bad.text)")
+        #expect(try await ingest.request("POST", path, key: app.publicKey, json: #"{"environment": "production"}"#).status == 403)
+
+        let read = try await ingest.request("GET", path + "?environment=production", key: app.publicKey)
+        #expect(read.status == 200 && read.text.contains(channelID), "\(read.text)")
+        #expect(try await ingest.request("GET", path + "?environment=sandbox", key: app.publicKey).status == 404)
+        #expect(try await ingest.request("GET", path, key: app.publicKey).status == 400)
+
+        // Two devices on older iOS registered their tokens: they still get a push each.
+        let tokens = [SecureRandom.hex(32), SecureRandom.hex(32)]
+        for token in tokens {
+            let registered = try await ingest.request("POST", "/v1/apps/\(app.id)/activities/register", key: app.publicKey,
+                                                      json: #"{"push_token": "\#(token)", "post_id_hash": "\#(post)", "bundle_id": "\#(app.bundleID)"}"#)
+            #expect(registered.status == 201, "\(registered.text)")
+        }
+        let events = "/v1/apps/\(app.id)/activities/\(post)/events"
+        let update = try await ingest.request("POST", events, key: app.secretKey,
+                                              json: #"{"event": "update", "contentState": {"step": "picked"}}"#)
+        try #require(update.status == 202, "\(update.text)")
+        try await eventually("the update broadcast and pushed", timeout: .seconds(30)) {
+            simulator.broadcasts().count == 1 && simulator.acceptedCount() >= tokens.count
+        }
+        let end = try await ingest.request("POST", events, key: app.secretKey,
+                                           json: #"{"event": "end", "contentState": {"step": "delivered"}, "final": true}"#)
+        try #require(end.status == 202, "\(end.text)")
+        try await eventually("the channel deleted after the end", timeout: .seconds(30)) {
+            (try? await ingest.request("GET", path + "?environment=production", key: app.publicKey))?.status == 404
+        }
+        let broadcasts = simulator.broadcasts()
+        #expect(broadcasts.count == 2, "one broadcast per update: \(broadcasts)")
+        #expect(broadcasts.allSatisfy { $0["channelId"]?.stringValue == channelID && $0["expiration"]?.numberValue == 0 })
+        #expect(broadcasts.first?["payload"]?["aps"]?["event"]?.stringValue == "update")
+        #expect(broadcasts.first?["payload"]?["aps"]?["content-state"]?["step"]?.stringValue == "picked")
+        #expect(broadcasts.last?["payload"]?["aps"]?["event"]?.stringValue == "end")
+        let pushed = simulator.accepted().compactMap { $0["token"]?.stringValue }
+        #expect(pushed.sorted() == (tokens + tokens).sorted(), "each registered token got the update and the end")
+
+        // The post's channel is gone at APNs too: a new request makes a new one.
+        let remade = try await ingest.request("POST", path, key: app.secretKey, json: #"{"environment": "production"}"#)
+        #expect(remade.status == 201 && !remade.text.contains(channelID), "\(remade.text)")
+
+        let refused = try await ingest.request("POST", "/v1/apps/\(other.id)/activities/\(post)/broadcast",
+                                               key: other.secretKey, json: #"{"environment": "production"}"#)
+        #expect(refused.status == 502 && refused.text.contains("FeatureNotEnabled"), "\(refused.text)")
+
+        await stack.dispatcher.child.stop()
+        await ingest.child.stop()
+        await simulator.child.stop()
+        cleanUp(directory, keep: false)
+    }
+}
