@@ -31,7 +31,8 @@ public struct IngestConfiguration: Sendable {
     public var jobSigning: JobSigning = .unverified
     /// How long a producer request waits for the broker's acknowledgement before answering 503.
     public var publishTimeout: Duration = .seconds(5)
-    /// How long a broadcast channel request waits for the dispatcher to make the channel at APNs.
+    /// `HERALD_BROADCAST_CHANNEL_WAIT_SECONDS`: how long a broadcast channel request waits for the dispatcher to
+    /// make the channel at APNs.
     public var broadcastChannelWait: Duration = .seconds(10)
     /// `HERALD_HTTP_THREADS`: HTTP worker loops, each a thread with its own epoll set and Redis connection; about
     /// one per core the process may use.

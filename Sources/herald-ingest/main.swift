@@ -27,6 +27,7 @@ let usage = """
       HERALD_APP_RATE_LIMIT_PER_MINUTE  requests per minute of one public key, all devices [\(defaults.appRateLimitPerMinute)]
       HERALD_ACTIVITY_TTL_SECONDS   Live Activity registration lifetime [\(defaults.activityTTL.secondsText)]
       HERALD_JOB_STATUS_TTL_SECONDS  how long a job's status can be read [\(defaults.jobStatusTTL.secondsText)]
+      HERALD_BROADCAST_CHANNEL_WAIT_SECONDS  how long POST …/broadcast waits for the dispatcher to make the channel [\(defaults.broadcastChannelWait.secondsText)]
       HERALD_MAX_SUBSCRIPTIONS_PER_DEVICE  subscriptions per device token; more get 409 [\(defaults.maxSubscriptionsPerDevice)]
       HERALD_SUBSCRIPTION_TTL_DAYS  a subscription not renewed for this long ends; 0 = never [90]
       HERALD_MAX_BODY_BYTES         largest request body [\(defaults.maxBodyBytes)]
@@ -58,6 +59,9 @@ struct IngestSettings {
                                                           range: 1...100_000_000)
         configuration.activityTTL = .seconds(try env.int("HERALD_ACTIVITY_TTL_SECONDS", default: Int(defaults.activityTTL.components.seconds),
                                                           range: 1...86_400 * 30))
+        configuration.broadcastChannelWait = .seconds(try env.int("HERALD_BROADCAST_CHANNEL_WAIT_SECONDS",
+                                                                  default: Int(defaults.broadcastChannelWait.components.seconds),
+                                                                  range: 1...60))
         configuration.jobStatusTTL = .seconds(try env.int("HERALD_JOB_STATUS_TTL_SECONDS",
                                                           default: Int(defaults.jobStatusTTL.components.seconds),
                                                           range: 60...86_400 * 30))
