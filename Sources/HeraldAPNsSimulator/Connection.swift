@@ -374,7 +374,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         let outcome: Result<(status: Int, headers: [(String, String)], body: [UInt8]?), APNsRejection>
         if isManagement {
             outcome = BroadcastValidator.managementRoute(request).flatMap { operation, bundle in
-                if let rejection = RequestValidator.duplicates(request) ?? authenticate(request, now: now) {
+                if let rejection = refusal(request, now: now) {
                     return .failure(rejection)
                 }
                 return BroadcastValidator.manage(operation, bundle: bundle, request: request, book: book,
@@ -382,7 +382,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
             }
         } else {
             outcome = BroadcastValidator.broadcastRoute(request).flatMap { bundle in
-                if let rejection = RequestValidator.duplicates(request) ?? authenticate(request, now: now) {
+                if let rejection = refusal(request, now: now) {
                     return .failure(rejection)
                 }
                 return BroadcastValidator.broadcast(request, bundle: bundle, book: book,
@@ -408,19 +408,27 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         return answer
     }
 
-    /// The provider token: nil when it is good (the first good one raises the stream limit, as APNs does).
-    private func authenticate(_ request: IncomingRequest, now: Double) -> APNsRejection? {
+    /// Checks the provider token and returns its `iat` (the first good one raises the stream limit, as APNs
+    /// does).
+    private func authenticate(_ request: IncomingRequest, now: Double) -> Result<Double, APNsRejection> {
         switch simulator.verifier.verify(authorization: request.header("authorization"), now: now) {
         case .failure(let rejection):
-            return rejection
+            return .failure(rejection)
         case .success(let verified):
-            guard tokens.accept(verified) else { return APNsRejection(429, "TooManyProviderTokenUpdates") }
+            guard tokens.accept(verified) else { return .failure(APNsRejection(429, "TooManyProviderTokenUpdates")) }
             if !concurrencyRaised {
                 concurrencyRaised = true
                 submitSettings(maxConcurrentStreams: simulator.configuration.maxConcurrentStreams)
             }
-            return nil
+            return .success(verified.issuedAt)
         }
+    }
+
+    /// Duplicate headers or a bad provider token, checked before a channel request's own rules.
+    private func refusal(_ request: IncomingRequest, now: Double) -> APNsRejection? {
+        if let rejection = RequestValidator.duplicates(request) { return rejection }
+        if case .failure(let rejection) = authenticate(request, now: now) { return rejection }
+        return nil
     }
 
     private func evaluate(_ request: IncomingRequest, now: Double) -> Result<AcceptedPush, APNsRejection> {
@@ -431,16 +439,9 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         }
         if let rejection = RequestValidator.duplicates(request) { return .failure(rejection) }
         let issuedAt: Double
-        switch simulator.verifier.verify(authorization: request.header("authorization"), now: now) {
-        case .failure(let rejection):
-            return .failure(rejection)
-        case .success(let verified):
-            guard tokens.accept(verified) else { return .failure(APNsRejection(429, "TooManyProviderTokenUpdates")) }
-            if !concurrencyRaised {
-                concurrencyRaised = true
-                submitSettings(maxConcurrentStreams: simulator.configuration.maxConcurrentStreams)
-            }
-            issuedAt = verified.issuedAt
+        switch authenticate(request, now: now) {
+        case .failure(let rejection): return .failure(rejection)
+        case .success(let value): issuedAt = value
         }
         return RequestValidator.notification(request, token: token, allowedTopics: simulator.configuration.allowedTopics)
             .map { push in
