@@ -93,7 +93,7 @@ let package = Package(
                                                          "HeraldStore", "HeraldKafka", "HeraldRedis", "HeraldAPNs",
                                                          "HeraldCore", "HeraldCrypto", "HeraldRuntime"]),
         .testTarget(name: "HeraldReliabilityTests", dependencies: ["HeraldTestSupport", "HeraldCore", "HeraldCrypto",
-                                                          "HeraldRedis", "HeraldKafka", "HeraldStore",
+                                                          "HeraldRedis", "HeraldKafka", "HeraldStore", "HeraldAPNs",
                                                           "HeraldRuntime", "HeraldAPNsSimulator", "HeraldHTTP"]),
     ],
     swiftLanguageModes: [.v6]

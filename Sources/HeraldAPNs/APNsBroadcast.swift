@@ -107,13 +107,8 @@ public enum APNsChannelRequest: Sendable, Equatable {
         }) else { throw APNsError(.invalidRequest(.invalidTopic), "invalid bundle id") }
     }
 
-    /// Channel ids are base64 of a length APNs does not promise.
     static func validate(channelID: String) throws(APNsError) {
-        guard (1...256).contains(channelID.utf8.count), channelID.utf8.allSatisfy({ byte in
-            (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte | 0x20) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte)
-                || byte == UInt8(ascii: "+") || byte == UInt8(ascii: "/") || byte == UInt8(ascii: "=")
-                || byte == UInt8(ascii: "-") || byte == UInt8(ascii: "_")
-        }) else { throw APNsError(.invalidRequest(.invalidChannelID), "invalid channel id") }
+        guard APNsChannelID.isValid(channelID) else { throw APNsError(.invalidRequest(.invalidChannelID), "invalid channel id") }
     }
 }
 

@@ -35,3 +35,17 @@ public enum APNsStoragePolicy: Int, Sendable, Codable, CaseIterable {
         self = policy
     }
 }
+
+/// An iOS 18 broadcast channel id as APNs returns it: base64 (standard or URL-safe) of a length APNs does not
+/// promise. Checked before it goes into `apns-channel-id` or a push-to-start's `input-push-channel`.
+public enum APNsChannelID {
+    public static let maxLength = 256
+
+    public static func isValid(_ id: String) -> Bool {
+        (1...maxLength).contains(id.utf8.count) && id.utf8.allSatisfy { byte in
+            (UInt8(ascii: "a")...UInt8(ascii: "z")).contains(byte | 0x20) || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte)
+                || byte == UInt8(ascii: "+") || byte == UInt8(ascii: "/") || byte == UInt8(ascii: "=")
+                || byte == UInt8(ascii: "-") || byte == UInt8(ascii: "_")
+        }
+    }
+}

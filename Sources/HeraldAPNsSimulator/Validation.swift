@@ -244,6 +244,10 @@ enum RequestValidator {
             case "start":
                 guard aps["content-state"]?.objectValue != nil, aps["attributes-type"]?.stringValue != nil,
                       aps["attributes"]?.objectValue != nil else { return bad }
+                // iOS 18 inputs: a broadcast channel id for the started activity to join; 1 asks it for an update
+                // token (0 for none).
+                if let channel = aps["input-push-channel"], channel.stringValue == nil { return bad }
+                if let token = aps["input-push-token"], ![0, 1].contains(token.numberValue) { return bad }
             default:
                 return bad
             }

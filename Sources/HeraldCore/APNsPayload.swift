@@ -4,6 +4,8 @@ import HeraldRuntime
 public enum APNsPayload {
     public static let maxBytes = 4096
     public static let maxVoIPBytes = 5120
+    /// Broadcasts to an iOS 18 channel.
+    public static let maxBroadcastBytes = 5120
 
     /// A complete payload: a JSON object with an `aps` object (custom keys beside it are kept).
     static func checkComplete(_ payload: JSONValue, field: String) throws(ValidationError) {
@@ -27,13 +29,17 @@ public enum APNsPayload {
 
     /// `aps` of a push-to-start.
     public static func start(_ content: PushJob.Start, timestamp: Int64) -> JSONValue {
-        .object(["aps": .object([
+        var aps: [String: JSONValue] = [
             "timestamp": .number(Double(timestamp)),
             "event": .string("start"),
             "content-state": content.contentState,
             "attributes-type": .string(content.attributesType),
             "attributes": content.attributes,
             "alert": content.alert,
-        ])])
+        ]
+        if let channel = content.inputPushChannel { aps["input-push-channel"] = .string(channel) }
+        // Apple takes the number 1; `false` asks for nothing, so nothing is sent.
+        if content.inputPushToken == true { aps["input-push-token"] = .number(1) }
+        return .object(["aps": .object(aps)])
     }
 }

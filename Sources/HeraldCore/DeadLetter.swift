@@ -61,8 +61,9 @@ public struct DeadLetter: Sendable, Equatable {
     /// The last answer's `apns-unique-id` (Apple's development environment only): where to find the push in the
     /// Push Notifications Console's delivery log.
     public var apnsUniqueId: String?
-    /// A failed broadcast's channel (such a letter names no device).
+    /// A failed broadcast's channel (such a letter names no device) and its storage policy.
     public var channelId: String?
+    public var storagePolicy: APNsStoragePolicy?
     /// APNs' HTTP status; absent when APNs never answered (timeouts, connection failures).
     public var status: Int?
     /// APNs' reason (`BadTopic`, `ServiceUnavailable`…), Herald's error kind when APNs never answered
@@ -117,6 +118,7 @@ public struct DeadLetter: Sendable, Equatable {
         fields["apnsId"] = apnsId.map { .string($0) }
         fields["apnsUniqueId"] = apnsUniqueId.map { .string($0) }
         fields["channelId"] = channelId.map { .string($0) }
+        fields["storagePolicy"] = storagePolicy.map { .string($0.name) }
         fields["status"] = status.map { .number(Double($0)) }
         fields["disposition"] = disposition.map { .string($0.rawValue) }
         fields["message"] = message.map { .string($0) }
@@ -160,6 +162,12 @@ public struct DeadLetter: Sendable, Equatable {
         letter.apnsId = try fields.string("apnsId")
         letter.apnsUniqueId = try fields.string("apnsUniqueId")
         letter.channelId = try fields.string("channelId")
+        if let name = try fields.string("storagePolicy") {
+            guard let policy = APNsStoragePolicy(name: name) else {
+                throw .invalid("storagePolicy", "storagePolicy must be noStorage or mostRecentMessage")
+            }
+            letter.storagePolicy = policy
+        }
         letter.status = try fields.integer("status", in: int32).map { Int($0) }
         letter.disposition = try fields.enumeration("disposition", Disposition.self)
         letter.message = try fields.string("message")
@@ -188,15 +196,23 @@ public struct DeadLetter: Sendable, Equatable {
     /// The post the failed push first went out for, likewise.
     public var originalPost: String? { job?.target.postIdHash ?? job?.replayOf?.postIdHash }
 
-    /// A device job that sends this push again, marked `replayOf`; nil when the dead letter names no device
-    /// (an invalid job) or carries no payload.
+    /// A job that sends this push again, marked `replayOf`: a device job, or a broadcast job for a failed
+    /// broadcast; nil when the dead letter names neither (an invalid job) or carries no payload.
     public func replayJob(partition: Int32, offset: Int64, id: String, now: Date = Date()) -> PushJob? {
-        guard let deviceToken, let payload else { return nil }
-        var job = PushJob(id: id, appId: appId, createdAt: now,
+        guard let payload else { return nil }
+        var job: PushJob
+        if let deviceToken {
+            job = PushJob(id: id, appId: appId, createdAt: now,
                           target: .device(deviceToken, tokenType: tokenType ?? .alert,
                                           environment: environment ?? .production, topic: topic))
+            job.pushType = pushType
+        } else if let channelId, let environment, let storagePolicy {
+            job = PushJob(id: id, appId: appId, createdAt: now,
+                          target: .broadcast(.init(channelId: channelId, environment: environment, storagePolicy: storagePolicy)))
+        } else {
+            return nil
+        }
         job.payload = payload
-        job.pushType = pushType
         job.priority = priority
         job.expiration = expiration
         job.collapseId = collapseId

@@ -19,11 +19,14 @@ public enum EventIntake {
                                                             prefix: "liveActivity."))
         }
         if let start = try fields.object("start") {
-            let s = try FieldReader(start, allowed: ["attributesType", "attributes", "contentState", "alert"], prefix: "start.")
+            let s = try FieldReader(start, allowed: ["attributesType", "attributes", "contentState", "alert",
+                                                     "inputPushChannel", "inputPushToken"], prefix: "start.")
             job.start = PushJob.Start(attributesType: try s.requiredString("attributesType"),
                                       attributes: try s.requiredObject("attributes"),
                                       contentState: try s.requiredObject("contentState"),
-                                      alert: try s.requiredObject("alert"))
+                                      alert: try s.requiredObject("alert"),
+                                      inputPushChannel: try s.string("inputPushChannel"),
+                                      inputPushToken: try s.bool("inputPushToken"))
         }
         guard job.alert != nil || job.liveActivity != nil || job.start != nil else {
             throw ValidationError(code: "missing_field", message: "an event needs at least one of alert, liveActivity or start",

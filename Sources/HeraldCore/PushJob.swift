@@ -10,14 +10,16 @@ import HeraldRuntime
 public struct PushJob: Sendable, Equatable {
     public static let currentVersion = 1
 
-    /// Who a job is for: every subscriber of a channel, every Live Activity registered for a post, or one device.
+    /// Who a job is for: every subscriber of a channel, every Live Activity registered for a post, one device,
+    /// or one broadcast channel (replays of a failed broadcast).
     public enum Target: Sendable, Equatable {
         case channel(String)
         /// A post's `postIdHash`.
         case post(String)
         case device(Device)
+        case broadcast(Broadcast)
 
-        public enum Kind: String, Sendable, CaseIterable { case channel, post, device }
+        public enum Kind: String, Sendable, CaseIterable { case channel, post, device, broadcast }
 
         public struct Device: Sendable, Equatable {
             /// Lowercase hex (it is part of the record key).
@@ -27,6 +29,17 @@ public struct PushJob: Sendable, Equatable {
             public var environment: APNsEnvironment?
             /// The `apns-topic`, when not the app's bundle id (replays of Live Activity pushes).
             public var topic: String?
+        }
+
+        /// An iOS 18 broadcast channel, as APNs made it.
+        public struct Broadcast: Sendable, Equatable {
+            public var channelId: String
+            public var environment: APNsEnvironment
+            public var storagePolicy: APNsStoragePolicy
+
+            public init(channelId: String, environment: APNsEnvironment, storagePolicy: APNsStoragePolicy) {
+                (self.channelId, self.environment, self.storagePolicy) = (channelId, environment, storagePolicy)
+            }
         }
 
         public static func device(_ token: String, tokenType: TokenType, environment: APNsEnvironment?,
@@ -39,6 +52,7 @@ public struct PushJob: Sendable, Equatable {
             case .channel: .channel
             case .post: .post
             case .device: .device
+            case .broadcast: .broadcast
             }
         }
 
@@ -65,6 +79,10 @@ public struct PushJob: Sendable, Equatable {
                 fields["environment"] = device.environment.map { .string($0.rawValue) }
                 fields["topic"] = device.topic.map { .string($0) }
                 return .object(fields)
+            case .broadcast(let broadcast):
+                return .object(["kind": .string("broadcast"), "channelId": .string(broadcast.channelId),
+                                "environment": .string(broadcast.environment.rawValue),
+                                "storagePolicy": .string(broadcast.storagePolicy.name)])
             }
         }
     }
@@ -105,10 +123,16 @@ public struct PushJob: Sendable, Equatable {
         public var attributes: JSONValue
         public var contentState: JSONValue
         public var alert: JSONValue
+        /// iOS 18: the broadcast channel id (`aps.input-push-channel`) the started activity joins.
+        public var inputPushChannel: String?
+        /// iOS 18: true asks the started activity for an update push token (`aps.input-push-token: 1`).
+        public var inputPushToken: Bool?
 
-        public init(attributesType: String, attributes: JSONValue, contentState: JSONValue, alert: JSONValue) {
+        public init(attributesType: String, attributes: JSONValue, contentState: JSONValue, alert: JSONValue,
+                    inputPushChannel: String? = nil, inputPushToken: Bool? = nil) {
             (self.attributesType, self.attributes, self.contentState, self.alert) =
                 (attributesType, attributes, contentState, alert)
+            (self.inputPushChannel, self.inputPushToken) = (inputPushChannel, inputPushToken)
         }
     }
 
@@ -189,6 +213,7 @@ public struct PushJob: Sendable, Equatable {
         case .channel(let name): "\(appId)/\(name)"
         case .post(let hash): "\(appId)/post/\(hash)"
         case .device(let device): "\(appId)/device/\(DeviceToken.keyHash(device.token))"
+        case .broadcast(let broadcast): "\(appId)/broadcast/\(broadcast.channelId)"
         }
     }
 
@@ -208,8 +233,11 @@ public struct PushJob: Sendable, Equatable {
         fields["alert"] = alert
         fields["liveActivity"] = liveActivity?.jsonValue
         if let start {
-            fields["start"] = .object(["attributesType": .string(start.attributesType), "attributes": start.attributes,
-                                       "contentState": start.contentState, "alert": start.alert])
+            var content: [String: JSONValue] = ["attributesType": .string(start.attributesType), "attributes": start.attributes,
+                                                "contentState": start.contentState, "alert": start.alert]
+            content["inputPushChannel"] = start.inputPushChannel.map { .string($0) }
+            content["inputPushToken"] = start.inputPushToken.map { .bool($0) }
+            fields["start"] = .object(content)
         }
         fields["payload"] = payload
         fields["pushType"] = pushType.map { .string($0) }
@@ -295,6 +323,18 @@ public struct PushJob: Sendable, Equatable {
             if resolvedPushType == .background, priority == 10 {
                 throw .invalid("priority", "background pushes must use priority 5 or 1")
             }
+        case .broadcast(let broadcast):
+            guard APNsChannelID.isValid(broadcast.channelId) else {
+                throw .invalid("target.channelId", "target.channelId must be a broadcast channel id (base64, at most \(APNsChannelID.maxLength) characters)")
+            }
+            guard payload != nil else { throw .missing("payload") }
+            guard alert == nil, liveActivity == nil, start == nil else {
+                throw ValidationError(code: "invalid_field", message: "a broadcast job carries its payload in payload")
+            }
+            if pushType != nil {
+                throw ValidationError(code: "invalid_field", message: "a broadcast is always a liveactivity push", field: "pushType")
+            }
+            try rejectParts(payload: false, final: true)
         }
         if let alert { try APNsPayload.checkComplete(alert, field: "alert") }
         if let liveActivity {
@@ -313,9 +353,19 @@ public struct PushJob: Sendable, Equatable {
             for (name, value) in [("attributes", start.attributes), ("contentState", start.contentState), ("alert", start.alert)] {
                 guard case .object = value else { throw .invalid("start.\(name)", "start.\(name) must be a JSON object") }
             }
+            if let channel = start.inputPushChannel, !APNsChannelID.isValid(channel) {
+                throw .invalid("start.inputPushChannel",
+                               "start.inputPushChannel must be a broadcast channel id: 1–\(APNsChannelID.maxLength) base64 characters")
+            }
         }
         if let payload { try APNsPayload.checkComplete(payload, field: "payload") }
         try checkSizes()
+    }
+
+    /// Device and broadcast jobs: the most bytes APNs takes in `payload`.
+    public var payloadLimit: Int {
+        if target.kind == .broadcast { return APNsPayload.maxBroadcastBytes }
+        return resolvedPushType == .voip ? APNsPayload.maxVoIPBytes : APNsPayload.maxBytes
     }
 
     /// Device jobs: the push type to send.
@@ -348,10 +398,7 @@ public struct PushJob: Sendable, Equatable {
         if let alert { built.append(("alert", alert.encoded(), APNsPayload.maxBytes)) }
         if let liveActivity { built.append(("liveActivity", APNsPayload.liveActivity(liveActivity, timestamp: now).encoded(), APNsPayload.maxBytes)) }
         if let start { built.append(("start", APNsPayload.start(start, timestamp: now).encoded(), APNsPayload.maxBytes)) }
-        if let payload {
-            let limit = resolvedPushType == .voip ? APNsPayload.maxVoIPBytes : APNsPayload.maxBytes
-            built.append(("payload", payload.encoded(), limit))
-        }
+        if let payload { built.append(("payload", payload.encoded(), payloadLimit)) }
         for (field, bytes, limit) in built where bytes.count > limit {
             throw ValidationError(code: "payload_too_large",
                                   message: "the \(field) payload is \(bytes.count) bytes; APNs accepts at most \(limit)",

@@ -14,10 +14,12 @@ extension PushJob {
     private static let targetFields: [Target.Kind: Set<String>] = [
         .channel: ["kind", "channel"], .post: ["kind", "postIdHash"],
         .device: ["kind", "deviceToken", "tokenType", "environment", "topic"],
+        .broadcast: ["kind", "channelId", "environment", "storagePolicy"],
     ]
     private static let liveActivityFields: Set<String> = ["event", "contentState", "alert", "staleDate", "dismissalDate",
                                                           "relevanceScore", "activityID"]
-    private static let startFields: Set<String> = ["attributesType", "attributes", "contentState", "alert"]
+    private static let startFields: Set<String> = ["attributesType", "attributes", "contentState", "alert", "inputPushChannel",
+                                                   "inputPushToken"]
     private static let broadcastChannelFields: Set<String> = ["environment", "storagePolicy"]
     private static let replayOfFields: Set<String> = ["jobId", "dlqPartition", "dlqOffset", "channel", "postIdHash"]
     /// Integers a JSON number (a `Double`) holds exactly.
@@ -56,7 +58,9 @@ extension PushJob {
                 let fields = try JobFields(start, allowed: startFields, prefix: "start.", nullable: ["attributes", "contentState", "alert"])
                 decoded.start = Start(attributesType: try fields.required(fields.reader.string("attributesType"), "attributesType"),
                                       attributes: try fields.required("attributes"),
-                                      contentState: try fields.required("contentState"), alert: try fields.required("alert"))
+                                      contentState: try fields.required("contentState"), alert: try fields.required("alert"),
+                                      inputPushChannel: try fields.reader.string("inputPushChannel"),
+                                      inputPushToken: try fields.reader.bool("inputPushToken"))
             }
             decoded.payload = job.reader.value("payload")
             decoded.pushType = try job.reader.string("pushType")
@@ -66,14 +70,10 @@ extension PushJob {
             decoded.final = try job.reader.bool("final")
             if let request = job.reader.value("broadcastChannel") {
                 let fields = try JobFields(request, allowed: broadcastChannelFields, prefix: "broadcastChannel.")
-                let policyName = try fields.required(fields.reader.string("storagePolicy"), "storagePolicy")
-                guard let policy = APNsStoragePolicy(name: policyName) else {
-                    throw ValidationError.invalid("broadcastChannel.storagePolicy",
-                                                  "broadcastChannel.storagePolicy must be noStorage or mostRecentMessage")
-                }
                 decoded.broadcastChannel = BroadcastChannel(
                     environment: try fields.required(fields.reader.enumeration("environment", APNsEnvironment.self), "environment"),
-                    storagePolicy: policy)
+                    storagePolicy: try storagePolicy(fields.required(fields.reader.string("storagePolicy"), "storagePolicy"),
+                                                     field: "broadcastChannel.storagePolicy"))
             }
             if let replayOf = job.reader.value("replayOf") {
                 let fields = try JobFields(replayOf, allowed: replayOfFields, prefix: "replayOf.")
@@ -103,7 +103,20 @@ extension PushJob {
                            tokenType: try target.required(target.reader.enumeration("tokenType", TokenType.self), "tokenType"),
                            environment: try target.reader.enumeration("environment", APNsEnvironment.self),
                            topic: try target.reader.string("topic"))
+        case .broadcast:
+            return .broadcast(Target.Broadcast(
+                channelId: try target.required(target.reader.string("channelId"), "channelId"),
+                environment: try target.required(target.reader.enumeration("environment", APNsEnvironment.self), "environment"),
+                storagePolicy: try storagePolicy(target.required(target.reader.string("storagePolicy"), "storagePolicy"),
+                                                 field: "target.storagePolicy")))
         }
+    }
+
+    private static func storagePolicy(_ name: String, field: String) throws(ValidationError) -> APNsStoragePolicy {
+        guard let policy = APNsStoragePolicy(name: name) else {
+            throw .invalid(field, "\(field) must be noStorage or mostRecentMessage")
+        }
+        return policy
     }
 
     private init(version: Int, id: String, appId: String, createdAt: String, target: Target) {

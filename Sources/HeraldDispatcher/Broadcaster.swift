@@ -25,8 +25,8 @@ struct Broadcaster: Sendable {
         else { return !Task.isCancelled }
         if case .ready = state { return true }
         let bundle = plan.app.apns.bundleId
-        guard let answer = await manage(.create(bundleID: bundle, storagePolicy: request.storagePolicy), plan,
-                                        environment: request.environment) else { return false }
+        guard let answer = await manage(.create(bundleID: bundle, storagePolicy: request.storagePolicy),
+                                        credentials: plan.credentials, environment: request.environment) else { return false }
         switch answer {
         case .success(let response) where response.status == 201 && response.channelID != nil:
             let made = BroadcastChannel(channelID: response.channelID!, environment: request.environment,
@@ -35,7 +35,8 @@ struct Broadcaster: Sendable {
             else { return !Task.isCancelled }
             if kept.channelID != made.channelID {
                 // Another job made one first: ours would only count against Apple's cap.
-                _ = await manage(.delete(bundleID: bundle, channelID: made.channelID), plan, environment: request.environment)
+                _ = await manage(.delete(bundleID: bundle, channelID: made.channelID), credentials: plan.credentials,
+                                 environment: request.environment)
             }
             logger.info("broadcast channel ready", ["app": app, "post": post, "apns.environment": request.environment.rawValue,
                                                     "apns.channel_id": kept.channelID])
@@ -70,6 +71,14 @@ struct Broadcaster: Sendable {
         return true
     }
 
+    /// A `broadcast` job (`heraldctl replay` of a failed broadcast): its payload, once, to its channel.
+    func publishReplay(_ context: JobContext, to target: PushJob.Target.Broadcast) async -> Bool {
+        guard let payload = context.plan.job.payload?.encoded() else { return true }
+        let channel = BroadcastChannel(channelID: target.channelId, environment: target.environment,
+                                       storagePolicy: target.storagePolicy, createdAt: "")
+        return await publish(payload, to: channel, context: context, post: context.plan.job.replayOf?.postIdHash)
+    }
+
     /// After the final update: deletes the post's channels at APNs, then forgets them. A channel APNs keeps
     /// refusing to delete is left in Redis (and logged) rather than holding the job.
     func deleteChannels(_ plan: JobPlan, post: String) async -> Bool {
@@ -77,23 +86,35 @@ struct Broadcaster: Sendable {
         guard let list = await store("read the post's channels", { try await channels.channels(app: app, postIDHash: post) })
         else { return !Task.isCancelled }
         for channel in list {
-            guard let answer = await manage(.delete(bundleID: plan.app.apns.bundleId, channelID: channel.channelID), plan,
-                                            environment: channel.environment) else { return false }
-            if case .success(let response) = answer, response.isSuccess || response.reason == .channelNotRegistered {
-                guard await store("forget the channel", {
-                    try await channels.remove(app: app, postIDHash: post, environment: channel.environment)
-                }) != nil || !Task.isCancelled else { return false }
+            guard let deleted = await delete(channel, app: plan.app, credentials: plan.credentials, post: post) else {
+                return false
+            }
+            if deleted {
                 logger.info("final update sent; broadcast channel deleted",
                             ["app": app, "post": post, "apns.channel_id": channel.channelID])
-            } else {
-                logger.error("final update sent; APNs did not delete the broadcast channel",
-                             ["app": app, "post": post, "apns.channel_id": channel.channelID, "answer": "\(answer)"])
             }
         }
         return true
     }
 
-    private func publish(_ payload: [UInt8], to channel: BroadcastChannel, context: JobContext, post: String) async -> Bool {
+    /// Deletes one of the post's channels at APNs, then forgets it. True when gone, false when APNs kept refusing
+    /// (logged; the channel stays in Redis), nil when cancelled.
+    func delete(_ channel: BroadcastChannel, app: App, credentials: APNsCredentials, post: String) async -> Bool? {
+        guard let answer = await manage(.delete(bundleID: app.apns.bundleId, channelID: channel.channelID),
+                                        credentials: credentials, environment: channel.environment) else { return nil }
+        guard case .success(let response) = answer, response.isSuccess || response.reason == .channelNotRegistered else {
+            logger.error("APNs did not delete a broadcast channel",
+                         ["app": app.id, "post": post, "apns.channel_id": channel.channelID, "answer": "\(answer)"])
+            return false
+        }
+        guard await store("forget the channel", {
+            try await channels.remove(app: app.id, postIDHash: post, environment: channel.environment)
+        }) != nil else { return Task.isCancelled ? nil : false }
+        return true
+    }
+
+    /// `post`: the channel's post, when known (a replay may not know it).
+    private func publish(_ payload: [UInt8], to channel: BroadcastChannel, context: JobContext, post: String?) async -> Bool {
         let plan = context.plan
         let request = APNsBroadcastRequest(bundleID: plan.app.apns.bundleId, channelID: channel.channelID, payload: payload,
                                            priority: plan.priority, expiration: plan.expiration,
@@ -107,11 +128,17 @@ struct Broadcaster: Sendable {
             do {
                 let response = try await apns.publish(request, credentials: plan.credentials, environment: channel.environment)
                 failure.lastAttemptAt = Date()
-                if response.isSuccess { return true }
+                if response.isSuccess {
+                    guard let post else { return true }
+                    // In use: the janitor deletes only channels of posts idle for HERALD_BROADCAST_IDLE_SECONDS.
+                    return await store("mark the post's channels in use", {
+                        try await channels.touch(app: plan.app.id, postIDHash: post)
+                    }) != nil || !Task.isCancelled
+                }
                 (failure.status, failure.apnsReason, failure.apnsUniqueID, failure.error) =
                     (response.status, response.reason?.description, response.uniqueID, nil)
                 retryable = response.disposition == .retry || response.disposition == .refreshProviderToken
-                if response.reason == .channelNotRegistered {
+                if response.reason == .channelNotRegistered, let post {
                     // Deleted at APNs (or never there): later updates would fail the same way.
                     _ = await store("forget the channel", {
                         try await channels.remove(app: plan.app.id, postIDHash: post, environment: channel.environment)
@@ -127,7 +154,7 @@ struct Broadcaster: Sendable {
             guard retryable, attempt < maxAttempts else { break }
             do { try await Task.sleep(for: backoff.delay(attempt: attempt)) } catch { return false }
         }
-        logger.warning("broadcast dead-lettered", ["app": plan.app.id, "post": post, "apns.channel_id": channel.channelID,
+        logger.warning("broadcast dead-lettered", ["app": plan.app.id, "post": post ?? "", "apns.channel_id": channel.channelID,
                                                    "apns.reason": failure.apnsReason ?? failure.error ?? ""])
         return await deadLetters.write(DeadLetter(broadcast: channel, payload: payload, of: plan.job, source: context.source,
                                                   failure: failure,
@@ -136,13 +163,13 @@ struct Broadcaster: Sendable {
 
     /// One channel request, sent again after a backoff while APNs asks to retry or does not answer; nil when
     /// cancelled.
-    private func manage(_ request: APNsChannelRequest, _ plan: JobPlan,
-                        environment: APNsEnvironment) async -> Result<APNsChannelResponse, APNsError>? {
+    func manage(_ request: APNsChannelRequest, credentials: APNsCredentials,
+                environment: APNsEnvironment) async -> Result<APNsChannelResponse, APNsError>? {
         var last: Result<APNsChannelResponse, APNsError> = .failure(APNsError(.timeout, "not sent"))
         for attempt in 1...max(1, maxAttempts) {
             let retryable: Bool
             do {
-                let response = try await apns.manage(request, credentials: plan.credentials, environment: environment)
+                let response = try await apns.manage(request, credentials: credentials, environment: environment)
                 last = .success(response)
                 retryable = response.disposition == .retry || response.disposition == .refreshProviderToken
             } catch let error as APNsError {
@@ -159,7 +186,7 @@ struct Broadcaster: Sendable {
 
     /// Runs a Redis step until it succeeds (an outage is waited out); nil when cancelled, or when Redis answered
     /// about the data itself `StoreRefusal.tries` times in a row (logged; the caller then goes on without it).
-    private func store<T: Sendable>(_ what: String, _ body: () async throws -> T) async -> T? {
+    func store<T: Sendable>(_ what: String, _ body: () async throws -> T) async -> T? {
         var refusals = 0
         while !Task.isCancelled {
             do { return try await body() } catch {

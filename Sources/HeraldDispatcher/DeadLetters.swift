@@ -76,10 +76,11 @@ extension DeadLetter {
             ?? "no answer from APNs to the broadcast (\(failure.error ?? "unknown"))"
         message = disposition == .retriesExhausted ? "\(what) on all \(failure.attempts) attempts" : what
         channelId = channel.channelID
+        storagePolicy = channel.storagePolicy
         environment = channel.environment
         pushType = APNsPushType.liveactivity.rawValue
         self.payload = JSONValue(parsing: payload)
-        priority = job.priority
+        (priority, expiration) = (job.priority, job.expiration)
         status = failure.status
         apnsUniqueId = failure.apnsUniqueID
         firstAttemptAt = Timestamp.rfc3339(failure.firstAttemptAt)

@@ -65,6 +65,11 @@ public struct DispatcherConfiguration: Sendable {
     public var maxBatchesInFlightPerJob = 3
     /// How often expired subscriptions are swept out of Redis.
     public var subscriptionSweepInterval: Duration = .seconds(60)
+    /// `HERALD_BROADCAST_JANITOR_INTERVAL_SECONDS`: how often the broadcast janitor looks at every app's channels.
+    public var broadcastJanitorInterval: Duration = .seconds(300)
+    /// `HERALD_BROADCAST_IDLE_SECONDS`: a post's broadcast channels are deleted after this long without a create
+    /// or publish (a post whose final update never came).
+    public var broadcastIdle: Duration = .seconds(86_400)
     /// How long fan-out progress records live in Redis (a job resumed later starts again from the beginning).
     public var progressTTL: Duration = .seconds(86_400)
     /// How often completed offsets are committed.

@@ -65,8 +65,10 @@ public final class DispatcherService: Service {
                                 router: router, logger: logger, metrics: metrics)
         let sweeper = SubscriptionSweeper(apps: apps, subscriptions: subscriptions,
                                           interval: configuration.subscriptionSweepInterval, metrics: metrics, logger: logger)
+        let janitor = BroadcastJanitor(apps: apps, broadcaster: broadcaster, interval: configuration.broadcastJanitorInterval,
+                                       idle: configuration.broadcastIdle, metrics: metrics, logger: logger)
         // Stopped newest first: the consumer drains while the operations server still answers.
-        parts = ServiceGroup(services: [server, readiness, HeapTrimmer(), sweeper,
+        parts = ServiceGroup(services: [server, readiness, HeapTrimmer(), sweeper, janitor,
                                         OffsetCommitter(consumer: consumer, interval: configuration.commitInterval),
                                         consumer],
                              signals: [], gracePeriod: configuration.drainTimeout + .seconds(5), logger: logger)

@@ -41,10 +41,10 @@ struct JobPlan: Sendable {
     init(job: PushJob, app: App, timestamp: Int64) throws(Refusal) {
         self.job = job
         self.app = app
-        guard let privateKey = app.apns.privateKey else {
+        guard let credentials = app.apnsCredentials else {
             throw Refusal(error: .invalid("appId", "app \(app.id)'s APNs key is not loaded"))
         }
-        credentials = APNsCredentials(teamID: app.apns.teamId, keyID: app.apns.keyId, privateKey: privateKey)
+        self.credentials = credentials
         priority = job.priority.flatMap(APNsPriority.init(rawValue:))
         expiration = job.expiration.map { Date(timeIntervalSince1970: TimeInterval($0)) }
         createdAt = Timestamp.parse(job.createdAt)
@@ -128,5 +128,12 @@ public enum DeviceJobRequest {
             throw .invalid("target", "only a device job makes one APNs request")
         }
         return (plan.request(for: push), plan.credentials, push.environment)
+    }
+}
+
+extension App {
+    /// What signs the app's provider tokens; nil when its key is not loaded.
+    var apnsCredentials: APNsCredentials? {
+        apns.privateKey.map { APNsCredentials(teamID: apns.teamId, keyID: apns.keyId, privateKey: $0) }
     }
 }

@@ -81,6 +81,8 @@ struct JobRunner: Sendable {
             if settled, plan.job.final == true {
                 guard await removeChannel(app: plan.app.id, channel: channel) else { return false }
             }
+        case .broadcast(let target):
+            settled = await broadcaster.publishReplay(context, to: target)
         case .post(let post) where plan.job.broadcastChannel != nil:
             settled = await broadcaster.createChannel(plan, post: post, plan.job.broadcastChannel!)
         case .post(let post):

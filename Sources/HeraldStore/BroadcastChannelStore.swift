@@ -41,11 +41,15 @@ public enum BroadcastChannelState: Sendable, Equatable {
 
 /// A post's broadcast channels: `herald:{app}:bcast:<postIdHash>`, a hash with one field per environment (the
 /// channel's JSON) and `<environment>:refused` while the last attempt to create it was refused. No TTL: a
-/// channel lives until the post's final update deletes it at APNs.
+/// channel lives until the post's final update or the janitor (idle posts) deletes it at APNs. The posts that
+/// have channels are indexed in `herald:{app}:bcastidx` by their last create or publish, for the janitor.
 public struct BroadcastChannelStore: Sendable {
     let redis: RedisClient
 
     public init(redis: RedisClient) { self.redis = redis }
+
+    /// How many posts a janitor call reads at once.
+    public static let pageSize = 500
 
     /// Every channel of the post (what an update is published to).
     public func channels(app: String, postIDHash: String) async throws -> [BroadcastChannel] {
@@ -71,12 +75,14 @@ public struct BroadcastChannelStore: Sendable {
     /// Keeps `channel` unless the post already has one in that environment; returns the one kept (the caller
     /// deletes its own at APNs when it lost).
     public func save(app: String, postIDHash: String, _ channel: BroadcastChannel) async throws -> BroadcastChannel {
-        let key = RedisKeys(app: app).broadcast(postIDHash)
+        let keys = RedisKeys(app: app)
+        let key = keys.broadcast(postIDHash)
         let field = channel.environment.rawValue
         let replies = try await redis.pipeline([
             ["HSETNX", key, field, String(decoding: channel.jsonValue.encoded(), as: UTF8.self)],
             ["HDEL", key, field + ":refused"],
             ["HGET", key, field],
+            ["ZADD", keys.broadcastIndex, Self.nowMilliseconds, postIDHash],
         ])
         for case .error(let message) in replies { throw RedisError(.server, message) }
         return replies[2].string.flatMap { JSONValue(parsing: Array($0.utf8)) }.flatMap(BroadcastChannel.init) ?? channel
@@ -94,8 +100,83 @@ public struct BroadcastChannelStore: Sendable {
         _ = try await redis.command(["HDEL", RedisKeys(app: app).broadcast(postIDHash), environment.rawValue + ":refused"])
     }
 
-    /// Forgets one channel (deleted at APNs, or unknown to it).
+    /// Forgets one channel (deleted at APNs, or unknown to it); a post left without channels leaves the index.
     public func remove(app: String, postIDHash: String, environment: APNsEnvironment) async throws {
-        _ = try await redis.command(["HDEL", RedisKeys(app: app).broadcast(postIDHash), environment.rawValue])
+        let keys = RedisKeys(app: app)
+        _ = try await redis.run(Self.forget, keys: [keys.broadcast(postIDHash), keys.broadcastIndex],
+                                args: [environment.rawValue, postIDHash] + APNsEnvironment.allCases.map(\.rawValue))
     }
+
+    /// Marks the post as in use now (a publish), so the janitor leaves its channels alone.
+    public func touch(app: String, postIDHash: String) async throws {
+        _ = try await redis.command(["ZADD", RedisKeys(app: app).broadcastIndex, Self.nowMilliseconds, postIDHash])
+    }
+
+    /// Posts whose channels were last made or published to before `before` (UNIX ms), oldest first.
+    public func idlePosts(app: String, before: Int64, limit: Int) async throws -> [String] {
+        let reply = try await redis.command(["ZRANGEBYSCORE", RedisKeys(app: app).broadcastIndex, "-inf", "(\(before)",
+                                             "LIMIT", "0", String(limit)])
+        return reply.array?.compactMap(\.string) ?? []
+    }
+
+    /// Takes an indexed post without channels (only refusals) out of the index.
+    public func unindexIfEmpty(app: String, postIDHash: String) async throws {
+        let keys = RedisKeys(app: app)
+        _ = try await redis.run(Self.forget, keys: [keys.broadcast(postIDHash), keys.broadcastIndex],
+                                args: ["", postIDHash] + APNsEnvironment.allCases.map(\.rawValue))
+    }
+
+    /// Every indexed post's channels, read a page of posts at a time.
+    public func indexedChannels(app: String) async throws -> [(post: String, channel: BroadcastChannel)] {
+        let keys = RedisKeys(app: app)
+        var found: [(post: String, channel: BroadcastChannel)] = []
+        var start = 0
+        while true {
+            let posts = try await redis.command(["ZRANGE", keys.broadcastIndex, String(start),
+                                                 String(start + Self.pageSize - 1)]).array?.compactMap(\.string) ?? []
+            guard !posts.isEmpty else { return found }
+            let replies = try await redis.pipeline(posts.map { ["HGETALL", keys.broadcast($0)] })
+            for (post, reply) in zip(posts, replies) {
+                let fields = reply.fieldValues ?? [:]
+                for environment in APNsEnvironment.allCases {
+                    if let channel = fields[environment.rawValue].flatMap({ JSONValue(parsing: Array($0.utf8)) })
+                        .flatMap(BroadcastChannel.init) {
+                        found.append((post, channel))
+                    }
+                }
+            }
+            guard posts.count == Self.pageSize else { return found }
+            start += Self.pageSize
+        }
+    }
+
+    /// Channels APNs listed that Redis does not know, by `<environment>:<channelId>`, with when each was first
+    /// seen so (UNIX ms). A channel is made at APNs just before it is saved, so one sighting is not yet an orphan.
+    public func orphanSightings(app: String) async throws -> [String: Int64] {
+        let fields = try await redis.command(["HGETALL", RedisKeys(app: app).broadcastOrphans]).fieldValues ?? [:]
+        return fields.compactMapValues { Int64($0) }
+    }
+
+    /// Records the first sighting of each of `seen`, and forgets `gone` (deleted, or known to Redis after all).
+    public func updateOrphanSightings(app: String, seen: [String], gone: [String]) async throws {
+        let key = RedisKeys(app: app).broadcastOrphans
+        let now = Self.nowMilliseconds
+        var commands = seen.map { ["HSETNX", key, $0, now] }
+        if !gone.isEmpty { commands.append(["HDEL", key] + gone) }
+        guard !commands.isEmpty else { return }
+        for case .error(let message) in try await redis.pipeline(commands) { throw RedisError(.server, message) }
+    }
+
+    private static var nowMilliseconds: String { String(Int64(Date().timeIntervalSince1970 * 1000)) }
+
+    /// KEYS: the post's channels, the index. ARGV: the environment to forget ("" for none), the post, then every
+    /// environment's field name. The post leaves the index once no environment has a channel.
+    static let forget = RedisScript(source: """
+        if ARGV[1] ~= '' then redis.call('HDEL', KEYS[1], ARGV[1]) end
+        for i = 3, #ARGV do
+          if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then return 0 end
+        end
+        redis.call('ZREM', KEYS[2], ARGV[2])
+        return 1
+        """)
 }

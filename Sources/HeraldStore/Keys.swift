@@ -13,6 +13,8 @@ import HeraldCrypto
 /// | `herald:{app}:post:<hash>` | zset, TTL | registration ids of a post, scored by expiry (ms) |
 /// | `herald:{app}:acttok:<token>` | zset, TTL | registration ids of a push token, scored by expiry (ms) |
 /// | `herald:{app}:bcast:<hash>` | hash | a post's broadcast channels: `<environment>` → channel JSON, `<environment>:refused` → APNs' last refusal (`BroadcastChannelStore`) |
+/// | `herald:{app}:bcastidx` | zset | posts with broadcast channels, scored by their last create or publish (ms), for the janitor |
+/// | `herald:{app}:bcastorphan` | hash | `<environment>:<channelId>` → when the janitor first saw the channel at APNs but not in Redis (ms) |
 /// | `herald:{app}:idem:<id>` | string, 24 h | idempotency marker of a producer request |
 /// | `herald:{app}:rl:<key>:<window>` | counter, 61 s | fixed-window rate limit of one API key or OAuth subject |
 /// | `herald:{app}:job:<id>` | hash, 24 h | a job's status: acceptedAt, target, startedAt, finishedAt, counts (`JobStatusStore`) |
@@ -35,6 +37,8 @@ public struct RedisKeys: Sendable {
     public func post(_ hash: String) -> String { key("post:", hash) }
     public func activityToken(_ token: String) -> String { key("acttok:", token) }
     public func broadcast(_ postIDHash: String) -> String { key("bcast:", postIDHash) }
+    public var broadcastIndex: String { prefix + "bcastidx" }
+    public var broadcastOrphans: String { prefix + "bcastorphan" }
     public func idempotency(_ id: String) -> String { key("idem:", id) }
     public func rateLimit(_ key: String, window: Int) -> String { self.key("rl:", key, suffix: ":" + String(window)) }
     public func jobStatus(_ id: String) -> String { key("job:", id) }

@@ -280,12 +280,13 @@ extension DeadLetter {
         return job.resolvedPushType.rawValue
     }
 
-    /// What the failed job was addressed to, for people: `channel:news`, `post:ab12…`, `device`.
+    /// What the failed job was addressed to, for people: `channel:news`, `post:ab12…`, `device`, `broadcast`.
     var targetDescription: String {
         switch job?.target {
         case .channel(let name)?: "channel:" + name
         case .post(let hash)?: "post:" + hash
         case .device?: "device"
+        case .broadcast?: "broadcast"
         case nil: "-"
         }
     }

@@ -9,12 +9,13 @@ import HeraldRuntime
 import HeraldStore
 import Synchronization
 
-/// `heraldctl replay`: re-publishes matching dead letters to the jobs topic as device jobs, each at most once per
-/// replay name.
+/// `heraldctl replay`: re-publishes matching dead letters to the jobs topic as device (or broadcast) jobs, each at
+/// most once per replay name.
 enum ReplayCommand {
     static let usage = """
         heraldctl replay — send failed deliveries again: re-publish matching dead letters (HERALD_TOPIC_DLQ) to
-        HERALD_TOPIC_JOBS as device jobs, each marked "replayOf" with the original job id and dead-letter offset.
+        HERALD_TOPIC_JOBS as device jobs (a failed broadcast as a broadcast job, published once to its channel),
+        each marked "replayOf" with the original job id and dead-letter offset.
 
         Usage:
           heraldctl replay [FILTERS] [--name NAME] [--dry-run] [--limit N] [--rate JOBS_PER_S] [--include-removed]
@@ -30,7 +31,8 @@ enum ReplayCommand {
           --limit N           re-publish at most N jobs in this run; run again to continue
           --rate R            at most R jobs per second (default: as fast as Kafka acknowledges)
           --include-removed   also send to tokens that no longer have any subscription or Live Activity
-                              registration in Redis (skipped by default: the device was unregistered since)
+                              registration in Redis, and to broadcast channels their post no longer has
+                              (skipped by default: the device was unregistered, or the post ended, since)
           --include-replayed  also send dead letters of jobs that were themselves replays (skipped by default, so
                               a replay that fails again does not feed the next run; counted apart in the summary)
           --json              print the summary as one JSON object (with --dry-run, preceded by the jobs)
@@ -257,7 +259,7 @@ final class Replay {
             summary.matched += 1
             summary.byReason[letter.reason, default: 0] += 1
             counters.matched.add(1, ordering: .relaxed)
-            guard letter.deviceToken != nil, letter.payload != nil else {
+            guard letter.deviceToken != nil || letter.channelId != nil, letter.payload != nil else {
                 skip("not_replayable")
                 continue
             }
@@ -265,16 +267,15 @@ final class Replay {
         }
         guard !candidates.isEmpty else { return true }
         let already = try await ledger.alreadySent(candidates.map(\.member))
-        let live = options.includeRemoved ? nil : try await registeredTokens(candidates.map(\.entry))
+        let live = options.includeRemoved ? nil : try await stillRegistered(candidates.map(\.entry))
         var toSend: [(entry: DLQEntry, member: String)] = []
         defer { counters.waiting.store(0, ordering: .relaxed) }
         for candidate in candidates {
             if already.contains(candidate.member) {
                 summary.alreadyRepublished += 1
                 counters.already.add(1, ordering: .relaxed)
-            } else if let live, let letter = candidate.entry.letter,
-                      !live.contains(TokenKey(app: letter.appId, token: letter.deviceToken ?? "")) {
-                skip("token_removed")
+            } else if let live, let letter = candidate.entry.letter, let target = ReplayTarget(letter), !live.contains(target) {
+                skip(letter.channelId == nil ? "token_removed" : "channel_removed")
             } else {
                 toSend.append(candidate)
             }
@@ -358,31 +359,61 @@ final class Replay {
         nextSendAt = max(nextSendAt, now) + .nanoseconds(Int64(1e9 / rate))
     }
 
-    /// Which of these letters' (app, token) pairs still have a subscription or a live Live Activity registration.
-    private func registeredTokens(_ entries: [DLQEntry]) async throws -> Set<TokenKey> {
-        let keys = Array(Set(entries.compactMap { entry in
-            entry.letter.flatMap { letter in letter.deviceToken.map { TokenKey(app: letter.appId, token: $0) } }
-        }))
+    /// Which of these letters' targets are still there: a token with a subscription or a live Live Activity
+    /// registration, a broadcast channel its post still has (the final update or the janitor deletes them).
+    private func stillRegistered(_ entries: [DLQEntry]) async throws -> Set<ReplayTarget> {
+        let targets = Array(Set(entries.compactMap { $0.letter.flatMap(ReplayTarget.init) }))
         let now = String(Int64(Date().timeIntervalSince1970 * 1000))
         var commands: [[String]] = []
-        for key in keys {
-            let redisKeys = RedisKeys(app: key.app)
-            commands.append(["SCARD", redisKeys.device(key.token)])
-            // The token index is scored by expiry: only registrations that have not expired count.
-            commands.append(["ZCOUNT", redisKeys.activityToken(key.token), "(" + now, "+inf"])
+        var firstReply: [Int] = []
+        for target in targets {
+            let redisKeys = RedisKeys(app: target.app)
+            firstReply.append(commands.count)
+            switch target.kind {
+            case .token(let token):
+                commands.append(["SCARD", redisKeys.device(token)])
+                // The token index is scored by expiry: only registrations that have not expired count.
+                commands.append(["ZCOUNT", redisKeys.activityToken(token), "(" + now, "+inf"])
+            case .channel(_, let post, let environment):
+                commands.append(["HGET", redisKeys.broadcast(post), environment.rawValue])
+            }
         }
         let replies = try await redis.pipeline(commands)
-        var live: Set<TokenKey> = []
-        for (index, key) in keys.enumerated() where (replies[2 * index].int ?? 0) + (replies[2 * index + 1].int ?? 0) > 0 {
-            live.insert(key)
+        var live: Set<ReplayTarget> = []
+        for (target, first) in zip(targets, firstReply) {
+            switch target.kind {
+            case .token:
+                if (replies[first].int ?? 0) + (replies[first + 1].int ?? 0) > 0 { live.insert(target) }
+            case .channel(let id, _, _):
+                let stored = replies[first].string.flatMap { JSONValue(parsing: Array($0.utf8)) }
+                if stored?["channelId"]?.stringValue == id { live.insert(target) }
+            }
         }
         return live
     }
 }
 
-struct TokenKey: Hashable {
+/// Where a dead letter's replay would go: a device token, or a broadcast channel of a post.
+struct ReplayTarget: Hashable {
+    enum Kind: Hashable {
+        case token(String)
+        case channel(id: String, post: String, environment: APNsEnvironment)
+    }
+
     var app: String
-    var token: String
+    var kind: Kind
+
+    /// Nil for a letter with neither (or a broadcast whose post is unknown, which cannot be checked).
+    init?(_ letter: DeadLetter) {
+        app = letter.appId
+        if let token = letter.deviceToken {
+            kind = .token(token)
+        } else if let id = letter.channelId, let post = letter.originalPost, let environment = letter.environment {
+            kind = .channel(id: id, post: post, environment: environment)
+        } else {
+            return nil
+        }
+    }
 }
 
 /// SIGINT / SIGTERM ask a replay to stop after what is in flight; a second one exits at once.
@@ -437,7 +468,8 @@ struct ReplaySummary {
 
     static let skipExplanations = [
         "token_removed": "the token has no subscription or registration left (unregistered since); --include-removed sends anyway",
-        "not_replayable": "no device or payload to send again (e.g. invalid_job)",
+        "channel_removed": "the broadcast channel is gone from its post (ended or idle since); --include-removed sends anyway",
+        "not_replayable": "no device, channel or payload to send again (e.g. invalid_job)",
         "invalid_job": "the replayed job would not pass validation (e.g. payload too large)",
     ]
 

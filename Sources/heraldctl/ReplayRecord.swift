@@ -3,9 +3,9 @@ import HeraldCore
 import HeraldRuntime
 
 extension DeadLetter {
-    /// The device job that sends this push again (`replayJob`), checked and encoded, with the payload's JSON text
+    /// The job that sends this push again (`replayJob`), checked and encoded, with the payload's JSON text
     /// copied from `record` instead of encoded again (that encoding was the larger part of a replay's CPU time).
-    /// Nil when there is no device or payload to send; throws when the job would be invalid.
+    /// Nil when there is no device, channel or payload to send; throws when the job would be invalid.
     func replayRecord(record: [UInt8], partition: Int32, offset: Int64, id: String, now: Date) throws(ValidationError)
         -> (key: String, bytes: [UInt8])? {
         guard var job = replayJob(partition: partition, offset: offset, id: id, now: now),
@@ -17,7 +17,7 @@ extension DeadLetter {
         }
         job.payload = .object(["aps": .object([:])])
         try job.validate()
-        let limit = job.resolvedPushType == .voip ? APNsPayload.maxVoIPBytes : APNsPayload.maxBytes
+        let limit = job.payloadLimit
         guard raw.count <= limit else {
             throw ValidationError(code: "payload_too_large", message: "the payload is \(raw.count) bytes; APNs accepts at most \(limit)",
                                   field: "payload")

@@ -223,6 +223,36 @@ struct SimulatorTests {
         #expect(records.first?["payload"]?["aps"]?["content-state"] == .object(["status": .string("shipped")]))
     }
 
+    @Test("push-to-start takes iOS 18's input-push-channel (a string) and input-push-token (1, or 0)")
+    func pushToStartInputs() async throws {
+        let harness = try Harness()
+        let base = try harness.alert(deviceToken()).with("apns-push-type", "liveactivity")
+            .with("apns-topic", bundleID + ".push-type.liveactivity")
+        let now = Int(Date().timeIntervalSince1970)
+        func start(_ inputs: String) -> HTTPRequest {
+            var request = base
+            request.body = #"{"aps":{"timestamp":\#(now),"event":"start","content-state":{},"attributes-type":"A","attributes":{},"alert":{"title":"t"},\#(inputs)}}"#
+            return request
+        }
+        let cases: [(String, Int, String?)] = [
+            (#""input-push-channel":"dHN0LTEyMzQ1Njc4OTAxMjM0NTY=","input-push-token":1"#, 200, nil),
+            (#""input-push-token":0"#, 200, nil),
+            (#""input-push-token":"yes""#, 400, "BadPayload"),
+            (#""input-push-token":true"#, 400, "BadPayload"),
+            (#""input-push-token":2"#, 400, "BadPayload"),
+            (#""input-push-channel":7"#, 400, "BadPayload"),
+        ]
+        let responses = try await curl(harness, cases.map { start($0.0) })
+        await harness.stop()
+        try #require(responses.count == cases.count)
+        for (index, (inputs, status, reason)) in cases.enumerated() {
+            #expect(responses[index].status == status, "\(inputs)")
+            #expect(responses[index].reason == reason, "\(inputs)")
+        }
+        let aps = try harness.accepted().first?["payload"]?["aps"]
+        #expect(aps?["input-push-channel"] == .string("dHN0LTEyMzQ1Njc4OTAxMjM0NTY=") && aps?["input-push-token"] == .number(1))
+    }
+
     @Test("max concurrent streams is 1 until a valid provider token is used, then the configured value")
     func maxConcurrentStreams() async throws {
         let harness = try Harness(maxConcurrentStreams: 250)

@@ -35,6 +35,9 @@ import Testing
         (#"{"channel": "c", "liveActivity": {"event": "pause", "contentState": {}}}"#, "liveActivity.event"),
         (#"{"channel": "c", "liveActivity": {"event": "update"}}"#, "liveActivity.contentState"),
         (#"{"channel": "c", "start": {"attributesType": "T", "attributes": {}, "contentState": {}}}"#, "start.alert"),
+        (#"{"channel": "c", "start": {"attributesType": "T", "attributes": {}, "contentState": {}, "alert": {}, "inputPushChannel": "not base64!"}}"#, "start.inputPushChannel"),
+        (#"{"channel": "c", "start": {"attributesType": "T", "attributes": {}, "contentState": {}, "alert": {}, "inputPushChannel": 7}}"#, "start.inputPushChannel"),
+        (#"{"channel": "c", "start": {"attributesType": "T", "attributes": {}, "contentState": {}, "alert": {}, "inputPushToken": 1}}"#, "start.inputPushToken"),
         (#"{"channel": "c", "alert": {"aps": {"alert": "\#(String(repeating: "x", count: 4100))"}}}"#, "alert"),
     ])
     func rejectsBadChannelEvents(body: String, field: String) {
@@ -67,6 +70,43 @@ import Testing
         #expect(aps?["timestamp"] == .number(1_700_000_000) && aps?["event"] == .string("update"))
         #expect(aps?["content-state"] == json(#"{"s": 1}"#) && aps?["stale-date"] == .number(10))
         #expect(aps?["relevance-score"] == .number(0.5) && aps?["dismissal-date"] == nil)
+    }
+
+    /// iOS 18 push-to-start inputs: taken from the event, written and read back as given, sent in `aps` (the
+    /// token only when true), the channel id held to the rule of APNs channel ids.
+    @Test func pushToStartInputs() throws {
+        let channelID = "dHN0LTEyMzQ1Njc4OTAxMjM0NTY="
+        let job = try EventIntake.channelEvent(json("""
+            {"channel": "c", "start": {"attributesType": "T", "attributes": {}, "contentState": {}, "alert": {"title": "t"},
+             "inputPushChannel": "\(channelID)", "inputPushToken": true}}
+            """), appID: "shop", jobID: nil)
+        let start = try #require(job.start)
+        #expect(start.inputPushChannel == channelID && start.inputPushToken == true)
+        #expect(try PushJob.decode(job.encoded()) == job)
+        let aps = APNsPayload.start(start, timestamp: 1)["aps"]
+        #expect(aps?["input-push-channel"] == .string(channelID) && aps?["input-push-token"] == .number(1))
+
+        var off = job
+        off.start?.inputPushChannel = nil
+        off.start?.inputPushToken = false
+        try off.validate()
+        #expect(try PushJob.decode(off.encoded()) == off)
+        let bare = APNsPayload.start(try #require(off.start), timestamp: 1)["aps"]
+        #expect(bare?["input-push-channel"] == nil && bare?["input-push-token"] == nil)
+
+        for id in ["", "not base64!", "dHN0\u{e9}", String(repeating: "A", count: 257)] {
+            var bad = job
+            bad.start?.inputPushChannel = id
+            #expect("\(id)") { try bad.validate() } throws: { ($0 as? ValidationError)?.field == "start.inputPushChannel" }
+        }
+        let record = String(decoding: job.encoded(), as: UTF8.self)
+        for (from, to) in [(#""inputPushToken":true"#, #""inputPushToken":1"#),
+                           (#""inputPushToken":true"#, #""inputPushToken":null"#),
+                           (#""inputPushChannel":"\#(channelID)""#, #""inputPushChannel":7"#)] {
+            let wrong = record.replacingOccurrences(of: from, with: to)
+            #expect(wrong != record)
+            #expect("\(to)") { try PushJob.decode(Array(wrong.utf8)) } throws: { ($0 as? ValidationError)?.code == "invalid_job" }
+        }
     }
 
     @Test func decodingGarbageIsAnInvalidJob() throws {
@@ -125,7 +165,7 @@ import Testing
     /// Jobs Herald writes validate against the published JSON Schema (checked with Python's jsonschema).
     @Test func encodedJobsMatchThePublishedSchema() throws {
         let jobs = [
-            try EventIntake.channelEvent(json(#"{"channel": "c", "alert": {"aps": {}}, "start": {"attributesType": "T", "attributes": {}, "contentState": {}, "alert": {"title": "t"}}, "expiration": 0}"#), appID: "shop", jobID: nil),
+            try EventIntake.channelEvent(json(#"{"channel": "c", "alert": {"aps": {}}, "start": {"attributesType": "T", "attributes": {}, "contentState": {}, "alert": {"title": "t"}, "inputPushChannel": "dHN0LTEy+/_-=", "inputPushToken": true}, "expiration": 0}"#), appID: "shop", jobID: nil),
             try EventIntake.activityEvent(json(#"{"event": "update", "contentState": {}, "final": true, "relevanceScore": 1.5}"#), appID: "shop", postIDHash: "0123abcd", jobID: nil),
             try EventIntake.devicePush(json(#"{"payload": {"aps": {}}, "tokenType": "liveactivity-update", "environment": "sandbox"}"#), appID: "shop", deviceToken: token, jobID: nil),
             try EventIntake.broadcastChannel(json(#"{"environment": "sandbox", "storagePolicy": "mostRecentMessage"}"#), appID: "shop", postIDHash: "0123abcd"),
@@ -137,6 +177,43 @@ import Testing
         var broken = jobs[0]
         broken.priority = 3
         #expect(throws: (any Error).self) { try validateAgainstSchema([broken.encoded()], schema: "push-job.schema.json") }
+        var badChannel = jobs[0]
+        badChannel.start?.inputPushChannel = "not base64!"
+        #expect(throws: (any Error).self) { try validateAgainstSchema([badChannel.encoded()], schema: "push-job.schema.json") }
+    }
+
+    /// A failed broadcast's dead letter replays as a broadcast job: one channel, the payload as published, up to
+    /// 5,120 bytes; decoded back as written, matching the schema, and refused without a payload or with a bad id.
+    @Test func broadcastJobsReplayFailedBroadcasts() throws {
+        var letter = DeadLetter(appId: "shop", job: nil, reason: "InternalServerError", attempts: 5)
+        letter.channelId = "dHN0LTEy+/="
+        letter.storagePolicy = .noStorage
+        letter.environment = .sandbox
+        letter.priority = 5
+        letter.payload = .object(["aps": .object(["event": .string("update"), "content-state": .object(["s": .string(String(repeating: "x", count: 4500))])])])
+        let job = try #require(letter.replayJob(partition: 0, offset: 7, id: "replay-x-0-7"))
+        #expect(job.target == .broadcast(.init(channelId: "dHN0LTEy+/=", environment: .sandbox, storagePolicy: .noStorage)))
+        #expect(job.recordKey == "shop/broadcast/dHN0LTEy+/=" && job.priority == 5 && job.payload == letter.payload)
+        try job.validate()
+        #expect(try PushJob.decode(job.encoded()) == job)
+        #expect(try DeadLetter.decode(letter.encoded()) == letter)
+        try validateAgainstSchema([job.encoded()], schema: "push-job.schema.json")
+        try validateAgainstSchema([letter.encoded()], schema: "dead-letter.schema.json")
+        var tooLarge = job
+        tooLarge.payload = .object(["aps": .object(["s": .string(String(repeating: "x", count: 5200))])])
+        #expect(throws: ValidationError.self) { try tooLarge.validate() }
+        var typed = job
+        typed.pushType = "liveactivity"
+        #expect(throws: ValidationError.self) { try typed.validate() }
+        var badID = job
+        badID.target = .broadcast(.init(channelId: "not base64!", environment: .sandbox, storagePolicy: .noStorage))
+        #expect(throws: ValidationError.self) { try badID.validate() }
+        #expect(throws: (any Error).self) { try validateAgainstSchema([badID.encoded()], schema: "push-job.schema.json") }
+        var bare = job
+        bare.payload = nil
+        #expect(throws: ValidationError.self) { try bare.validate() }
+        letter.storagePolicy = nil
+        #expect(letter.replayJob(partition: 0, offset: 7, id: "r") == nil, "no policy: nothing to replay it with")
     }
 
     /// A post job makes the post's broadcast channel instead of sending an update: decoded back as written, and

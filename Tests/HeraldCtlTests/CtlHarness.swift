@@ -158,7 +158,7 @@ struct CtlHarness {
         switch target.kind {
         case .channel: job.alert = payload
         case .post: job.liveActivity = PushJob.LiveActivity(event: .update, contentState: .object(["stage": .string("out")]))
-        case .device: job.payload = payload
+        case .device, .broadcast: job.payload = payload
         }
         guard let token else {
             // A job that was invalid as a whole: only its text is kept.

@@ -178,6 +178,101 @@ struct ReplayEndToEndTests {
         try? FileManager.default.removeItem(atPath: directory)
     }
 
+    /// A post's broadcast channel at the simulator: APNs' answers to its broadcasts are retried (429, 500) or not
+    /// (400), the failures dead-lettered with the channel; replay publishes each once, and skips the letter of a
+    /// channel that is gone (ChannelNotRegistered forgets it).
+    @Test("failed broadcasts are retried or dead-lettered with their channel, and a replay publishes each once")
+    func failedBroadcastsReplayedOnce() async throws {
+        let directory = try scratchDirectory("herald-replay-broadcast-")
+        let apps = try TestApps()
+        defer { apps.remove() }
+        let harness = try await CtlHarness.make(partitions: 1, jobSigningSecretPath: apps.jobSigningSecretPath)
+        let app = apps.apps[0]
+        let simulator = try SimulatorProcess(apps: apps, directory: directory)
+        try await simulator.waitUntilListening()
+        let dispatcher = try DispatcherProcess(apps: apps, simulator: simulator, brokers: harness.brokers,
+                                               jobsTopic: harness.jobsTopic, deadLetterTopic: harness.dlqTopic,
+                                               group: "herald-dispatcher-" + SecureRandom.hex(5), directory: directory)
+        try await dispatcher.waitForAssignment()
+        let post = SecureRandom.hex(8)
+        func send(_ job: PushJob) async throws {
+            _ = try await harness.producer.send(topic: harness.jobsTopic, key: job.recordKey, value: job.encoded(),
+                                                headers: apps.signatureHeaders(job.encoded()))
+        }
+        var create = PushJob(id: "make-" + SecureRandom.hex(4), appId: app.id, target: .post(post))
+        create.broadcastChannel = PushJob.BroadcastChannel(environment: .production, storagePolicy: .noStorage)
+        try await send(create)
+        let channels = BroadcastChannelStore(redis: harness.redis)
+        try await eventually("the channel made", timeout: .seconds(30)) {
+            (try? await channels.channels(app: app.id, postIDHash: post))?.isEmpty == false
+        }
+        let channelID = try #require(try await channels.channels(app: app.id, postIDHash: post).first?.channelID)
+        func update(_ step: String) async throws {
+            var job = PushJob(id: "upd-\(step)-" + SecureRandom.hex(4), appId: app.id, target: .post(post))
+            job.liveActivity = PushJob.LiveActivity(event: .update, contentState: .object(["step": .string(step)]))
+            try await send(job)
+        }
+        @Sendable func published(_ step: String) -> Int {
+            simulator.broadcasts().filter { $0["payload"]?["aps"]?["content-state"]?["step"]?.stringValue == step }.count
+        }
+        let rule = { (status: Int, reason: String, times: Int) -> JSONValue in
+            .object(["channelId": .string(channelID), "status": .number(Double(status)), "reason": .string(reason),
+                     "times": .number(Double(times))])
+        }
+
+        // 429 three times: retried, then published; nothing dead-lettered.
+        try simulator.setRules([rule(429, "TooManyRequests", 3)])
+        try await Task.sleep(for: .milliseconds(300))
+        try await update("retried")
+        try await eventually("the retried update published", timeout: .seconds(30)) { published("retried") == 1 }
+        // 500 on every attempt, then a 400 that no retry fixes: two dead letters.
+        try simulator.setRules([rule(500, "InternalServerError", 5), rule(400, "BadRequestPayload", 1)])
+        try await Task.sleep(for: .milliseconds(300))
+        try await update("exhausted")
+        try await update("rejected")
+        let records = try await readRecords(harness.dlqTopic, brokers: harness.brokers, count: 2)
+        try #require(records.count == 2, "two failed broadcasts, no more")
+        try validateAgainstSchema(records.map(\.value), schema: "dead-letter.schema.json")
+        // Jobs of one post may run side by side: the letters' order is not the updates'.
+        let letters = try records.map { try DeadLetter.decode($0.value) }.sorted { $0.attempts > $1.attempts }
+        #expect(letters.map(\.disposition) == [.retriesExhausted, .rejected])
+        #expect(letters.map(\.attempts) == [5, 1])
+        #expect(letters.map(\.reason) == ["InternalServerError", "BadRequestPayload"])
+        #expect(letters.allSatisfy { $0.channelId == channelID && $0.storagePolicy == .noStorage && $0.deviceToken == nil })
+        #expect(published("exhausted") == 0 && published("rejected") == 0)
+
+        // The fix: both are replayed, each once, to the same channel with the same payload.
+        try simulator.setRules([])
+        try await Task.sleep(for: .milliseconds(300))
+        let name = "bcast-" + SecureRandom.hex(4)
+        let replay = try await harness.heraldctl(["replay", "--name", name, "--json"])
+        #expect(replay.status == 0, "\(replay.stdout)\n\(replay.stderr)")
+        #expect(try replay.json()["republished"]?.numberValue == 2)
+        try await eventually("both replayed", timeout: .seconds(30)) { published("exhausted") == 1 && published("rejected") == 1 }
+        let again = try await harness.heraldctl(["replay", "--name", name, "--json"])
+        #expect(try again.json()["republished"]?.numberValue == 0 && again.json()["alreadyRepublished"]?.numberValue == 2)
+        try await Task.sleep(for: .seconds(2))
+        #expect(published("exhausted") == 1 && published("rejected") == 1, "a second run publishes nothing more")
+        #expect(simulator.broadcasts().allSatisfy { $0["channelId"]?.stringValue == channelID && $0["expiration"]?.numberValue == 0 })
+
+        // APNs no longer knows the channel: dead-lettered, forgotten, and its replay skipped as removed.
+        try simulator.setRules([rule(400, "ChannelNotRegistered", 1)])
+        try await Task.sleep(for: .milliseconds(300))
+        try await update("unknown")
+        _ = try await readRecords(harness.dlqTopic, brokers: harness.brokers, count: 3)
+        try await eventually("the channel forgotten", timeout: .seconds(10)) {
+            (try? await channels.channels(app: app.id, postIDHash: post))?.isEmpty == true
+        }
+        let skipped = try await harness.heraldctl(["replay", "--name", name, "--json"])
+        #expect(skipped.status == 3, "\(skipped.stdout)\n\(skipped.stderr)")
+        #expect(try skipped.json()["skipped"]?["channel_removed"]?.numberValue == 1, "\(skipped.stdout)")
+
+        await dispatcher.child.stop()
+        await simulator.child.stop()
+        await harness.close()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
     /// Deliveries per token in the simulator's record file.
     private func deliveries(_ simulator: SimulatorProcess) -> [String: Int] {
         simulator.accepted().compactMap { $0["token"]?.stringValue }.reduce(into: [:]) { $0[$1, default: 0] += 1 }

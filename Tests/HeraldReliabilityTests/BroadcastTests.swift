@@ -1,7 +1,10 @@
 import Foundation
+import HeraldAPNs
 import HeraldCore
 import HeraldCrypto
+import HeraldRedis
 import HeraldRuntime
+import HeraldStore
 import HeraldTestSupport
 import Testing
 
@@ -81,6 +84,88 @@ struct BroadcastTests {
         #expect(refused.status == 502 && refused.text.contains("FeatureNotEnabled"), "\(refused.text)")
 
         await stack.dispatcher.child.stop()
+        await ingest.child.stop()
+        await simulator.child.stop()
+        cleanUp(directory, keep: false)
+    }
+
+    /// The janitor, every second with posts idle after 5 s: an idle post's channel is deleted while a busy one's
+    /// stays; a channel APNs has but Redis lost is deleted at APNs once seen so twice; one Redis has but APNs
+    /// lost is forgotten; the channel count at APNs is exported.
+    @Test("the janitor deletes idle and orphaned channels, forgets vanished ones, and counts what APNs has")
+    func janitorKeepsChannelsTidy() async throws {
+        let directory = try scratchDirectory("herald-broadcast-janitor-")
+        let apps = try TestApps(count: 1)
+        defer { apps.remove() }
+        let topics = FaultTopics(brokers: try TestEnvironment.kafkaBrokers())
+        let app = apps.apps[0]
+        let stack = try await FaultStack.start(apps: apps, redisURL: try TestEnvironment.redisURL(), topics: topics,
+                                               directory: directory, channelCount: 1, perChannel: 1,
+                                               dispatcherExtra: ["HERALD_BROADCAST_IDLE_SECONDS": "5",
+                                                                 "HERALD_BROADCAST_JANITOR_INTERVAL_SECONDS": "1"])
+        let (simulator, ingest, dispatcher) = (stack.simulator, stack.ingest, stack.dispatcher)
+        let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
+        var configuration = APNsConfiguration()
+        (configuration.manageProductionURL, configuration.extraCAFile) = (simulator.manageURL, simulator.caFile)
+        let apns = try APNsClient(configuration: configuration, logger: faultLogger)
+        let credentials = APNsCredentials(teamID: app.teamID, keyID: app.keyID, privateKey: app.apnsKey)
+        @Sendable func atAPNs() async throws -> Set<String> {
+            Set(try await apns.manage(.list(bundleID: app.bundleID), credentials: credentials, environment: .production)
+                .channels ?? [])
+        }
+        func create(_ post: String) async throws -> String {
+            let made = try await ingest.request("POST", "/v1/apps/\(app.id)/activities/\(post)/broadcast", key: app.secretKey,
+                                                json: #"{"environment": "production"}"#)
+            try #require(made.status == 201, "\(made.text)")
+            return try #require(JSONValue(parsing: Array(made.text.utf8))?["channelId"]?.stringValue)
+        }
+        @Sendable func stored(_ post: String) async throws -> Bool {
+            try await ingest.request("GET", "/v1/apps/\(app.id)/activities/\(post)/broadcast?environment=production",
+                                     key: app.publicKey).status == 200
+        }
+        let (idle, busy, orphaned, vanished) = (SecureRandom.hex(8), SecureRandom.hex(8), SecureRandom.hex(8), SecureRandom.hex(8))
+        _ = try await create(idle)
+        let busyID = try await create(busy)
+        let orphanID = try await create(orphaned), vanishedID = try await create(vanished)
+        // Redis loses one (as a crash between create and save would), APNs the other (as the capability turned off).
+        _ = try await redis.command(["DEL", RedisKeys(app: app.id).broadcast(orphaned)])
+        let deleted = try await apns.manage(.delete(bundleID: app.bundleID, channelID: vanishedID), credentials: credentials,
+                                            environment: .production)
+        try #require(deleted.status == 204)
+        // The busy post gets an update a second; each publish marks it in use.
+        let updates = Task {
+            while !Task.isCancelled {
+                _ = try? await ingest.request("POST", "/v1/apps/\(app.id)/activities/\(busy)/events", key: app.secretKey,
+                                              json: #"{"event": "update", "contentState": {"step": "on the way"}}"#)
+                try? await Task.sleep(for: .seconds(1))
+            }
+        }
+        try await eventually("the orphan deleted at APNs and the vanished channel forgotten", timeout: .seconds(20)) {
+            let listed = (try? await atAPNs()) ?? []
+            let forgotten = !((try? await stored(vanished)) ?? true)
+            return !listed.contains(orphanID) && forgotten
+        }
+        #expect(try await stored(idle), "not idle yet")
+        try await eventually("the idle post's channel deleted", timeout: .seconds(20)) {
+            !((try? await stored(idle)) ?? true)
+        }
+        #expect(try await atAPNs() == [busyID], "only the busy post's channel is left at APNs")
+        #expect(try await stored(busy))
+        try await eventually("the count at APNs exported", timeout: .seconds(10)) {
+            await dispatcher.metric("herald_broadcast_channels", labels: ["app": app.id, "environment": "production"]) == 1
+        }
+        for (action, count) in [("idle_deleted", 1.0), ("orphan_deleted", 1), ("forgotten", 1)] {
+            #expect(await dispatcher.metric("herald_broadcast_janitor_channels_total", labels: ["action": action]) == count,
+                    "\(action)")
+        }
+        #expect(simulator.broadcasts().allSatisfy { $0["channelId"]?.stringValue == busyID })
+        #expect(!simulator.broadcasts().isEmpty)
+        updates.cancel()
+        _ = await updates.result
+
+        await apns.shutdown()
+        await redis.close()
+        await dispatcher.child.stop()
         await ingest.child.stop()
         await simulator.child.stop()
         cleanUp(directory, keep: false)
