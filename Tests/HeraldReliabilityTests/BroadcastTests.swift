@@ -13,7 +13,7 @@ struct BroadcastTests {
     /// Ingest, dispatcher and simulator as processes: a post's channel is made once (idempotent), devices read it
     /// with the public key, each update is one broadcast besides the registered tokens' pushes, and the final
     /// update deletes the channel. An app without the Broadcast capability gets Apple's reason back.
-    @Test("create a post's channel, read it, publish an update and the end as one broadcast each, then it is deleted")
+    @Test("create a post's channels in both environments, read one, publish an update and the end as one broadcast per channel each, then both are deleted")
     func aPostsChannelFromCreateToEnd() async throws {
         let directory = try scratchDirectory("herald-broadcast-")
         let apps = try TestApps(count: 2)
@@ -45,6 +45,11 @@ struct BroadcastTests {
         #expect(read.status == 200 && read.text.contains(channelID), "\(read.text)")
         #expect(try await ingest.request("GET", path + "?environment=sandbox", key: app.publicKey).status == 404)
         #expect(try await ingest.request("GET", path, key: app.publicKey).status == 400)
+        // Development builds of the app join a sandbox channel: each update goes to both.
+        let sandbox = try await ingest.request("POST", path, key: app.secretKey, json: #"{"environment": "sandbox"}"#)
+        try #require(sandbox.status == 201, "\(sandbox.text)")
+        let sandboxID = try #require(JSONValue(parsing: Array(sandbox.text.utf8))?["channelId"]?.stringValue)
+        #expect(sandboxID != channelID)
 
         // Two devices on older iOS registered their tokens: they still get a push each.
         let tokens = [SecureRandom.hex(32), SecureRandom.hex(32)]
@@ -58,20 +63,25 @@ struct BroadcastTests {
                                               json: #"{"event": "update", "contentState": {"step": "picked"}}"#)
         try #require(update.status == 202, "\(update.text)")
         try await eventually("the update broadcast and pushed", timeout: .seconds(30)) {
-            simulator.broadcasts().count == 1 && simulator.acceptedCount() >= tokens.count
+            simulator.broadcasts().count == 2 && simulator.acceptedCount() >= tokens.count
         }
         let end = try await ingest.request("POST", events, key: app.secretKey,
                                            json: #"{"event": "end", "contentState": {"step": "delivered"}, "final": true}"#)
         try #require(end.status == 202, "\(end.text)")
-        try await eventually("the channel deleted after the end", timeout: .seconds(30)) {
-            (try? await ingest.request("GET", path + "?environment=production", key: app.publicKey))?.status == 404
+        try await eventually("both channels deleted after the end", timeout: .seconds(30)) {
+            let production = try? await ingest.request("GET", path + "?environment=production", key: app.publicKey)
+            let sandbox = try? await ingest.request("GET", path + "?environment=sandbox", key: app.publicKey)
+            return production?.status == 404 && sandbox?.status == 404
         }
         let broadcasts = simulator.broadcasts()
-        #expect(broadcasts.count == 2, "one broadcast per update: \(broadcasts)")
-        #expect(broadcasts.allSatisfy { $0["channelId"]?.stringValue == channelID && $0["expiration"]?.numberValue == 0 })
-        #expect(broadcasts.first?["payload"]?["aps"]?["event"]?.stringValue == "update")
-        #expect(broadcasts.first?["payload"]?["aps"]?["content-state"]?["step"]?.stringValue == "picked")
-        #expect(broadcasts.last?["payload"]?["aps"]?["event"]?.stringValue == "end")
+        #expect(broadcasts.count == 4, "one broadcast per update and environment: \(broadcasts)")
+        for id in [channelID, sandboxID] {
+            let sent = broadcasts.filter { $0["channelId"]?.stringValue == id }
+            #expect(sent.count == 2 && sent.allSatisfy { $0["expiration"]?.numberValue == 0 })
+            #expect(sent.first?["payload"]?["aps"]?["event"]?.stringValue == "update")
+            #expect(sent.first?["payload"]?["aps"]?["content-state"]?["step"]?.stringValue == "picked")
+            #expect(sent.last?["payload"]?["aps"]?["event"]?.stringValue == "end")
+        }
         let pushed = simulator.accepted().compactMap { $0["token"]?.stringValue }
         #expect(pushed.sorted() == (tokens + tokens).sorted(), "each registered token got the update and the end")
 
