@@ -87,7 +87,7 @@ struct JobPlan: Sendable {
 
     /// What a post's Live Activity registration receives: the update (or end), on the registration's own bundle
     /// id and environment.
-    func push(for registration: ActivityRegistration) -> Push? {
+    func push(for registration: ActivityPushTarget) -> Push? {
         guard let liveActivityPayload else { return nil }
         return Push(token: registration.pushToken, tokenType: .liveActivityUpdate, environment: registration.environment,
                     topic: registration.bundleID + ".push-type.liveactivity", pushType: .liveactivity,

@@ -119,6 +119,21 @@ public struct ActivityStore: Sendable {
         return zip(ids, hashes).compactMap { id, hash in hash.fieldValues.flatMap { Self.decode(id: id, $0) } }
     }
 
+    /// What a fan-out needs of these registrations (token, environment, bundle id), in one pipelined `HMGET` round:
+    /// three fields instead of every field as a dictionary, which made a post's update cost twice the dispatcher's
+    /// CPU per push of a channel's. Ids whose registration is gone are skipped.
+    public func pushTargets(app: String, ids: [String]) async throws -> [ActivityPushTarget] {
+        guard !ids.isEmpty else { return [] }
+        let keys = RedisKeys(app: app)
+        let replies = try await redis.pipeline(ids.map { ["HMGET", keys.registration($0), "pushToken", "environment", "bundleId"] })
+        return replies.compactMap { reply in
+            guard let fields = reply.array, fields.count == 3, let token = fields[0].string,
+                  let environment = fields[1].string.flatMap(APNsEnvironment.init(rawValue:)),
+                  let bundle = fields[2].string else { return nil }
+            return ActivityPushTarget(pushToken: token, environment: environment, bundleID: bundle)
+        }
+    }
+
     /// Removes every registration of a post (after its final update was sent); returns how many.
     public func removePost(app: String, postIDHash: String) async throws -> Int {
         let keys = RedisKeys(app: app)
@@ -250,4 +265,15 @@ extension Scripts {
         end
         return removed
         """)
+}
+
+/// A registration as a post's fan-out reads it.
+public struct ActivityPushTarget: Sendable, Equatable {
+    public var pushToken: String
+    public var environment: APNsEnvironment
+    public var bundleID: String
+
+    public init(pushToken: String, environment: APNsEnvironment, bundleID: String) {
+        (self.pushToken, self.environment, self.bundleID) = (pushToken, environment, bundleID)
+    }
 }

@@ -92,9 +92,8 @@ struct UnitTests {
         job.liveActivity = PushJob.LiveActivity(event: .update, contentState: .object(["a": .number(1)]))
         job.final = true
         let plan = try JobPlan(job: job, app: app, timestamp: 1_700_000_000)
-        let registration = ActivityRegistration(id: "r", user: "u", postIDHash: "abcdef0123", pushToken: SecureRandom.hex(32),
-                                                environment: .production, bundleID: app.apns.bundleId + ".widget",
-                                                createdAt: "", lastSeenAt: "")
+        let registration = ActivityPushTarget(pushToken: SecureRandom.hex(32), environment: .production,
+                                              bundleID: app.apns.bundleId + ".widget")
         let push = try #require(plan.push(for: registration))
         let payload = try JSONDecoder().decode(JSONValue.self, from: Data(push.payload))
         #expect(payload[path: "aps", "event"]?.stringValue == "end")

@@ -241,6 +241,11 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let read = try await store.registrations(app: redis.app, ids: [old, "ffffffffffffffffffffffff"])
         #expect(read.map(\.id) == [old] && read.map(\.user) == ["w"] && read.map(\.environment) == [.sandbox])
         #expect(read.map(\.createdAt) == ["2025-11-30T00:00:00.000Z"] && read.map(\.lastSeenAt) == ["2025-11-30T00:00:01.000Z"])
+        // What a fan-out reads of them: token, environment and bundle id only.
+        #expect(try await store.pushTargets(app: redis.app, ids: [stored.registration.id, old, "ffffffffffffffffffffffff"]) == [
+            ActivityPushTarget(pushToken: push, environment: stored.registration.environment, bundleID: stored.registration.bundleID),
+            ActivityPushTarget(pushToken: push, environment: .sandbox, bundleID: "com.example.app"),
+        ])
     }
 
     @Test func expiredRegistrationsLeaveThePostOnTheirOwn() async throws {
