@@ -47,7 +47,7 @@ public final class DispatcherService: Service {
                                                         group: configuration.consumerGroup, ttl: configuration.progressTTL),
                                limit: limit, batchSize: max(1, configuration.batchSize),
                                maxJobBytes: configuration.maxJobBytes, signing: configuration.jobSigning,
-                               maxBatchesInFlight: max(1, configuration.maxBatchesInFlightPerJob),
+                               maxBatchesInFlight: max(1, configuration.batchesInFlightPerJob),
                                retryDelay: configuration.infrastructureRetryDelay, metrics: counters, logger: logger)
         let consumer = try JobConsumer(configuration: configuration, runner: runner, metrics: counters, logger: logger)
         var router = Router()

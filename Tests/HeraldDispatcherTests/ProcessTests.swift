@@ -188,8 +188,14 @@ struct ProcessTests {
         print("\(name) fan-out: \(beforeRestart) delivered before the kill, \(Int(inFlight)) in flight, \(duplicates) duplicates after the restart")
         #expect(Double(duplicates) <= inFlight, "\(duplicates) duplicates, \(inFlight) pushes in flight at the kill")
         #expect(duplicates <= count / 50, "\(duplicates) duplicates: over 2 % of the fan-out")
-        #expect(await dispatcher.metric("herald_dispatcher_resumed_pushes_skipped_total") ?? 0 > 0)
-        #expect(dispatcher.child.log.contains("resuming a fan-out from its saved progress"))
+        // The pushes the first process marked settled past its saved cursor are left out on resume. There may be
+        // none: a drain (or a save just before the kill) can leave every settled push behind the cursor.
+        let resumed = try #require(dispatcher.child.log.split(separator: "\n").compactMap {
+            try? JSONDecoder().decode(JSONValue.self, from: Data($0.utf8))
+        }.first { $0["msg"]?.stringValue == "resuming a fan-out from its saved progress" }, "the fan-out did not resume")
+        let marked = Double(resumed["pushes.settled"]?.stringValue ?? "") ?? -1
+        let skipped = await dispatcher.metric("herald_dispatcher_resumed_pushes_skipped_total") ?? 0
+        #expect(marked >= 0 && (marked == 0 || skipped > 0), "\(marked) marked settled, \(skipped) left out")
         await dispatcher.child.stop()
         await simulator.child.stop()
         try? FileManager.default.removeItem(atPath: directory)
