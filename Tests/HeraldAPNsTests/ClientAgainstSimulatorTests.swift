@@ -398,7 +398,9 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
         // Refused streams went out again on the replacement connections: without that, the first two connections
         // would have delivered 2 × 40 and refused the rest.
         #expect(delivered > 2 * 40, "delivered \(delivered), retryable \(retryable)")
-        #expect(metrics.counter("herald_apns_reconnects_total", help: "").labels().current >= 2)
+        // At least one replacement was opened; whether the other original connection also reached its 40 streams
+        // before the requests ran out depends on which one finished its handshake first.
+        #expect(metrics.counter("herald_apns_reconnects_total", help: "").labels().current >= 1)
         await client.shutdown()
     }
 
