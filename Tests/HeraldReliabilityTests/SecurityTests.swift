@@ -323,7 +323,10 @@ import Testing
         #expect(variables == ["HERALD_APNS_PRODUCTION_URL", "HERALD_APNS_SANDBOX_URL", "HERALD_APNS_CA_FILE",
                               "HERALD_APNS_CONNECTIONS", "HERALD_APNS_BROADCAST_PRODUCTION_URL",
                               "HERALD_APNS_BROADCAST_SANDBOX_URL", "HERALD_APNS_MANAGE_PRODUCTION_URL",
-                              "HERALD_APNS_MANAGE_SANDBOX_URL"], "\(variables.sorted())")
+                              "HERALD_APNS_MANAGE_SANDBOX_URL",
+                              // Matched for the "CA" in "BROADCAST": the janitor's timings, nothing about TLS.
+                              "HERALD_BROADCAST_IDLE_SECONDS", "HERALD_BROADCAST_JANITOR_INTERVAL_SECONDS"],
+                "\(variables.sorted())")
     }
 
     /// herald-dispatcher without the simulator's CA (and with every plausible "insecure" variable set) refuses the
