@@ -162,12 +162,7 @@ public struct DeadLetter: Sendable, Equatable {
         letter.apnsId = try fields.string("apnsId")
         letter.apnsUniqueId = try fields.string("apnsUniqueId")
         letter.channelId = try fields.string("channelId")
-        if let name = try fields.string("storagePolicy") {
-            guard let policy = APNsStoragePolicy(name: name) else {
-                throw .invalid("storagePolicy", "storagePolicy must be noStorage or mostRecentMessage")
-            }
-            letter.storagePolicy = policy
-        }
+        letter.storagePolicy = try fields.storagePolicy("storagePolicy")
         letter.status = try fields.integer("status", in: int32).map { Int($0) }
         letter.disposition = try fields.enumeration("disposition", Disposition.self)
         letter.message = try fields.string("message")

@@ -61,13 +61,7 @@ public enum EventIntake {
         guard let environment = try fields.enumeration("environment", APNsEnvironment.self) else {
             throw .missing("environment")
         }
-        var policy = APNsStoragePolicy.noStorage
-        if let name = try fields.string("storagePolicy") {
-            guard let named = APNsStoragePolicy(name: name) else {
-                throw .invalid("storagePolicy", "storagePolicy must be noStorage or mostRecentMessage")
-            }
-            policy = named
-        }
+        let policy = try fields.storagePolicy("storagePolicy") ?? .noStorage
         var job = PushJob(id: randomUUID(), appId: appID, target: .post(postIDHash))
         job.broadcastChannel = PushJob.BroadcastChannel(environment: environment, storagePolicy: policy)
         try job.validate()

@@ -1,3 +1,4 @@
+import HeraldAPNsCore
 import HeraldRuntime
 
 /// Reads the fields of a JSON request body one by one, so each mistake is reported with its field name.
@@ -80,5 +81,14 @@ public struct FieldReader {
             throw .invalid(name(field), "\(name(field)) must be one of \(choices)")
         }
         return value
+    }
+
+    /// An iOS 18 channel's storage policy by its name, `noStorage` or `mostRecentMessage`.
+    public func storagePolicy(_ field: String) throws(ValidationError) -> APNsStoragePolicy? {
+        guard let text = try string(field) else { return nil }
+        guard let policy = APNsStoragePolicy(name: text) else {
+            throw .invalid(name(field), "\(name(field)) must be noStorage or mostRecentMessage")
+        }
+        return policy
     }
 }

@@ -72,8 +72,7 @@ extension PushJob {
                 let fields = try JobFields(request, allowed: broadcastChannelFields, prefix: "broadcastChannel.")
                 decoded.broadcastChannel = BroadcastChannel(
                     environment: try fields.required(fields.reader.enumeration("environment", APNsEnvironment.self), "environment"),
-                    storagePolicy: try storagePolicy(fields.required(fields.reader.string("storagePolicy"), "storagePolicy"),
-                                                     field: "broadcastChannel.storagePolicy"))
+                    storagePolicy: try fields.required(fields.reader.storagePolicy("storagePolicy"), "storagePolicy"))
             }
             if let replayOf = job.reader.value("replayOf") {
                 let fields = try JobFields(replayOf, allowed: replayOfFields, prefix: "replayOf.")
@@ -107,16 +106,8 @@ extension PushJob {
             return .broadcast(Target.Broadcast(
                 channelId: try target.required(target.reader.string("channelId"), "channelId"),
                 environment: try target.required(target.reader.enumeration("environment", APNsEnvironment.self), "environment"),
-                storagePolicy: try storagePolicy(target.required(target.reader.string("storagePolicy"), "storagePolicy"),
-                                                 field: "target.storagePolicy")))
+                storagePolicy: try target.required(target.reader.storagePolicy("storagePolicy"), "storagePolicy")))
         }
-    }
-
-    private static func storagePolicy(_ name: String, field: String) throws(ValidationError) -> APNsStoragePolicy {
-        guard let policy = APNsStoragePolicy(name: name) else {
-            throw .invalid(field, "\(field) must be noStorage or mostRecentMessage")
-        }
-        return policy
     }
 
     private init(version: Int, id: String, appId: String, createdAt: String, target: Target) {

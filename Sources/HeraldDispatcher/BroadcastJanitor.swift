@@ -5,7 +5,7 @@ import HeraldRuntime
 import HeraldStore
 
 /// Keeps each app's broadcast channels under Apple's cap of 10,000 per environment, every `interval`:
-/// - deletes the channels of posts that saw no create or publish for `idle` (a post whose final update never came);
+/// - deletes the channels of posts that saw no create or update for `idle` (a post whose final update never came);
 /// - lists the channels at APNs (`all-channels`) and exports their count, `herald_broadcast_channels`;
 /// - deletes channels APNs has but Redis does not know (a crash between create and save, a lost creation race)
 ///   once they were seen so a whole round apart, as a channel is made at APNs just before it is saved;
@@ -91,28 +91,31 @@ struct BroadcastJanitor: Service {
             listedLastRound.contains(AppEnvironment(app: app.id, environment: environment))
                 || known.contains { $0.channel.environment == environment }
         }
-        var listed: Set<AppEnvironment> = []
+        var atAPNs: [APNsEnvironment: Set<String>] = [:]
         for environment in environments {
             guard let answer = await broadcaster.manage(.list(bundleID: app.apns.bundleId), credentials: credentials,
-                                                        environment: environment) else { return listed }
-            guard case .success(let response) = answer, response.isSuccess, let atAPNs = response.channels else {
+                                                        environment: environment) else { return [] }
+            guard case .success(let response) = answer, response.isSuccess, let listed = response.channels else {
                 logger.warning("broadcast janitor: APNs did not list the app's channels", [
                     "app": app.id, "apns.environment": environment.rawValue, "answer": "\(answer)",
                     "hint": Broadcaster.hint(answerReason(answer))])
                 continue
             }
-            listed.insert(AppEnvironment(app: app.id, environment: environment))
-            counts.labels(app.id, environment.rawValue).set(Int64(atAPNs.count))
-            // Read after the list: a channel listed but saved since is then known.
-            let inRedis = try await channels.indexedChannels(app: app.id).filter { $0.channel.environment == environment }
+            atAPNs[environment] = Set(listed)
+            counts.labels(app.id, environment.rawValue).set(Int64(listed.count))
+        }
+        guard !atAPNs.isEmpty else { return [] }
+        // Read after the lists: a channel listed but saved since is then known.
+        let inRedis = try await channels.indexedChannels(app: app.id)
+        for (environment, listed) in atAPNs.sorted(by: { $0.key.rawValue < $1.key.rawValue }) {
+            let known = inRedis.filter { $0.channel.environment == environment }
             try await deleteOrphans(app, credentials: credentials, environment: environment,
-                                    orphans: Set(atAPNs).subtracting(inRedis.map(\.channel.channelID)))
-            let listedIDs = Set(atAPNs)
-            for (post, channel) in inRedis where !listedIDs.contains(channel.channelID) {
+                                    orphans: listed.subtracting(known.map(\.channel.channelID)))
+            for (post, channel) in known where !listed.contains(channel.channelID) {
                 try await forgetIfGone(app, credentials: credentials, post: post, channel: channel)
             }
         }
-        return listed
+        return Set(atAPNs.keys.map { AppEnvironment(app: app.id, environment: $0) })
     }
 
     private func deleteOrphans(_ app: App, credentials: APNsCredentials, environment: APNsEnvironment,

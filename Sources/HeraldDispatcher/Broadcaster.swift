@@ -68,7 +68,10 @@ struct Broadcaster: Sendable {
         for channel in list {
             guard await publish(payload, to: channel, context: context, post: post) else { return false }
         }
-        return true
+        guard !list.isEmpty else { return true }
+        // An update: the janitor deletes only channels of posts idle for HERALD_BROADCAST_IDLE_SECONDS.
+        return await store("mark the post's channels in use", { try await channels.touch(app: app, postIDHash: post) }) != nil
+            || !Task.isCancelled
     }
 
     /// A `broadcast` job (`heraldctl replay` of a failed broadcast): its payload, once, to its channel.
@@ -128,13 +131,7 @@ struct Broadcaster: Sendable {
             do {
                 let response = try await apns.publish(request, credentials: plan.credentials, environment: channel.environment)
                 failure.lastAttemptAt = Date()
-                if response.isSuccess {
-                    guard let post else { return true }
-                    // In use: the janitor deletes only channels of posts idle for HERALD_BROADCAST_IDLE_SECONDS.
-                    return await store("mark the post's channels in use", {
-                        try await channels.touch(app: plan.app.id, postIDHash: post)
-                    }) != nil || !Task.isCancelled
-                }
+                if response.isSuccess { return true }
                 (failure.status, failure.apnsReason, failure.apnsUniqueID, failure.error) =
                     (response.status, response.reason?.description, response.uniqueID, nil)
                 retryable = response.disposition == .retry || response.disposition == .refreshProviderToken

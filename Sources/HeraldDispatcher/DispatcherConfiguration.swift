@@ -74,7 +74,7 @@ public struct DispatcherConfiguration: Sendable {
     /// `HERALD_BROADCAST_JANITOR_INTERVAL_SECONDS`: how often the broadcast janitor looks at every app's channels.
     public var broadcastJanitorInterval: Duration = .seconds(300)
     /// `HERALD_BROADCAST_IDLE_SECONDS`: a post's broadcast channels are deleted after this long without a create
-    /// or publish (a post whose final update never came).
+    /// or update (a post whose final update never came).
     public var broadcastIdle: Duration = .seconds(86_400)
     /// How long fan-out progress records live in Redis (a job resumed later starts again from the beginning).
     public var progressTTL: Duration = .seconds(86_400)

@@ -42,7 +42,7 @@ public enum BroadcastChannelState: Sendable, Equatable {
 /// A post's broadcast channels: `herald:{app}:bcast:<postIdHash>`, a hash with one field per environment (the
 /// channel's JSON) and `<environment>:refused` while the last attempt to create it was refused. No TTL: a
 /// channel lives until the post's final update or the janitor (idle posts) deletes it at APNs. The posts that
-/// have channels are indexed in `herald:{app}:bcastidx` by their last create or publish, for the janitor.
+/// have channels are indexed in `herald:{app}:bcastidx` by their last create or update, for the janitor.
 public struct BroadcastChannelStore: Sendable {
     let redis: RedisClient
 
@@ -53,7 +53,12 @@ public struct BroadcastChannelStore: Sendable {
 
     /// Every channel of the post (what an update is published to).
     public func channels(app: String, postIDHash: String) async throws -> [BroadcastChannel] {
-        let fields = try await redis.command(["HGETALL", RedisKeys(app: app).broadcast(postIDHash)]).fieldValues ?? [:]
+        Self.channels(in: try await redis.command(["HGETALL", RedisKeys(app: app).broadcast(postIDHash)]))
+    }
+
+    /// The channels of a post's hash as `HGETALL` answered it.
+    private static func channels(in reply: RedisValue) -> [BroadcastChannel] {
+        let fields = reply.fieldValues ?? [:]
         return APNsEnvironment.allCases.compactMap { environment in
             fields[environment.rawValue].flatMap { JSONValue(parsing: Array($0.utf8)) }.flatMap(BroadcastChannel.init)
         }
@@ -102,9 +107,7 @@ public struct BroadcastChannelStore: Sendable {
 
     /// Forgets one channel (deleted at APNs, or unknown to it); a post left without channels leaves the index.
     public func remove(app: String, postIDHash: String, environment: APNsEnvironment) async throws {
-        let keys = RedisKeys(app: app)
-        _ = try await redis.run(Self.forget, keys: [keys.broadcast(postIDHash), keys.broadcastIndex],
-                                args: [environment.rawValue, postIDHash] + APNsEnvironment.allCases.map(\.rawValue))
+        try await forget(app: app, postIDHash: postIDHash, field: environment.rawValue)
     }
 
     /// Marks the post as in use now (a publish), so the janitor leaves its channels alone.
@@ -112,7 +115,7 @@ public struct BroadcastChannelStore: Sendable {
         _ = try await redis.command(["ZADD", RedisKeys(app: app).broadcastIndex, Self.nowMilliseconds, postIDHash])
     }
 
-    /// Posts whose channels were last made or published to before `before` (UNIX ms), oldest first.
+    /// Posts whose channels were last made or updated before `before` (UNIX ms), oldest first.
     public func idlePosts(app: String, before: Int64, limit: Int) async throws -> [String] {
         let reply = try await redis.command(["ZRANGEBYSCORE", RedisKeys(app: app).broadcastIndex, "-inf", "(\(before)",
                                              "LIMIT", "0", String(limit)])
@@ -121,9 +124,13 @@ public struct BroadcastChannelStore: Sendable {
 
     /// Takes an indexed post without channels (only refusals) out of the index.
     public func unindexIfEmpty(app: String, postIDHash: String) async throws {
+        try await forget(app: app, postIDHash: postIDHash, field: "")
+    }
+
+    private func forget(app: String, postIDHash: String, field: String) async throws {
         let keys = RedisKeys(app: app)
         _ = try await redis.run(Self.forget, keys: [keys.broadcast(postIDHash), keys.broadcastIndex],
-                                args: ["", postIDHash] + APNsEnvironment.allCases.map(\.rawValue))
+                                args: [field, postIDHash] + APNsEnvironment.allCases.map(\.rawValue))
     }
 
     /// Every indexed post's channels, read a page of posts at a time.
@@ -137,13 +144,7 @@ public struct BroadcastChannelStore: Sendable {
             guard !posts.isEmpty else { return found }
             let replies = try await redis.pipeline(posts.map { ["HGETALL", keys.broadcast($0)] })
             for (post, reply) in zip(posts, replies) {
-                let fields = reply.fieldValues ?? [:]
-                for environment in APNsEnvironment.allCases {
-                    if let channel = fields[environment.rawValue].flatMap({ JSONValue(parsing: Array($0.utf8)) })
-                        .flatMap(BroadcastChannel.init) {
-                        found.append((post, channel))
-                    }
-                }
+                found += Self.channels(in: reply).map { (post, $0) }
             }
             guard posts.count == Self.pageSize else { return found }
             start += Self.pageSize

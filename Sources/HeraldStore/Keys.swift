@@ -13,7 +13,7 @@ import HeraldCrypto
 /// | `herald:{app}:post:<hash>` | zset, TTL | registration ids of a post, scored by expiry (ms) |
 /// | `herald:{app}:acttok:<token>` | zset, TTL | registration ids of a push token, scored by expiry (ms) |
 /// | `herald:{app}:bcast:<hash>` | hash | a post's broadcast channels: `<environment>` → channel JSON, `<environment>:refused` → APNs' last refusal (`BroadcastChannelStore`) |
-/// | `herald:{app}:bcastidx` | zset | posts with broadcast channels, scored by their last create or publish (ms), for the janitor |
+/// | `herald:{app}:bcastidx` | zset | posts with broadcast channels, scored by their last create or update (ms), for the janitor |
 /// | `herald:{app}:bcastorphan` | hash | `<environment>:<channelId>` → when the janitor first saw the channel at APNs but not in Redis (ms) |
 /// | `herald:{app}:idem:<id>` | string, 24 h | idempotency marker of a producer request |
 /// | `herald:{app}:rl:<key>:<window>` | counter, 61 s | fixed-window rate limit of one API key or OAuth subject |
