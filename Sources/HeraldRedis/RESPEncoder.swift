@@ -51,6 +51,12 @@ struct RESPEncoder {
         commandCount += 1
     }
 
+    /// Every command `other` holds, after this one's.
+    mutating func append(encoded other: RESPEncoder) {
+        bytes.append(contentsOf: other.bytes)
+        commandCount += other.commandCount
+    }
+
     /// `<marker><decimal>\r\n` without going through String formatting.
     private mutating func header(_ marker: UInt8, _ value: Int) {
         bytes.append(marker)

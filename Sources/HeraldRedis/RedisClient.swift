@@ -1,61 +1,33 @@
 import Foundation
 import HeraldRuntime
 
-/// A Redis client for many concurrent tasks: a pool of `poolSize` connections, each driven by a thread the client
-/// owns, so blocking hiredis calls never occupy Swift's cooperative pool.
+/// A Redis client for many concurrent tasks, for a standalone Redis or a Redis Cluster alike.
 ///
-/// Calls made concurrently are pipelined automatically: a connection thread writes every queued command at once
-/// and then reads the replies. Every call has a deadline (`commandTimeout`, counted from the call): past it the
-/// call throws `RedisError.Code.timeout` and the connection it waited on is reset. A connection that broke (Redis
-/// restarted, network cut) is reopened by the next call, so one client lives as long as the process.
-///
-/// A call made on the thread of a `ThreadEventLoop` (an HTTP handler on herald's worker loops) does not use the
-/// pool: it goes over a non-blocking connection of this client's own on that loop, written and read by the loop
-/// itself, so the caller never waits for another thread. Each loop opens one such connection on its first call;
-/// deadlines, reconnection, `maxQueuedCommands` and the error kinds are the same on both paths.
+/// With one server every call goes to it; in a cluster (found by asking the seeds on the first call, see
+/// `RedisTopology`) each command goes to the master serving its key's slot, a pipeline is split by node and its
+/// replies put back in order, a `MOVED` reply is followed (and refreshes the map) and an `ASK` reply is followed
+/// once with `ASKING`. Each server is a `RedisNode`: a pool of connection threads plus one non-blocking connection
+/// per event loop, with the deadlines, reconnection and error kinds described there.
 ///
 /// A call that fails with a connection error may or may not have been executed by Redis. Cancelling the calling
 /// task does not withdraw a queued call; its deadline bounds the wait. Blocking commands (`BLPOP`) hold a pooled
 /// connection for their whole wait: give them a client of their own (and never call them on an event loop).
 public final class RedisClient: Sendable {
     public let configuration: RedisConfiguration
-    private let queue: RedisRequestQueue
-    private let loopConnections = LoopConnections()
-    private let logger: Logger
+    private let topology: RedisTopology
+    /// Redirections one call follows before it gives up (a cluster resharding under it).
+    private static let maxRedirects = 5
 
-    /// Starts the connection threads. Connections open lazily, on the first call each thread serves, so a client
-    /// can be created while Redis is still down.
+    /// Connections open lazily, on the first call, so a client can be created while Redis is still down.
     public init(configuration: RedisConfiguration, logger: Logger = Logger(label: "herald.redis")) {
-        var configuration = configuration
-        // The properties are plain vars; a pool without threads would leave every call waiting forever.
-        configuration.poolSize = max(1, configuration.poolSize)
-        configuration.maxQueuedCommands = max(1, configuration.maxQueuedCommands)
         self.configuration = configuration
-        self.logger = logger
-        queue = RedisRequestQueue(workerCount: configuration.poolSize,
-                                  maxQueuedCommands: configuration.maxQueuedCommands)
-        for index in 0..<configuration.poolSize {
-            let worker = RedisWorker(index: index, configuration: configuration, queue: queue, logger: logger)
-            let thread = Thread { worker.run() }
-            thread.name = "herald-redis-\(index)"
-            thread.start()
-        }
-    }
-
-    /// Lets the threads exit once their queued calls are answered; they hold only the queue, not the client. The
-    /// loops close their connections of this client on their next turn.
-    deinit {
-        loopConnections.closeAll()
-        queue.shutdown()
+        topology = RedisTopology(configuration: configuration, logger: logger)
     }
 
     /// Refuses new calls (they throw `.closed`), answers the queued ones, and returns when every connection thread
-    /// has exited and closed its connection. Connections on event loops are closed by their loops' next turn (their
-    /// waiting calls fail with `.closed`), without waiting for it.
+    /// has exited. Connections on event loops are closed by their loops' next turn.
     public func close() async {
-        loopConnections.closeAll()
-        queue.shutdown()
-        await queue.waitUntilStopped()
+        await topology.close()
     }
 
     /// Runs one command, e.g. `["SET", key, value, "EX", "60"]`.
@@ -65,7 +37,7 @@ public final class RedisClient: Sendable {
     public func command(_ arguments: [String]) async throws -> RedisValue {
         var encoder = RESPEncoder()
         encoder.append(arguments)
-        return try checked(await single(encoder))
+        return try checked(await send(encoder) { RedisCluster.slot(of: arguments) })
     }
 
     /// Runs one command whose arguments are arbitrary bytes (binary keys or values).
@@ -73,33 +45,33 @@ public final class RedisClient: Sendable {
     public func command(_ arguments: [[UInt8]]) async throws -> RedisValue {
         var encoder = RESPEncoder()
         encoder.append(arguments)
-        return try checked(await single(encoder))
+        return try checked(await send(encoder) { RedisCluster.slot(ofBytes: arguments) })
     }
 
-    /// Sends the commands together on one connection, in order, and returns one reply per command.
+    /// Sends the commands together, in order, and returns one reply per command. In a cluster the commands of
+    /// each node go together, and a pipeline holding `MULTI` goes whole to its first key's node (a transaction
+    /// runs on one node: its keys must share a slot).
     ///
     /// Error replies are returned in place as `RedisValue.error` so one failing command does not hide the others'
     /// replies; only connection failures throw, and `.unavailable` when Redis is not serving (`LOADING` after a
-    /// restart…), which answers every command of the pipeline alike. `MULTI` … `EXEC` inside one pipeline runs as a transaction.
+    /// restart…), which answers every command of the pipeline alike.
     @discardableResult
     public func pipeline(_ commands: [[String]]) async throws -> [RedisValue] {
-        guard !commands.isEmpty else { return [] }
-        var encoder = RESPEncoder(capacity: commands.count * 32)
-        for command in commands { encoder.append(command) }
-        return try servedReplies(await many(encoder))
+        try await pipeline(commands.count, slot: { RedisCluster.slot(of: commands[$0]) },
+                           isTransaction: commands.contains { $0.first?.uppercased() == "MULTI" },
+                           encode: { $0.append(commands[$1]) })
     }
 
     /// `pipeline(_:)` for commands whose arguments are arbitrary bytes.
     @discardableResult
     public func pipeline(_ commands: [[[UInt8]]]) async throws -> [RedisValue] {
-        guard !commands.isEmpty else { return [] }
-        var encoder = RESPEncoder(capacity: commands.count * 32)
-        for command in commands { encoder.append(command) }
-        return try servedReplies(await many(encoder))
+        try await pipeline(commands.count, slot: { RedisCluster.slot(ofBytes: commands[$0]) },
+                           isTransaction: commands.contains { $0.first == Array("MULTI".utf8) },
+                           encode: { $0.append(commands[$1]) })
     }
 
     /// Runs a Lua script with `EVALSHA`; when Redis does not know it yet (`NOSCRIPT`), sends it once with `EVAL`,
-    /// which also caches it for later calls.
+    /// which also caches it for later calls. In a cluster it runs on the node of its first key.
     @discardableResult
     public func run(_ script: RedisScript, keys: [String], args: [String]) async throws -> RedisValue {
         let count = String(keys.count)
@@ -108,67 +80,121 @@ public final class RedisClient: Sendable {
         var size = 64
         for argument in keys { size += argument.utf8.count + 16 }
         for argument in args { size += argument.utf8.count + 16 }
+        let slot = { keys.first.map { RedisCluster.slot(of: $0) } }
         var encoder = RESPEncoder(capacity: size + script.sha1.utf8.count)
         encoder.append(["EVALSHA", script.sha1, count], keys, args)
         do {
-            return try checked(await single(encoder))
+            return try checked(await send(encoder, slot: slot))
         } catch let error as RedisError where error.code == .noScript {
             var retry = RESPEncoder(capacity: size + script.source.utf8.count)
             retry.append(["EVAL", script.source, count], keys, args)
-            return try checked(await single(retry))
+            return try checked(await send(retry, slot: slot))
         }
     }
 
-    private func single(_ encoder: RESPEncoder) async throws -> RedisValue {
-        let deadline = ContinuousClock.now + configuration.commandTimeout
-        return try await withCheckedThrowingContinuation { continuation in
-            if let connection = loopConnection() {
-                return connection.submit(encoder.bytes, replyCount: 1, deadline: deadline,
-                                         completion: .single(continuation))
+    /// How many event loops hold a connection of this client, over all its nodes (for tests and diagnostics).
+    public var loopConnectionCount: Int { topology.nodes.reduce(0) { $0 + $1.loopConnectionCount } }
+
+    /// One command to its node, following redirections. `slot` is only asked in a cluster.
+    private func send(_ encoder: RESPEncoder, slot: () -> Int?) async throws -> RedisValue {
+        let route = try await topology.route()
+        var node: RedisNode
+        if case .standalone(let only) = route { node = only } else { node = try topology.node(for: slot(), on: route) }
+        var asking = false
+        for _ in 0..<Self.maxRedirects {
+            let reply = try await reply(to: encoder, from: node, asking: asking)
+            switch RedisCluster.Redirect(reply) {
+            case nil: return reply
+            case .moved(let slot, let address): (node, asking) = (topology.moved(slot: slot, to: address), false)
+            case .ask(_, let address): (node, asking) = (topology.node(at: address), true)
             }
-            let request = RedisRequest(payload: encoder.bytes, replyCount: 1, deadline: deadline,
-                                       completion: .single(continuation))
-            if let error = queue.enqueue(request) { continuation.resume(throwing: error) }
+        }
+        throw RedisError(.unavailable, "CLUSTERDOWN more than \(Self.maxRedirects) redirections for one command")
+    }
+
+    private func reply(to encoder: RESPEncoder, from node: RedisNode, asking: Bool) async throws -> RedisValue {
+        do {
+            guard asking else { return try await node.single(encoder) }
+            var asked = RESPEncoder(capacity: encoder.bytes.count + 16)
+            asked.append(["ASKING"])
+            asked.append(encoded: encoder)
+            return try await node.many(asked).last ?? .null
+        } catch let error as RedisError {
+            topology.callFailed(error)
+            throw error
         }
     }
 
-    private func many(_ encoder: RESPEncoder) async throws -> [RedisValue] {
-        let deadline = ContinuousClock.now + configuration.commandTimeout
-        return try await withCheckedThrowingContinuation { continuation in
-            if let connection = loopConnection() {
-                return connection.submit(encoder.bytes, replyCount: encoder.commandCount, deadline: deadline,
-                                         completion: .many(continuation))
+    private func pipeline(_ count: Int, slot: (Int) -> Int?, isTransaction: Bool,
+                          encode: (inout RESPEncoder, Int) -> Void) async throws -> [RedisValue] {
+        guard count > 0 else { return [] }
+        let route = try await topology.route()
+        // Which commands go to which node, in order.
+        var groups: [(node: RedisNode, indices: [Int])] = []
+        switch route {
+        case .standalone(let node): groups = [(node, Array(0..<count))]
+        case .cluster:
+            if isTransaction {
+                let first = (0..<count).lazy.compactMap(slot).first
+                groups = [(try topology.node(for: first, on: route), Array(0..<count))]
+            } else {
+                for index in 0..<count {
+                    let node = try topology.node(for: slot(index), on: route)
+                    if let group = groups.firstIndex(where: { $0.node === node }) {
+                        groups[group].indices.append(index)
+                    } else {
+                        groups.append((node, [index]))
+                    }
+                }
             }
-            let request = RedisRequest(payload: encoder.bytes, replyCount: encoder.commandCount, deadline: deadline,
-                                       completion: .many(continuation))
-            if let error = queue.enqueue(request) { continuation.resume(throwing: error) }
         }
-    }
-
-    /// This client's connection on the event loop running the calling thread (opened lazily, one per loop); nil
-    /// off the loops, or once the client is closed (the pool then answers `.closed`).
-    private func loopConnection() -> LoopConnection? {
-        guard let loop = LoopThread.current else { return nil }
-        let key = ObjectIdentifier(loopConnections)
-        if let existing = loop.value(forKey: key) { return unsafeDowncast(existing, to: LoopConnection.self) }
-        let connection = LoopConnection(loop: loop, configuration: configuration, registry: loopConnections,
-                                        logger: logger)
-        guard loopConnections.register(connection) else { return nil }
-        loop.setValue(connection, forKey: key)
-        loop.attach(connection)
-        return connection
-    }
-
-    /// How many event loops hold a connection of this client (for tests and diagnostics).
-    public var loopConnectionCount: Int { loopConnections.count }
-
-    private func servedReplies(_ replies: [RedisValue]) throws(RedisError) -> [RedisValue] {
-        if let unavailable = replies.lazy.compactMap(RedisError.unavailability(of:)).first { throw unavailable }
+        var replies = [RedisValue](repeating: .null, count: count)
+        let encoded = groups.map { group in
+            var encoder = RESPEncoder(capacity: group.indices.count * 32)
+            for index in group.indices { encode(&encoder, index) }
+            return (group.node, group.indices, encoder)
+        }
+        if encoded.count == 1 {
+            let (node, indices, encoder) = encoded[0]
+            for (index, reply) in zip(indices, try await many(encoder, on: node)) { replies[index] = reply }
+        } else {
+            try await withThrowingTaskGroup(of: ([Int], [RedisValue]).self) { tasks in
+                for (node, indices, encoder) in encoded {
+                    tasks.addTask { (indices, try await self.many(encoder, on: node)) }
+                }
+                for try await (indices, answers) in tasks {
+                    for (index, reply) in zip(indices, answers) { replies[index] = reply }
+                }
+            }
+        }
+        if let unavailable = replies.lazy.compactMap(RedisError.unavailability(of:)).first {
+            topology.callFailed(unavailable)
+            throw unavailable
+        }
+        // A command whose slot moved (or is moving) is sent again by itself, where the redirection says.
+        if !isTransaction {
+            for index in replies.indices where RedisCluster.Redirect(replies[index]) != nil {
+                var encoder = RESPEncoder()
+                encode(&encoder, index)
+                replies[index] = try await send(encoder) { slot(index) }
+            }
+        }
         return replies
     }
 
+    private func many(_ encoder: RESPEncoder, on node: RedisNode) async throws -> [RedisValue] {
+        do { return try await node.many(encoder) } catch let error as RedisError {
+            topology.callFailed(error)
+            throw error
+        }
+    }
+
     private func checked(_ reply: RedisValue) throws(RedisError) -> RedisValue {
-        if case .error(let message) = reply { throw RedisError.fromReply(message) }
+        if case .error(let message) = reply {
+            let error = RedisError.fromReply(message)
+            if error.code == .unavailable { topology.callFailed(error) }
+            throw error
+        }
         return reply
     }
 }

@@ -4,16 +4,19 @@ import HeraldTLS
 
 /// Where Redis is and how the client talks to it.
 ///
-/// Build it from a URL, `redis[s]://[:password@|user:password@]host[:port][/db]` (or from the `HERALD_REDIS_*`
-/// environment), then adjust the timeouts and pool size. `rediss://` connects through TLS.
+/// Build it from a URL, `redis[s]://[:password@|user:password@]host[:port][,host[:port]…][/db]` (or from the
+/// `HERALD_REDIS_*` environment), then adjust the timeouts and pool size. `rediss://` connects through TLS. Several
+/// hosts are seeds of a Redis Cluster: the client asks the first that answers for the others.
 public struct RedisConfiguration: Sendable, Hashable, CustomStringConvertible {
     /// The URL used when none is configured.
     public static let defaultURL = "redis://127.0.0.1:6379/0"
 
-    /// Host name or IP address (IPv6 without brackets).
+    /// Host name or IP address (IPv6 without brackets) of the first seed.
     public var host: String
-    /// TCP port. Default 6379.
+    /// TCP port of the first seed. Default 6379.
     public var port: Int
+    /// Every seed, the first (`host`, `port`) included; more than one only for a Redis Cluster.
+    public var seeds: [RedisAddress]
     /// Redis 6 ACL user; `nil` authenticates as the default user (`AUTH password`).
     public var username: String?
     /// Sent with `AUTH` on every new connection; `nil` sends no `AUTH`.
@@ -36,6 +39,7 @@ public struct RedisConfiguration: Sendable, Hashable, CustomStringConvertible {
                 poolSize: Int = 4, maxQueuedCommands: Int = 65_536, tls: RedisTLS? = nil) {
         self.host = host
         self.port = port
+        self.seeds = [RedisAddress(host: host, port: port)]
         self.username = username
         self.password = password
         self.database = database
@@ -62,14 +66,24 @@ public struct RedisConfiguration: Sendable, Hashable, CustomStringConvertible {
             // TLS files with a redis:// URL are a mistake that would send everything in clear.
             throw RedisURLError(.tlsSettingsWithoutTLS)
         }
-        self.init(host: parsed.host, port: parsed.port, username: parsed.username, password: parsed.password,
+        let first = parsed.seeds[0]
+        self.init(host: first.host, port: first.port, username: parsed.username, password: parsed.password,
                   database: parsed.database, connectTimeout: connectTimeout, commandTimeout: commandTimeout,
                   poolSize: poolSize, maxQueuedCommands: maxQueuedCommands, tls: secured)
+        seeds = parsed.seeds
+    }
+
+    /// This configuration for the node at `address` (a seed or a node the cluster named), credentials and TLS alike.
+    func node(_ address: RedisAddress) -> RedisConfiguration {
+        var configuration = self
+        (configuration.host, configuration.port, configuration.seeds) = (address.host, address.port, [address])
+        return configuration
     }
 
     /// The variables, for the executables' `--help`.
     public static let usage = """
-      HERALD_REDIS_URL              redis[s]://[user:password@]host[:port][/db] [\(defaultURL)]
+      HERALD_REDIS_URL              redis[s]://[user:password@]host[:port][,host[:port]…][/db] [\(defaultURL)]
+                                    (several hosts: seeds of a Redis Cluster)
       HERALD_REDIS_PASSWORD_FILE    a file holding the password (replaces the URL's)
       HERALD_REDIS_CA_FILE          with rediss://: CA bundle (PEM) trusted besides the system's
       HERALD_REDIS_CERT_FILE        and HERALD_REDIS_KEY_FILE: client certificate and key (tls-auth-clients)
@@ -103,9 +117,21 @@ public struct RedisConfiguration: Sendable, Hashable, CustomStringConvertible {
     public var description: String {
         var credentials = ""
         if password != nil { credentials = "\(username ?? ""):***@" }
-        let hostText = host.contains(":") ? "[\(host)]" : host
-        return "\(tls == nil ? "redis" : "rediss")://\(credentials)\(hostText):\(port)/\(database)"
+        let hosts = seeds.map(\.description).joined(separator: ",")
+        return "\(tls == nil ? "redis" : "rediss")://\(credentials)\(hosts)/\(database)"
     }
+}
+
+/// Where one Redis server listens.
+public struct RedisAddress: Sendable, Hashable, CustomStringConvertible {
+    /// Host name or IP address (IPv6 without brackets).
+    public var host: String
+    public var port: Int
+
+    public init(host: String, port: Int) { (self.host, self.port) = (host, port) }
+
+    /// `host:port`, an IPv6 address in brackets.
+    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
 }
 
 /// How a `rediss://` connection is secured: the server's certificate is verified against the system's trust
@@ -181,8 +207,7 @@ public struct RedisURLError: Error, Sendable, Hashable, CustomStringConvertible 
 
 enum RedisURLParser {
     struct Parsed {
-        var host: String
-        var port = 6379
+        var seeds: [RedisAddress]
         var username: String?
         var password: String?
         var database = 0
@@ -224,31 +249,11 @@ enum RedisURLParser {
             username = decodedUser.isEmpty ? nil : decodedUser
         }
 
-        var host: Substring
-        var portText: Substring?
-        if rest.hasPrefix("[") {
-            guard let close = rest.firstIndex(of: "]") else { throw RedisURLError(.malformed("unclosed \"[\" in the host")) }
-            host = rest[rest.index(after: rest.startIndex)..<close]
-            let after = rest[rest.index(after: close)...]
-            if !after.isEmpty {
-                guard after.hasPrefix(":") else { throw RedisURLError(.malformed("unexpected text after the host")) }
-                portText = after.dropFirst()
-            }
-        } else if let colon = rest.firstIndex(of: ":") {
-            host = rest[..<colon]
-            portText = rest[rest.index(after: colon)...]
-        } else {
-            host = rest
+        var seeds: [RedisAddress] = []
+        for address in rest.split(separator: ",", omittingEmptySubsequences: false) {
+            seeds.append(try parseAddress(address))
         }
-        guard !host.isEmpty else { throw RedisURLError(.missingHost) }
-
-        var parsed = Parsed(host: String(host), username: username, password: password, usesTLS: scheme == "rediss")
-        if let portText {
-            guard let port = Int(portText), (1...65535).contains(port) else {
-                throw RedisURLError(.invalidPort(String(portText)))
-            }
-            parsed.port = port
-        }
+        var parsed = Parsed(seeds: seeds, username: username, password: password, usesTLS: scheme == "rediss")
         if !databaseText.isEmpty {
             guard databaseText.allSatisfy(\.isASCII), let database = Int(databaseText), database >= 0 else {
                 throw RedisURLError(.invalidDatabase(String(databaseText)))
@@ -256,5 +261,34 @@ enum RedisURLParser {
             parsed.database = database
         }
         return parsed
+    }
+
+    /// `host[:port]`, an IPv6 host in brackets.
+    private static func parseAddress(_ text: Substring) throws(RedisURLError) -> RedisAddress {
+        var host: Substring
+        var portText: Substring?
+        if text.hasPrefix("[") {
+            guard let close = text.firstIndex(of: "]") else { throw RedisURLError(.malformed("unclosed \"[\" in the host")) }
+            host = text[text.index(after: text.startIndex)..<close]
+            let after = text[text.index(after: close)...]
+            if !after.isEmpty {
+                guard after.hasPrefix(":") else { throw RedisURLError(.malformed("unexpected text after the host")) }
+                portText = after.dropFirst()
+            }
+        } else if let colon = text.firstIndex(of: ":") {
+            host = text[..<colon]
+            portText = text[text.index(after: colon)...]
+        } else {
+            host = text
+        }
+        guard !host.isEmpty else { throw RedisURLError(.missingHost) }
+        var port = 6379
+        if let portText {
+            guard let number = Int(portText), (1...65535).contains(number) else {
+                throw RedisURLError(.invalidPort(String(portText)))
+            }
+            port = number
+        }
+        return RedisAddress(host: String(host), port: port)
     }
 }

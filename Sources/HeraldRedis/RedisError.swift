@@ -21,8 +21,8 @@ public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
         /// The client was closed.
         case closed
         /// Redis is up but not serving commands: loading its dataset after a restart (`LOADING`), stuck in a
-        /// long script (`BUSY`), or a replica that lost its master (`MASTERDOWN`). Retry later, like a lost
-        /// connection.
+        /// long script (`BUSY`), a replica that lost its master (`MASTERDOWN`), a cluster missing a node
+        /// (`CLUSTERDOWN`) or moving a slot (`TRYAGAIN`). Retry later, like a lost connection.
         case unavailable
     }
 
@@ -60,7 +60,7 @@ public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
     }
 
     /// The error replies of a Redis that serves no command at all (not `BUSYGROUP` and the like: whole words).
-    private static let unavailablePrefixes: Set<Substring> = ["LOADING", "BUSY", "MASTERDOWN"]
+    private static let unavailablePrefixes: Set<Substring> = ["LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN"]
 
     /// `.unavailable` when `reply` says Redis is not serving; nil for any other reply, other errors included.
     static func unavailability(of reply: RedisValue) -> RedisError? {

@@ -42,6 +42,16 @@ import Testing
         #expect(ipv6.description == "redis://[::1]:7000/0")
     }
 
+    @Test func severalHostsAreClusterSeeds() throws {
+        let configuration = try RedisConfiguration(url: "rediss://herald:pw@node-a:7000,node-b,[::1]:7002/0")
+        #expect(configuration.seeds == [RedisAddress(host: "node-a", port: 7000), RedisAddress(host: "node-b", port: 6379),
+                                        RedisAddress(host: "::1", port: 7002)])
+        #expect((configuration.host, configuration.port) == ("node-a", 7000))
+        #expect(configuration.username == "herald" && configuration.password == "pw")
+        #expect(configuration.description == "rediss://herald:***@node-a:7000,node-b:6379,[::1]:7002/0")
+        #expect(try RedisConfiguration(url: "redis://cache").seeds == [RedisAddress(host: "cache", port: 6379)])
+    }
+
     @Test func descriptionNeverShowsThePassword() throws {
         let configuration = try RedisConfiguration(url: "redis://herald:topsecret@cache:6379/1")
         #expect(configuration.description == "redis://herald:***@cache:6379/1")
@@ -64,6 +74,8 @@ import Testing
         ("redis://:bad%zz@localhost", .invalidCredentials),
         ("redis://localhost?db=1", .malformed("query strings and fragments are not supported")),
         ("redis://[::1", .malformed("unclosed \"[\" in the host")),
+        ("redis://a:7000,,b:7001", .missingHost),
+        ("redis://a:7000,b:x", .invalidPort("x")),
     ])
     func badURLsNameTheProblem(url: String, problem: RedisURLError.Problem) {
         #expect(throws: RedisURLError(problem)) { try RedisConfiguration(url: url) }

@@ -7,6 +7,8 @@ public enum TestEnvironment {
     }
 
     public static func redisURL() throws -> String { try value("HERALD_TEST_REDIS_URL") }
+    /// Seeds of the Redis Cluster (3 masters, 3 replicas) `scripts/test` starts beside the standalone Redis.
+    public static func redisClusterURL() throws -> String { try value("HERALD_TEST_REDIS_CLUSTER_URL") }
     public static func kafkaBrokers() throws -> String { try value("HERALD_TEST_KAFKA_BROKERS") }
 
     static func value(_ name: String) throws -> String {

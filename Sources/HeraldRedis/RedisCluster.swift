@@ -1,0 +1,114 @@
+/// What the client needs of Redis Cluster's rules: which slot a key hashes to, which argument of a command is its
+/// key, the redirections a node answers with, and the slot map `CLUSTER SLOTS` describes.
+public enum RedisCluster {
+    /// Slots in a cluster.
+    public static let slotCount = 16_384
+
+    /// The slot of `key`: CRC16 (XMODEM) of the key, or of its hash tag (the text between the first `{` and the
+    /// next `}`, when not empty), modulo 16,384.
+    public static func slot(of key: some StringProtocol) -> Int {
+        var utf8 = Array(key.utf8)
+        if let open = utf8.firstIndex(of: UInt8(ascii: "{")),
+           let close = utf8[(open + 1)...].firstIndex(of: UInt8(ascii: "}")), close > open + 1 {
+            utf8 = Array(utf8[(open + 1)..<close])
+        }
+        return slot(ofBytes: utf8)
+    }
+
+    /// `slot(of:)` for a key of arbitrary bytes.
+    static func slot(ofKeyBytes key: [UInt8]) -> Int {
+        if let open = key.firstIndex(of: UInt8(ascii: "{")),
+           let close = key[(open + 1)...].firstIndex(of: UInt8(ascii: "}")), close > open + 1 {
+            return slot(ofBytes: key[(open + 1)..<close])
+        }
+        return slot(ofBytes: key[...])
+    }
+
+    private static func slot<C: Collection<UInt8>>(ofBytes bytes: C) -> Int {
+        var crc: UInt16 = 0
+        for byte in bytes {
+            crc = (crc << 8) ^ crcTable[Int(UInt8(truncatingIfNeeded: crc >> 8) ^ byte)]
+        }
+        return Int(crc) & (slotCount - 1)
+    }
+
+    private static let crcTable: [UInt16] = (0..<256).map { index in
+        var crc = UInt16(index) << 8
+        for _ in 0..<8 { crc = crc & 0x8000 != 0 ? (crc << 1) ^ 0x1021 : crc << 1 }
+        return crc
+    }
+
+    /// The position of the key a command is routed by: the first key, or nil for a command without one (`PING`,
+    /// `INFO`, `SCRIPT LOAD`…), which any node answers. `EVAL`/`EVALSHA` are routed by their first declared key.
+    static func keyPosition(name: some StringProtocol, argumentCount: Int, declaredKeys: () -> Int?) -> Int? {
+        let upper = name.uppercased()
+        if scriptCommands.contains(upper) { return (declaredKeys() ?? 0) > 0 && argumentCount > 3 ? 3 : nil }
+        if keylessCommands.contains(upper) { return nil }
+        if upper == "OBJECT" || upper == "MEMORY" { return argumentCount > 2 ? 2 : nil }
+        return argumentCount > 1 ? 1 : nil
+    }
+
+    /// The slot `arguments` is routed by; nil when any node may answer.
+    static func slot(of arguments: [String]) -> Int? {
+        guard let name = arguments.first,
+              let position = keyPosition(name: name, argumentCount: arguments.count,
+                                         declaredKeys: { Int(arguments[2]) }) else { return nil }
+        return slot(of: arguments[position])
+    }
+
+    /// `slot(of:)` for a command of arbitrary bytes.
+    static func slot(ofBytes arguments: [[UInt8]]) -> Int? {
+        guard let name = arguments.first,
+              let position = keyPosition(name: String(decoding: name, as: UTF8.self), argumentCount: arguments.count,
+                                         declaredKeys: { Int(String(decoding: arguments[2], as: UTF8.self)) })
+        else { return nil }
+        return slot(ofKeyBytes: arguments[position])
+    }
+
+    private static let scriptCommands: Set<String> = ["EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO"]
+    private static let keylessCommands: Set<String> = [
+        "PING", "ECHO", "INFO", "SCRIPT", "CLUSTER", "AUTH", "HELLO", "SELECT", "ASKING", "READONLY", "READWRITE",
+        "MULTI", "EXEC", "DISCARD", "DBSIZE", "FLUSHALL", "FLUSHDB", "KEYS", "SCAN", "RANDOMKEY", "CONFIG", "CLIENT",
+        "TIME", "ACL", "COMMAND", "WAIT", "DEBUG", "ROLE", "SLOWLOG", "LATENCY", "SAVE", "BGSAVE", "LASTSAVE",
+        "PUBLISH", "FUNCTION", "SHUTDOWN",
+    ]
+
+    /// A node's answer that the key's slot is served elsewhere.
+    enum Redirect: Equatable {
+        /// The slot has moved for good: refresh the map and send there.
+        case moved(slot: Int, to: RedisAddress)
+        /// The slot is migrating: send this one command there, after `ASKING`.
+        case ask(slot: Int, to: RedisAddress)
+
+        /// From an error reply, `MOVED 3999 127.0.0.1:6381` or `ASK 3999 127.0.0.1:6381`; nil for other replies.
+        init?(_ reply: RedisValue) {
+            guard case .error(let message) = reply, message.hasPrefix("MOVED ") || message.hasPrefix("ASK ") else {
+                return nil
+            }
+            let words = message.split(separator: " ")
+            guard words.count == 3, let slot = Int(words[1]), let colon = words[2].lastIndex(of: ":"),
+                  let port = Int(words[2][words[2].index(after: colon)...]) else { return nil }
+            var host = words[2][..<colon]
+            if host.hasPrefix("["), host.hasSuffix("]") { host = host.dropFirst().dropLast() }
+            let address = RedisAddress(host: String(host), port: port)
+            self = words[0] == "MOVED" ? .moved(slot: slot, to: address) : .ask(slot: slot, to: address)
+        }
+    }
+
+    /// The masters serving each slot range, from a `CLUSTER SLOTS` reply: `[[start, end, [host, port, id…],
+    /// replicas…]…]`. A master with an empty host (the node does not know its own address) is at `asked`'s host.
+    /// Nil when the reply is not in that form.
+    static func slotRanges(_ reply: RedisValue, asked: RedisAddress) -> [(ClosedRange<Int>, RedisAddress)]? {
+        guard let entries = reply.array else { return nil }
+        var ranges: [(ClosedRange<Int>, RedisAddress)] = []
+        for entry in entries {
+            guard let parts = entry.array, parts.count >= 3, let start = parts[0].int, let end = parts[1].int,
+                  start <= end, start >= 0, end < slotCount,
+                  let master = parts[2].array, master.count >= 2, let host = master[0].string, let port = master[1].int
+            else { return nil }
+            let address = RedisAddress(host: host.isEmpty || host == "?" ? asked.host : host, port: Int(port))
+            ranges.append((Int(start)...Int(end), address))
+        }
+        return ranges
+    }
+}

@@ -1,0 +1,252 @@
+import Foundation
+import HeraldRuntime
+
+/// Which Redis servers a client talks to, and which of them serves a slot.
+///
+/// The first call has the seeds asked, in order, for `CLUSTER SLOTS`: a standalone Redis answers that cluster
+/// support is disabled (or the user may not ask), and every call then goes to the seed that answered; a cluster
+/// answers its slot map, and each call goes to the master serving its key's slot. A `MOVED` reply, a node that stops
+/// answering and a `CLUSTERDOWN` reply refresh the map in the background, at most one refresh at a time and one
+/// per `refreshInterval`, so a failover is picked up within about the cluster's own failover time.
+final class RedisTopology: Sendable {
+    private let configuration: RedisConfiguration
+    private let logger: Logger
+    private let state = Lock(State())
+    /// The least time between two refreshes of the slot map.
+    static let refreshInterval: Duration = .milliseconds(250)
+
+    private struct State {
+        var mode = Mode.unknown
+        /// One node per address, made on first use and kept (a failed master may come back as a replica).
+        var nodes: [RedisAddress: RedisNode] = [:]
+        /// The seeds being asked whether they are a cluster.
+        var detection: Task<Void, Never>?
+        /// Why the seeds' last asking failed.
+        var detectionError: RedisError?
+        var refresh: Task<Void, Never>?
+        var lastRefresh: ContinuousClock.Instant?
+        var isClosed = false
+    }
+
+    enum Mode {
+        case unknown
+        case standalone(RedisNode)
+        /// The master serving each slot (nil: not served by any node the map named).
+        case cluster([RedisNode?])
+
+        var isUnknown: Bool { if case .unknown = self { true } else { false } }
+    }
+
+    /// Where a call goes.
+    enum Route {
+        case standalone(RedisNode)
+        case cluster([RedisNode?])
+    }
+
+    init(configuration: RedisConfiguration, logger: Logger) {
+        (self.configuration, self.logger) = (configuration, logger)
+    }
+
+    /// The standalone node or the slot map. Until the seeds have answered, calls to a single seed go to it as to a
+    /// standalone Redis while it is asked in the background (a cluster node redirects what it does not serve), so
+    /// a standalone Redis is used exactly as before and a client made while Redis is down fails fast. With several
+    /// seeds the first calls wait for the answer, so one seed being down costs nothing.
+    func route() async throws -> Route {
+        while true {
+            let (route, detection): (Route?, Task<Void, Never>?) = try state.withLock { state throws(RedisError) in
+                if state.isClosed { throw RedisError(.closed, "the client is closed") }
+                switch state.mode {
+                case .standalone(let node): return (.standalone(node), nil)
+                case .cluster(let slots): return (.cluster(slots), nil)
+                case .unknown:
+                    startDetection(&state)
+                    if configuration.seeds.count == 1 { return (.standalone(nodeLocked(configuration.seeds[0], &state)), nil) }
+                    if let detection = state.detection { return (nil, detection) }
+                    throw state.detectionError ?? RedisError(.connection, "no seed answered")
+                }
+            }
+            if let route { return route }
+            await detection?.value
+            if let error = state.withLock({ state in state.mode.isUnknown ? state.detectionError : nil }) { throw error }
+        }
+    }
+
+    /// Asks the seeds unless that is under way or was tried less than `refreshInterval` ago.
+    private func startDetection(_ state: inout State) {
+        guard state.detection == nil, state.lastRefresh.map({ .now - $0 >= Self.refreshInterval }) ?? true else { return }
+        state.detection = Task {
+            var failure: RedisError?
+            do { try await self.detect() } catch let error as RedisError { failure = error } catch {
+                failure = RedisError(.connection, "\(error)")
+            }
+            self.state.withLock { state in
+                state.detection = nil
+                state.detectionError = failure
+                state.lastRefresh = .now
+            }
+        }
+    }
+
+    /// The node a call for `slot` goes to on `route`: nil slot (a command without a key) goes to any master.
+    func node(for slot: Int?, on route: Route) throws(RedisError) -> RedisNode {
+        switch route {
+        case .standalone(let node): return node
+        case .cluster(let slots):
+            if let slot {
+                if let node = slots[slot] { return node }
+                throw RedisError(.unavailable, "CLUSTERDOWN no node serves slot \(slot)")
+            }
+            if let node = slots.lazy.compactMap({ $0 }).first { return node }
+            throw RedisError(.unavailable, "CLUSTERDOWN no node serves any slot")
+        }
+    }
+
+    /// The node at `address`, made on first use.
+    func node(at address: RedisAddress) -> RedisNode {
+        state.withLock { state in nodeLocked(address, &state) }
+    }
+
+    private func nodeLocked(_ address: RedisAddress, _ state: inout State) -> RedisNode {
+        if let node = state.nodes[address] { return node }
+        let node = RedisNode(configuration: configuration.node(address), logger: logger)
+        state.nodes[address] = node
+        return node
+    }
+
+    /// A node answered `MOVED slot address`: the slot is served there from now on (a standalone seed that answers
+    /// so is in a cluster after all), and the whole map is refreshed in the background.
+    func moved(slot: Int, to address: RedisAddress) -> RedisNode {
+        let node = state.withLock { state in
+            let node = nodeLocked(address, &state)
+            switch state.mode {
+            case .cluster(var slots):
+                slots[slot] = node
+                state.mode = .cluster(slots)
+            case .standalone, .unknown:
+                let seed = nodeLocked(configuration.seeds[0], &state)
+                var slots = [RedisNode?](repeating: seed, count: RedisCluster.slotCount)
+                slots[slot] = node
+                state.mode = .cluster(slots)
+            }
+            return node
+        }
+        scheduleRefresh()
+        return node
+    }
+
+    /// A call failed on its connection or the cluster said it is down: in a cluster the map may be stale (a
+    /// failover), so it is refreshed; a standalone Redis has no map.
+    func callFailed(_ error: RedisError) {
+        let isCluster = state.withLock { state in if case .cluster = state.mode { true } else { false } }
+        if isCluster && (error.isConnectionFailure || error.message.hasPrefix("CLUSTERDOWN")) { scheduleRefresh() }
+    }
+
+    /// Every node this client has made.
+    var nodes: [RedisNode] { state.withLock { Array($0.nodes.values) } }
+
+    /// Refuses new calls and closes every node.
+    func close() async {
+        let nodes = state.withLock { state in
+            state.isClosed = true
+            state.refresh?.cancel()
+            return Array(state.nodes.values)
+        }
+        for node in nodes { await node.close() }
+    }
+
+    /// The seeds in order, for the first call: the first that answers decides the mode.
+    private func detect() async throws {
+        var lastError = RedisError(.connection, "no seed to ask")
+        for seed in configuration.seeds {
+            let node = node(at: seed)
+            let reply: RedisValue
+            do { reply = try await node.single(Self.slotsCommand) } catch let error as RedisError where error.isConnectionFailure {
+                lastError = error
+                continue
+            }
+            if let unavailable = RedisError.unavailability(of: reply) { throw unavailable }
+            if case .error = reply {
+                // Cluster support disabled, or an ACL without `cluster|slots`: one server (a cluster behind such
+                // an ACL is found by its first MOVED, which may have come first).
+                let isFirst = state.withLock { state in
+                    guard case .unknown = state.mode else { return false }
+                    state.mode = .standalone(node)
+                    return true
+                }
+                guard isFirst else { return }
+                logger.info("redis standalone", ["redis.addr": node.configuration.description])
+                return
+            }
+            guard let ranges = RedisCluster.slotRanges(reply, asked: seed), !ranges.isEmpty else {
+                throw RedisError(.unavailable, "CLUSTERDOWN \(seed) named no node serving a slot")
+            }
+            install(ranges)
+            return
+        }
+        throw lastError
+    }
+
+    private static let slotsCommand: RESPEncoder = {
+        var encoder = RESPEncoder()
+        encoder.append(["CLUSTER", "SLOTS"])
+        return encoder
+    }()
+
+    private func install(_ ranges: [(ClosedRange<Int>, RedisAddress)]) {
+        let (changed, masters) = state.withLock { state in
+            var slots = [RedisNode?](repeating: nil, count: RedisCluster.slotCount)
+            for (range, address) in ranges {
+                let node = nodeLocked(address, &state)
+                for slot in range { slots[slot] = node }
+            }
+            let before: [RedisNode?]
+            if case .cluster(let old) = state.mode { before = old } else { before = [] }
+            state.mode = .cluster(slots)
+            let changed = before.count != slots.count || zip(before, slots).contains { $0 !== $1 }
+            return (changed, Set(ranges.map(\.1.description)).sorted())
+        }
+        if changed {
+            logger.info("redis cluster map", ["redis.masters": masters.joined(separator: ","),
+                                              "redis.ranges": "\(ranges.count)"])
+        }
+    }
+
+    /// Refreshes the map in the background unless a refresh is running; spaced `refreshInterval` apart.
+    private func scheduleRefresh() {
+        state.withLock { state in
+            guard state.refresh == nil, !state.isClosed else { return }
+            let wait = state.lastRefresh.map { $0 + Self.refreshInterval - .now } ?? .zero
+            state.refresh = Task {
+                if wait > .zero { try? await Task.sleep(for: wait) }
+                await self.refresh()
+                self.state.withLock { state in
+                    state.refresh = nil
+                    state.lastRefresh = .now
+                }
+            }
+        }
+    }
+
+    /// Asks the masters of the current map, then the seeds, for `CLUSTER SLOTS`; the first full answer wins.
+    private func refresh() async {
+        let candidates: [RedisAddress] = state.withLock { state in
+            var seen = Set<RedisAddress>(), order: [RedisAddress] = []
+            if case .cluster(let slots) = state.mode {
+                let serving = Set(slots.compactMap { $0.map(ObjectIdentifier.init) })
+                for (address, node) in state.nodes where serving.contains(ObjectIdentifier(node)) {
+                    if seen.insert(address).inserted { order.append(address) }
+                }
+            }
+            for seed in configuration.seeds where seen.insert(seed).inserted { order.append(seed) }
+            for address in state.nodes.keys where seen.insert(address).inserted { order.append(address) }
+            return order
+        }
+        for address in candidates {
+            guard let reply = try? await node(at: address).single(Self.slotsCommand),
+                  let ranges = RedisCluster.slotRanges(reply, asked: address), !ranges.isEmpty else { continue }
+            install(ranges)
+            return
+        }
+        logger.warning("redis cluster map refresh failed", ["redis.asked": "\(candidates.count)"])
+    }
+}

@@ -1,0 +1,151 @@
+import Foundation
+import HeraldRedis
+import HeraldTestSupport
+import Testing
+
+/// Against the Redis Cluster scripts/test starts (3 masters, 3 replicas; HERALD_TEST_REDIS_CLUSTER_URL).
+@Suite(.serialized) struct RedisClusterTests {
+    @Test func slotsAgreeWithRedis() async throws {
+        let client = try clusterClient()
+        let keys = ["foo", "", "{user1000}.following", "{user1000}.followers", "a{}b", "{}{x}", "x{y", "}{z}",
+                    "herald:{app}:sub:1"] + (0..<200).map { "herald:test:\($0):\(UUID().uuidString)" }
+        for key in keys {
+            #expect(try await client.command(["CLUSTER", "KEYSLOT", key]).int == Int64(RedisCluster.slot(of: key)), "\(key)")
+        }
+        #expect(RedisCluster.slot(of: "{user1000}.following") == RedisCluster.slot(of: "{user1000}.followers"))
+        await client.close()
+    }
+
+    @Test func keysSpreadOverEveryMasterAndReadBack() async throws {
+        let client = try clusterClient()
+        let prefix = freshPrefix()
+        for index in 0..<300 { try await client.command(["SET", "\(prefix)\(index)", "v\(index)", "EX", "60"]) }
+        for index in 0..<300 { #expect(try await client.command(["GET", "\(prefix)\(index)"]).string == "v\(index)") }
+        let masters = try await clusterMasters()
+        #expect(masters.count == 3)
+        for master in masters {
+            let count = try await runTool(["redis-cli", "-p", String(master.port), "EVAL",
+                                           "return #redis.call('KEYS', ARGV[1])", "0", prefix + "*"])
+            #expect((Int(count.output.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0) > 50,
+                    "master \(master.port) holds \(count.output)")
+        }
+        await client.close()
+    }
+
+    @Test func pipelineAcrossNodesAnswersInOrder() async throws {
+        let client = try clusterClient()
+        let prefix = freshPrefix()
+        var commands: [[String]] = []
+        for index in 0..<400 {
+            commands.append(["SET", "\(prefix)\(index)", "value-\(index)", "EX", "60"])
+            commands.append(["GET", "\(prefix)\(index)"])
+        }
+        commands.append(["HSET", prefix + "wrong-type", "f", "1"])
+        commands.append(["GET", prefix + "wrong-type"])
+        let replies = try await client.pipeline(commands)
+        #expect(replies.count == 802)
+        for index in 0..<400 {
+            #expect(replies[2 * index] == .status("OK"))
+            #expect(replies[2 * index + 1].string == "value-\(index)")
+        }
+        guard case .error(let message) = replies[801] else { Issue.record("expected WRONGTYPE"); return }
+        #expect(message.hasPrefix("WRONGTYPE"), "an error reply stays in place")
+        try await client.command(["DEL", prefix + "wrong-type"])
+        await client.close()
+    }
+
+    @Test func scriptsRunOnTheirKeysNode() async throws {
+        let client = try clusterClient()
+        let script = RedisScript(source: "redis.call('SET', KEYS[1], ARGV[1]); redis.call('SET', KEYS[2], ARGV[1]); return redis.call('GET', KEYS[2])")
+        for index in 0..<30 {
+            let tag = "{\(freshPrefix())\(index)}"
+            let reply = try await client.run(script, keys: [tag + ":a", tag + ":b"], args: ["x\(index)"])
+            #expect(reply.string == "x\(index)")
+            try await client.command(["DEL", tag + ":a", tag + ":b"])
+        }
+        await client.close()
+    }
+
+    /// A slot migrated under the client: while it moves the old node answers ASK, once moved MOVED; the client
+    /// follows both and goes straight to the new node afterwards.
+    @Test func askAndMovedAreFollowed() async throws {
+        let client = try clusterClient()
+        let key = freshPrefix() + "migrating"
+        try await client.command(["SET", key, "here"])
+        let slot = RedisCluster.slot(of: key)
+        let masters = try await clusterMasters()
+        let source = try #require(masters.first { $0.slots.contains { $0.contains(slot) } })
+        let target = try #require(masters.first { $0.id != source.id })
+        func admin(_ port: Int, _ arguments: String...) async throws -> String {
+            try await runTool(["redis-cli", "-p", String(port)] + arguments).output
+        }
+        _ = try await admin(target.port, "CLUSTER", "SETSLOT", String(slot), "IMPORTING", source.id)
+        _ = try await admin(source.port, "CLUSTER", "SETSLOT", String(slot), "MIGRATING", target.id)
+        _ = try await admin(source.port, "MIGRATE", "127.0.0.1", String(target.port), key, "0", "5000")
+        var failure: (any Error)?
+        do {
+            #expect(try await client.command(["GET", key]).string == "here", "ASK followed")
+            for master in masters { _ = try await admin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", target.id) }
+            #expect(try await client.command(["GET", key]).string == "here", "MOVED followed")
+            let moved = try await client.pipeline([["GET", key], ["SET", key, "again"], ["GET", key]])
+            #expect(moved == [.bulk(Array("here".utf8)), .status("OK"), .bulk(Array("again".utf8))])
+        } catch { failure = error }
+        // Back where it was, for the other tests.
+        _ = try await admin(source.port, "CLUSTER", "SETSLOT", String(slot), "IMPORTING", target.id)
+        _ = try await admin(target.port, "CLUSTER", "SETSLOT", String(slot), "MIGRATING", source.id)
+        _ = try await admin(target.port, "MIGRATE", "127.0.0.1", String(source.port), key, "0", "5000")
+        for master in masters { _ = try await admin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", source.id) }
+        if let failure { throw failure }
+        #expect(try await client.command(["GET", key]).string == "again")
+        try await client.command(["DEL", key])
+        await client.close()
+    }
+
+    @Test func standaloneNeedsNoSetting() async throws {
+        let client = RedisClient(configuration: try sharedRedisConfiguration())
+        let key = freshPrefix() + "plain"
+        try await client.command(["SET", key, "1", "EX", "60"])
+        #expect(try await client.command(["GET", key]).string == "1")
+        await client.close()
+    }
+
+    @Test func aSeedThatIsDownIsPassedOver() async throws {
+        let url = try TestEnvironment.redisClusterURL()
+        let schemeEnd = try #require(url.range(of: "://"))
+        let client = RedisClient(configuration: try RedisConfiguration(
+            url: "redis://127.0.0.1:\(try closedPort())," + url[schemeEnd.upperBound...]))
+        let key = freshPrefix() + "seed"
+        try await client.command(["SET", key, "1", "EX", "60"])
+        #expect(try await client.command(["GET", key]).string == "1")
+        await client.close()
+    }
+}
+
+func clusterClient() throws -> RedisClient {
+    RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisClusterURL()))
+}
+
+/// The cluster's masters as the first seed sees them.
+struct ClusterMaster {
+    let id: String
+    let port: Int
+    let slots: [ClosedRange<Int>]
+}
+
+func clusterMasters() async throws -> [ClusterMaster] {
+    let url = try TestEnvironment.redisClusterURL()
+    let firstPort = try #require(url.split(separator: ",").first?.split(separator: ":").last.flatMap { Int($0) })
+    let nodes = try await runTool(["redis-cli", "-p", String(firstPort), "CLUSTER", "NODES"]).output
+    return nodes.split(separator: "\n").compactMap { line in
+        let fields = line.split(separator: " ")
+        guard fields.count >= 8, fields[2].contains("master"), !fields[2].contains("fail"),
+              let port = fields[1].split(separator: "@").first?.split(separator: ":").last.flatMap({ Int($0) })
+        else { return nil }
+        let slots = fields.dropFirst(8).compactMap { range -> ClosedRange<Int>? in
+            let bounds = range.split(separator: "-").compactMap { Int($0) }
+            if bounds.count == 2 { return bounds[0]...bounds[1] }
+            return bounds.count == 1 && !range.hasPrefix("[") ? bounds[0]...bounds[0] : nil
+        }
+        return slots.isEmpty ? nil : ClusterMaster(id: String(fields[0]), port: port, slots: slots)
+    }
+}
