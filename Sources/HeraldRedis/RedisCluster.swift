@@ -7,21 +7,19 @@ public enum RedisCluster {
     /// The slot of `key`: CRC16 (XMODEM) of the key, or of its hash tag (the text between the first `{` and the
     /// next `}`, when not empty), modulo 16,384.
     public static func slot(of key: some StringProtocol) -> Int {
-        var utf8 = Array(key.utf8)
-        if let open = utf8.firstIndex(of: UInt8(ascii: "{")),
-           let close = utf8[(open + 1)...].firstIndex(of: UInt8(ascii: "}")), close > open + 1 {
-            utf8 = Array(utf8[(open + 1)..<close])
-        }
-        return slot(ofBytes: utf8)
+        slot(ofKeyBytes: Array(key.utf8))
     }
 
     /// `slot(of:)` for a key of arbitrary bytes.
     static func slot(ofKeyBytes key: [UInt8]) -> Int {
-        if let open = key.firstIndex(of: UInt8(ascii: "{")),
-           let close = key[(open + 1)...].firstIndex(of: UInt8(ascii: "}")), close > open + 1 {
-            return slot(ofBytes: key[(open + 1)..<close])
-        }
-        return slot(ofBytes: key[...])
+        slot(ofBytes: hashTag(key) ?? key[...])
+    }
+
+    /// The text between the first `{` and the next `}`, when not empty.
+    private static func hashTag(_ key: [UInt8]) -> ArraySlice<UInt8>? {
+        guard let open = key.firstIndex(of: UInt8(ascii: "{")),
+              let close = key[(open + 1)...].firstIndex(of: UInt8(ascii: "}")), close > open + 1 else { return nil }
+        return key[(open + 1)..<close]
     }
 
     private static func slot<C: Collection<UInt8>>(ofBytes bytes: C) -> Int {
@@ -48,8 +46,12 @@ public enum RedisCluster {
         return argumentCount > 1 ? 1 : nil
     }
 
-    /// The slot `arguments` is routed by; nil when any node may answer.
+    /// The slot `arguments` is routed by; nil when any node may answer. `KEYS` with a hash tag in its pattern
+    /// matches keys of one slot only, and goes to that slot's node.
     static func slot(of arguments: [String]) -> Int? {
+        if arguments.count == 2, arguments[0].uppercased() == "KEYS", let tag = hashTag(Array(arguments[1].utf8)) {
+            return slot(ofBytes: tag)
+        }
         guard let name = arguments.first,
               let position = keyPosition(name: name, argumentCount: arguments.count,
                                          declaredKeys: { Int(arguments[2]) }) else { return nil }
@@ -68,7 +70,7 @@ public enum RedisCluster {
     private static let scriptCommands: Set<String> = ["EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO"]
     private static let keylessCommands: Set<String> = [
         "PING", "ECHO", "INFO", "SCRIPT", "CLUSTER", "AUTH", "HELLO", "SELECT", "ASKING", "READONLY", "READWRITE",
-        "MULTI", "EXEC", "DISCARD", "DBSIZE", "FLUSHALL", "FLUSHDB", "KEYS", "SCAN", "RANDOMKEY", "CONFIG", "CLIENT",
+        "MULTI", "EXEC", "DISCARD", "DBSIZE", "FLUSHALL", "FLUSHDB", "SCAN", "RANDOMKEY", "CONFIG", "CLIENT",
         "TIME", "ACL", "COMMAND", "WAIT", "DEBUG", "ROLE", "SLOWLOG", "LATENCY", "SAVE", "BGSAVE", "LASTSAVE",
         "PUBLISH", "FUNCTION", "SHUTDOWN",
     ]

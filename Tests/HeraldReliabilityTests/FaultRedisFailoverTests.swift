@@ -1,0 +1,148 @@
+import Foundation
+import HeraldRuntime
+import HeraldTestSupport
+import Testing
+
+@Suite("Fault injection: Redis Cluster failover", .serialized)
+struct FaultRedisFailoverTests {
+    /// A cluster of the test's own (3 masters, 3 replicas, 2 s node timeout) under one ingest and one dispatcher;
+    /// the master serving the app's slot is killed with SIGKILL while 40 events a second stream in. Its replica
+    /// takes over; neither service is restarted.
+    @Test("a Redis Cluster master killed under load: 503 only for the failover window, then served by the promoted replica, no accepted event lost")
+    func masterFailover() async throws {
+        let started = ContinuousClock.now
+        let directory = try scratchDirectory("herald-fault-failover-")
+        let apps = try TestApps(count: 1)
+        defer { apps.remove() }
+        let cluster = try TestRedisCluster(directory: directory)
+        try await cluster.start()
+        let topics = FaultTopics(brokers: try TestEnvironment.kafkaBrokers())
+        let stack = try await FaultStack.start(apps: apps, redisURL: cluster.url, topics: topics, directory: directory,
+                                               channelCount: 16, perChannel: 3)
+        let (simulator, ingest, dispatcher, audience) = (stack.simulator, stack.ingest, stack.dispatcher, stack.audience)
+        let app = apps.apps[0]
+        let victim = try await cluster.master(ofKey: "herald:{\(app.id)}:x")
+
+        let stream = EventStream(app: app, audience: audience, targets: [ingest], perSecond: 40)
+        stream.start()
+        try await Task.sleep(for: .seconds(2))
+        let clock = ContinuousClock()
+        let killedAt = clock.now
+        await cluster.crash(port: victim)
+        try await eventually("a replica took over the slot", timeout: .seconds(20)) {
+            (try? await cluster.master(ofKey: "herald:{\(app.id)}:x")).map { $0 != victim } ?? false
+        }
+        let promotedAfter = clock.now - killedAt
+        // Traffic after the window: long enough to see every request succeed again.
+        try await Task.sleep(for: .seconds(6))
+        await stream.stop()
+
+        let tally = try await Tally.settle(stream: stream, simulator: simulator, topics: topics, timeout: .seconds(60))
+        let outcomes = stream.outcomes
+        let refusals = outcomes.filter { $0.value.status != 202 }
+        #expect(!refusals.isEmpty, "no request met the failover; the test proves nothing")
+        #expect(refusals.allSatisfy { $0.value.status == 503 }, "statuses \(Set(refusals.map(\.value.status)))")
+        #expect(refusals.allSatisfy { $0.value.answeredAt - $0.value.sentAt < .seconds(5) }, "a 503 took too long")
+        let lastRefusal = refusals.map(\.value.answeredAt).max() ?? killedAt
+        let window = lastRefusal - killedAt
+        #expect(window <= .seconds(15), "503s for \(window) after the kill")
+        #expect(outcomes.filter { $0.value.answeredAt < killedAt }.allSatisfy { $0.value.status == 202 })
+        let late = outcomes.filter { $0.value.sentAt > lastRefusal }
+        #expect(late.count >= 100 && late.allSatisfy { $0.value.status == 202 }, "served again without a restart")
+        // The subscriptions were replicated before the kill: the promoted replica has them all, so every accepted
+        // event reaches its whole audience.
+        #expect(tally.missing.count == 0, "missing pushes: \(tally.missing.count), first \(tally.missing.prefix(3))")
+        #expect(tally.delivered == tally.owed && tally.deadLettered == 0, "\(tally)")
+        #expect(tally.strangers == 0)
+        #expect(ingest.child.isRunning && dispatcher.child.isRunning, "a service died")
+        report("Redis Cluster failover", tally, faults: "master SIGKILL, replica promoted after \(promotedAfter), "
+               + "503s for \(window)", started: started)
+
+        await dispatcher.child.stop()
+        await ingest.child.stop()
+        await simulator.child.stop()
+        await cluster.stop()
+        cleanUp(directory, keep: tally.missing.count > 0)
+    }
+}
+
+/// Six redis-servers of the test's own in cluster mode: 3 masters, 3 replicas, a 2 s node timeout (failover in
+/// a few seconds), append-only files so a replica holds what its master acknowledged.
+final class TestRedisCluster: Sendable {
+    let ports: [UInt16]
+    private let busPorts: [UInt16]
+    let directory: String
+    private let processes = Lock<[UInt16: ChildProcess]>([:])
+
+    init(directory: String) throws {
+        ports = try (0..<6).map { _ in try freePort() }
+        busPorts = try (0..<6).map { _ in try freePort() }
+        self.directory = directory + "/cluster"
+    }
+
+    /// Two seeds, as a user would give them.
+    var url: String { "redis://" + ports.prefix(2).map { "127.0.0.1:\($0)" }.joined(separator: ",") + "/0" }
+
+    func start() async throws {
+        for (port, bus) in zip(ports, busPorts) {
+            let folder = "\(directory)/\(port)"
+            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            let child = try ChildProcess("redis-\(port)", executable: "/usr/bin/redis-server", arguments: [
+                "--bind", "127.0.0.1", "--port", "\(port)", "--cluster-enabled", "yes", "--cluster-port", "\(bus)",
+                "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000", "--dir", folder,
+                "--save", "", "--appendonly", "yes", "--daemonize", "no",
+            ], environment: [:], logPath: folder + "/redis.log")
+            processes.withLock { $0[port] = child }
+        }
+        for port in ports {
+            try await eventually("redis-server answers on \(port)", timeout: .seconds(10)) {
+                (try? runTool("redis-cli", ["-p", "\(port)", "ping"]))?.contains("PONG") == true
+            }
+        }
+        _ = try runTool("redis-cli", ["--cluster", "create"] + ports.map { "127.0.0.1:\($0)" }
+                        + ["--cluster-replicas", "1", "--cluster-yes"])
+        try await eventually("the cluster is up with a replica per master", timeout: .seconds(30)) {
+            for port in ports {
+                guard let info = try? runTool("redis-cli", ["-p", "\(port)", "INFO", "replication"]),
+                      let state = try? runTool("redis-cli", ["-p", "\(port)", "CLUSTER", "INFO"]),
+                      state.contains("cluster_state:ok"),
+                      info.contains("role:master") ? info.contains("connected_slaves:1")
+                                                   : info.contains("master_link_status:up") else { return false }
+            }
+            return true
+        }
+    }
+
+    /// The port of the master serving `key`'s slot, as a live node sees it.
+    func master(ofKey key: String) async throws -> UInt16 {
+        let live = processes.withLock { $0 }.filter { $0.value.isRunning }.keys.sorted()
+        for port in live {
+            guard let slot = Int((try? runTool("redis-cli", ["-p", "\(port)", "CLUSTER", "KEYSLOT", key]))?
+                    .trimmingCharacters(in: .whitespacesAndNewlines) ?? ""),
+                  let nodes = try? runTool("redis-cli", ["-p", "\(port)", "CLUSTER", "NODES"]) else { continue }
+            for line in nodes.split(separator: "\n") {
+                let fields = line.split(separator: " ")
+                guard fields.count > 8, fields[2].contains("master"), !fields[2].contains("fail"),
+                      let port = fields[1].split(separator: "@").first?.split(separator: ":").last.flatMap({ UInt16($0) })
+                else { continue }
+                for range in fields.dropFirst(8) {
+                    let bounds = range.split(separator: "-").compactMap { Int($0) }
+                    if bounds.count == 2 ? (bounds[0]...bounds[1]).contains(slot) : bounds.first == slot { return port }
+                }
+            }
+        }
+        throw TestRedisClusterError(description: "no live node names a master for \(key)")
+    }
+
+    func crash(port: UInt16) async {
+        await processes.withLock { $0.removeValue(forKey: port) }?.crash()
+    }
+
+    func stop() async {
+        for child in processes.withLock({ p in defer { p = [:] }; return Array(p.values) }) { await child.crash() }
+    }
+}
+
+struct TestRedisClusterError: Error, CustomStringConvertible {
+    let description: String
+}
