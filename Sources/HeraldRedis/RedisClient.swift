@@ -101,7 +101,10 @@ public final class RedisClient: Sendable {
         var node: RedisNode
         if case .standalone(let only) = route { node = only } else { node = try topology.node(for: slot(), on: route) }
         var asking = false
-        for _ in 0..<Self.maxRedirects {
+        for attempt in 0..<Self.maxRedirects {
+            // Nodes may disagree for a moment while a slot changes hands: past the second redirection, give the
+            // cluster a few milliseconds more each time (at most 140 ms in all).
+            if attempt >= 2 { try await Task.sleep(for: .milliseconds(20 * (attempt - 1))) }
             let reply = try await reply(to: encoder, from: node, asking: asking)
             switch RedisCluster.Redirect(reply) {
             case nil: return reply

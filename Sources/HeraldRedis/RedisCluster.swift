@@ -40,7 +40,7 @@ public enum RedisCluster {
     /// `INFO`, `SCRIPT LOAD`…), which any node answers. `EVAL`/`EVALSHA` are routed by their first declared key.
     static func keyPosition(name: some StringProtocol, argumentCount: Int, declaredKeys: () -> Int?) -> Int? {
         let upper = name.uppercased()
-        if scriptCommands.contains(upper) { return (declaredKeys() ?? 0) > 0 && argumentCount > 3 ? 3 : nil }
+        if scriptCommands.contains(upper) { return argumentCount > 3 && (declaredKeys() ?? 0) > 0 ? 3 : nil }
         if keylessCommands.contains(upper) { return nil }
         if upper == "OBJECT" || upper == "MEMORY" { return argumentCount > 2 ? 2 : nil }
         return argumentCount > 1 ? 1 : nil

@@ -95,9 +95,27 @@ import Testing
         _ = try await admin(target.port, "CLUSTER", "SETSLOT", String(slot), "MIGRATING", source.id)
         _ = try await admin(target.port, "MIGRATE", "127.0.0.1", String(source.port), key, "0", "5000")
         for master in masters { _ = try await admin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", source.id) }
+        // Until every node agrees again, the next test could meet the slot half moved.
+        try await eventually("every node names the slot's master again", timeout: .seconds(10)) {
+            for port in try await clusterNodePorts() {
+                let owner = try await clusterMasters(asSeenBy: port).first { $0.slots.contains { $0.contains(slot) } }
+                guard owner?.id == source.id else { return false }
+            }
+            return true
+        }
         if let failure { throw failure }
         #expect(try await client.command(["GET", key]).string == "again")
         try await client.command(["DEL", key])
+        await client.close()
+    }
+
+    @Test func commandsWithoutAKeyGoToAnyMaster() async throws {
+        let client = try clusterClient()
+        #expect(try await client.command(["PING"]) == .status("PONG"))
+        #expect(try await client.run(RedisScript(source: "return 7"), keys: [], args: []) == .integer(7))
+        for malformed in [["EVALSHA", "abc"], ["EVAL"], ["GET"]] {
+            await #expect(throws: RedisError.self) { try await client.command(malformed) }
+        }
         await client.close()
     }
 
@@ -125,16 +143,15 @@ func clusterClient() throws -> RedisClient {
     RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisClusterURL()))
 }
 
-/// The cluster's masters as the first seed sees them.
 struct ClusterMaster {
     let id: String
     let port: Int
     let slots: [ClosedRange<Int>]
 }
 
-func clusterMasters() async throws -> [ClusterMaster] {
-    let url = try TestEnvironment.redisClusterURL()
-    let firstPort = try #require(url.split(separator: ",").first?.split(separator: ":").last.flatMap { Int($0) })
+/// The cluster's masters as the node on `port` (the first seed by default) sees them.
+func clusterMasters(asSeenBy port: Int? = nil) async throws -> [ClusterMaster] {
+    let firstPort = try port ?? firstSeedPort()
     let nodes = try await runTool(["redis-cli", "-p", String(firstPort), "CLUSTER", "NODES"]).output
     return nodes.split(separator: "\n").compactMap { line in
         let fields = line.split(separator: " ")
@@ -147,5 +164,19 @@ func clusterMasters() async throws -> [ClusterMaster] {
             return bounds.count == 1 && !range.hasPrefix("[") ? bounds[0]...bounds[0] : nil
         }
         return slots.isEmpty ? nil : ClusterMaster(id: String(fields[0]), port: port, slots: slots)
+    }
+}
+
+func firstSeedPort() throws -> Int {
+    let url = try TestEnvironment.redisClusterURL()
+    return try #require(url.split(separator: ",").first?.split(separator: ":").last.flatMap { Int($0) })
+}
+
+/// Every node's port, replicas included.
+func clusterNodePorts() async throws -> [Int] {
+    let nodes = try await runTool(["redis-cli", "-p", String(try firstSeedPort()), "CLUSTER", "NODES"]).output
+    return nodes.split(separator: "\n").compactMap { line in
+        line.split(separator: " ").dropFirst().first?.split(separator: "@").first?.split(separator: ":").last
+            .flatMap { Int($0) }
     }
 }
