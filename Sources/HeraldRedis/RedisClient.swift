@@ -99,7 +99,12 @@ public final class RedisClient: Sendable {
     private func send(_ encoder: RESPEncoder, slot: () -> Int?) async throws -> RedisValue {
         let route = try await topology.route()
         var node: RedisNode
-        if case .standalone(let only) = route { node = only } else { node = try topology.node(for: slot(), on: route) }
+        switch route {
+        case .standalone(let only): node = only
+        case .cluster:
+            guard let slot = slot() else { return try await anyMaster(encoder, on: route) }
+            node = try topology.node(for: slot, on: route)
+        }
         var asking = false
         for attempt in 0..<Self.maxRedirects {
             // Nodes may disagree for a moment while a slot changes hands: past the second redirection, give the
@@ -113,6 +118,19 @@ public final class RedisClient: Sendable {
             }
         }
         throw RedisError(.unavailable, "CLUSTERDOWN more than \(Self.maxRedirects) redirections for one command")
+    }
+
+    /// A command without a key (`PING` for readiness, `SCRIPT`): the first master that answers, so one master
+    /// failing over does not make the whole cluster look down.
+    private func anyMaster(_ encoder: RESPEncoder, on route: RedisTopology.Route) async throws -> RedisValue {
+        var lastError = RedisError(.unavailable, "CLUSTERDOWN no node serves any slot")
+        for node in topology.masters(on: route) {
+            do { return try await reply(to: encoder, from: node, asking: false) } catch let error as RedisError
+                where error.isConnectionFailure {
+                lastError = error
+            }
+        }
+        throw lastError
     }
 
     private func reply(to encoder: RESPEncoder, from node: RedisNode, asking: Bool) async throws -> RedisValue {

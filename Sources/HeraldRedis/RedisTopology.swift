@@ -101,6 +101,17 @@ final class RedisTopology: Sendable {
         }
     }
 
+    /// The masters serving slots on `route`, each once, in slot order.
+    func masters(on route: Route) -> [RedisNode] {
+        switch route {
+        case .standalone(let node): return [node]
+        case .cluster(let slots):
+            var seen = Set<ObjectIdentifier>(), masters: [RedisNode] = []
+            for case let node? in slots where seen.insert(ObjectIdentifier(node)).inserted { masters.append(node) }
+            return masters
+        }
+    }
+
     /// The node at `address`, made on first use.
     func node(at address: RedisAddress) -> RedisNode {
         state.withLock { state in nodeLocked(address, &state) }
