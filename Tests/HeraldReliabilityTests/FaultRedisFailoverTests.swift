@@ -130,7 +130,10 @@ final class TestRedisCluster: Sendable {
                 "--bind", "127.0.0.1", "--port", "\(port)", "--cluster-enabled", "yes", "--cluster-port", "\(bus)",
                 "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000", "--cluster-require-full-coverage", "no", "--dir", folder,
                 "--save", "", "--appendonly", "yes", "--daemonize", "no",
-            ], environment: [:], logPath: folder + "/redis.log")
+                // Its own file, not the test run's log folder: cluster logs name nodes by 40-hex-digit ids, which
+                // the token scan of Herald's logs would take for push tokens.
+                "--logfile", folder + "/redis.log",
+            ], environment: [:], logPath: folder + "/stdout.log")
             processes.withLock { $0[port] = child }
         }
         for port in ports {
