@@ -68,7 +68,8 @@ public final class DispatcherService: Service {
         let janitor = BroadcastJanitor(apps: apps, broadcaster: broadcaster, interval: configuration.broadcastJanitorInterval,
                                        idle: configuration.broadcastIdle, metrics: metrics, logger: logger)
         // Stopped newest first: the consumer drains while the operations server still answers.
-        parts = ServiceGroup(services: [server, readiness, HeapTrimmer(), sweeper, janitor,
+        parts = ServiceGroup(services: [RedisLayoutCheck(redis: redis, logger: logger), server, readiness, HeapTrimmer(),
+                                        sweeper, janitor,
                                         OffsetCommitter(consumer: consumer, interval: configuration.commitInterval),
                                         consumer],
                              signals: [], gracePeriod: configuration.drainTimeout + .seconds(5), logger: logger)

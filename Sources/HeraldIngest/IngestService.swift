@@ -49,7 +49,8 @@ public final class IngestService: Service {
         }
         server = try HTTPServer(configuration: configuration.http, router: router, logger: logger)
         // Stopped newest first: readiness stops being worked out, then the servers drain.
-        parts = ServiceGroup(services: [server] + (adminServer.map { [$0] } ?? []) + [readiness], signals: [],
+        parts = ServiceGroup(services: [RedisLayoutCheck(redis: redis, logger: logger), server]
+                                        + (adminServer.map { [$0] } ?? []) + [readiness], signals: [],
                              gracePeriod: configuration.http.shutdownGracePeriod + .seconds(5), logger: logger)
     }
 

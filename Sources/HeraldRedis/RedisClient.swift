@@ -92,6 +92,43 @@ public final class RedisClient: Sendable {
         }
     }
 
+    /// Runs the script once per call, pipelined (`EVALSHA`; a call its node does not know the script for is sent
+    /// again by itself with `EVAL`). Error replies come back in place, as with `pipeline(_:)`.
+    public func run(_ script: RedisScript, calls: [(keys: [String], args: [String])]) async throws -> [RedisValue] {
+        var replies = try await pipeline(calls.map { ["EVALSHA", script.sha1, String($0.keys.count)] + $0.keys + $0.args })
+        for index in replies.indices {
+            if case .error(let message) = replies[index], RedisError.fromReply(message).code == .noScript {
+                replies[index] = try await run(script, keys: calls[index].keys, args: calls[index].args)
+            }
+        }
+        return replies
+    }
+
+    /// Whether the servers are a Redis Cluster (asking the seeds first when no call has yet): a caller whose keys
+    /// span hash slots does in one script on a standalone Redis what takes several calls on a cluster.
+    public func isCluster() async throws -> Bool { try await topology.isCluster() }
+
+    /// One server holding keys: a standalone Redis, or a cluster master.
+    public struct Master: Sendable {
+        let node: RedisNode
+        let client: RedisClient
+        /// `host:port`, for messages.
+        public var address: String { node.configuration.description }
+
+        /// Runs a command on this server alone (`SCAN`, `DBSIZE`), whatever its keys.
+        public func command(_ arguments: [String]) async throws -> RedisValue {
+            var encoder = RESPEncoder()
+            encoder.append(arguments)
+            return try client.checked(await client.reply(to: encoder, from: node, asking: false))
+        }
+    }
+
+    /// The servers holding keys now, each once: for walking every key (`SCAN` on each).
+    public func masters() async throws -> [Master] {
+        _ = try await topology.isCluster()
+        return topology.masters(on: try await topology.route()).map { Master(node: $0, client: self) }
+    }
+
     /// How many event loops hold a connection of this client, over all its nodes (for tests and diagnostics).
     public var loopConnectionCount: Int { topology.nodes.reduce(0) { $0 + $1.loopConnectionCount } }
 
@@ -133,7 +170,7 @@ public final class RedisClient: Sendable {
         throw lastError
     }
 
-    private func reply(to encoder: RESPEncoder, from node: RedisNode, asking: Bool) async throws -> RedisValue {
+    fileprivate func reply(to encoder: RESPEncoder, from node: RedisNode, asking: Bool) async throws -> RedisValue {
         do {
             guard asking else { return try await node.single(encoder) }
             var asked = RESPEncoder(capacity: encoder.bytes.count + 16)
@@ -210,7 +247,7 @@ public final class RedisClient: Sendable {
         }
     }
 
-    private func checked(_ reply: RedisValue) throws(RedisError) -> RedisValue {
+    fileprivate func checked(_ reply: RedisValue) throws(RedisError) -> RedisValue {
         if case .error(let message) = reply {
             let error = RedisError.fromReply(message)
             if error.code == .unavailable { topology.callFailed(error) }

@@ -52,7 +52,7 @@ public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
     public var description: String { "redis \(code): \(message)" }
 
     /// The error a `command` call throws for an error reply.
-    static func fromReply(_ message: String) -> RedisError {
+    public static func fromReply(_ message: String) -> RedisError {
         let prefix = message.prefix { $0 != " " }
         if prefix == "NOSCRIPT" { return RedisError(.noScript, message) }
         if unavailablePrefixes.contains(prefix) { return RedisError(.unavailable, message) }

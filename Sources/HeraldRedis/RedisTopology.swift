@@ -71,6 +71,26 @@ final class RedisTopology: Sendable {
         }
     }
 
+    /// Whether the servers are a cluster, waiting for the seeds' answer when nobody has had it yet.
+    func isCluster() async throws -> Bool {
+        while true {
+            let (answer, detection): (Bool?, Task<Void, Never>?) = try state.withLock { state throws(RedisError) in
+                if state.isClosed { throw RedisError(.closed, "the client is closed") }
+                switch state.mode {
+                case .standalone: return (false, nil)
+                case .cluster: return (true, nil)
+                case .unknown:
+                    startDetection(&state)
+                    if let detection = state.detection { return (nil, detection) }
+                    throw state.detectionError ?? RedisError(.connection, "no seed answered")
+                }
+            }
+            if let answer { return answer }
+            await detection?.value
+            if let error = state.withLock({ state in state.mode.isUnknown ? state.detectionError : nil }) { throw error }
+        }
+    }
+
     /// Asks the seeds unless that is under way or was tried less than `refreshInterval` ago.
     private func startDetection(_ state: inout State) {
         guard state.detection == nil, state.lastRefresh.map({ .now - $0 >= Self.refreshInterval }) ?? true else { return }

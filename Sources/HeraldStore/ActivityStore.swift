@@ -67,11 +67,18 @@ public struct ActivityStore: Sendable {
         let stamp = Timestamp.rfc3339(milliseconds: nowMs)
         let ttlMs = ttl.inMilliseconds
         var touched = [keys.registration(id), keys.post(input.postIDHash), keys.activityToken(input.pushToken)]
-        if let window { touched += window.redisKeys }
+        // The counters are in the credential's slot: on a cluster they are counted first, by themselves.
+        var counting = window, counted: (count: Int64, ceiling: Int64)?
+        if let window, try await redis.isCluster() {
+            let counts = try await RateLimiter.count(window, on: redis)
+            guard window.decision(count: counts.count, ceilingCount: counts.ceiling).allowed else { return (nil, counts) }
+            (counting, counted) = (nil, counts)
+        }
+        if let counting { touched += counting.redisKeys }
         let reply = try await redis.run(Scripts.register, keys: touched,
             args: [id, user, input.postIDHash, input.pushToken, input.environment.rawValue, input.bundleID, stamp,
                    String(nowMs), String(ttlMs), String(nowMs + ttlMs), String(ttlMs + ttlMs / 60)]
-                + (window?.scriptArguments ?? RateLimiter.Window.countingNothing))
+                + (counting?.scriptArguments ?? RateLimiter.Window.countingNothing))
         // "<what> <count> <ceilingCount>", what being + (new), - (over a limit: nothing stored) or the createdAt
         // of a renewed registration.
         guard let parts = reply.string?.split(separator: " "), parts.count == 3, let count = Int64(parts[1]),
@@ -80,9 +87,10 @@ public struct ActivityStore: Sendable {
         }
         guard parts[0] != "-" else { return (nil, (count, ceiling)) }
         let createdAt = parts[0] == "+" ? nil : String(parts[0])
+        let counts = counted ?? (count, ceiling)
         return ((ActivityRegistration(id: id, user: user, postIDHash: input.postIDHash, pushToken: input.pushToken,
                                       environment: input.environment, bundleID: input.bundleID,
-                                      createdAt: createdAt ?? stamp, lastSeenAt: stamp), createdAt != nil), (count, ceiling))
+                                      createdAt: createdAt ?? stamp, lastSeenAt: stamp), createdAt != nil), counts)
     }
 
     /// One batch of a post's live registrations: ZSCAN from `cursor` ("0" to start; the next cursor is "0" when

@@ -1,14 +1,19 @@
 import HeraldCrypto
 
-/// Redis key layout. Every key starts `herald:`; an app's keys share the hash tag `{<app>}` so that the Lua
-/// scripts that touch a subscription and its indexes run in one slot on Redis Cluster.
+/// Redis key layout (version `RedisLayout.current`). Every key starts `herald:`. The hash tag of a key (the part in
+/// braces, which picks its Redis Cluster slot) names one entity, not the app, so an app's subscriptions spread over
+/// every master of a cluster: what one script touches shares one tag, and an operation that spans entities runs as
+/// ordered steps (see `SubscriptionStore`). Keys of the app as a whole, and those not spread yet (Live Activity
+/// registrations, broadcast channels, jobs), carry the app's tag `{app}`.
 ///
 /// | key | type | what |
 /// | --- | --- | --- |
-/// | `herald:{app}:sub:<id>` | hash | one subscription |
-/// | `herald:{app}:ch:<channel>` | hash | subscription id → what a push needs of it (`ChannelTarget.encoded`) |
-/// | `herald:{app}:dev:<token>` | set | ids of the token's subscriptions |
-/// | `herald:{app}:subexp` | zset | subscription ids by expiry (UNIX seconds), for the sweep |
+/// | `herald:{app:d:<token>}:sub:<id>` | hash | one subscription, in its device's slot |
+/// | `herald:{app:d:<token>}:dev` | set | ids of the token's subscriptions |
+/// | `herald:{app:c:<channel>}:ch` | hash | subscription id → what a push needs of it (`ChannelTarget.encoded`) |
+/// | `herald:{app:e:<n>}:subexp` | zset | `<id><token>` by expiry (UNIX seconds), for the sweep; n = the id's first byte mod 64 |
+/// | `herald:{app:k:<credential>}:rl:<window>` | counter, 61 s | fixed-window rate limit of one API key or OAuth subject |
+/// | `herald:{app:k:<credential>}:rl:d:<token>:<window>` | counter, 61 s | the same for one device behind a public key |
 /// | `herald:{app}:act:<id>` | hash, TTL | one Live Activity registration: createdAt, user, postIdHash, pushToken, environment, bundleId, lastSeenMs |
 /// | `herald:{app}:post:<hash>` | zset, TTL | registration ids of a post, scored by expiry (ms) |
 /// | `herald:{app}:acttok:<token>` | zset, TTL | registration ids of a push token, scored by expiry (ms) |
@@ -16,9 +21,9 @@ import HeraldCrypto
 /// | `herald:{app}:bcastidx` | zset | posts with broadcast channels, scored by their last create or update (ms), for the janitor |
 /// | `herald:{app}:bcastorphan` | hash | `<environment>:<channelId>` → when the janitor first saw the channel at APNs but not in Redis (ms) |
 /// | `herald:{app}:idem:<id>` | string, 24 h | idempotency marker of a producer request |
-/// | `herald:{app}:rl:<key>:<window>` | counter, 61 s | fixed-window rate limit of one API key or OAuth subject |
 /// | `herald:{app}:job:<id>` | hash, 24 h | a job's status: acceptedAt, target, startedAt, finishedAt, counts (`JobStatusStore`) |
 /// | `herald:{app}:fanout:<group>:<topic>:<partition>:<offset>` | hash, TTL | a job record's fan-out progress (the dispatcher's `FanOutProgress`) |
+/// | `herald:layout` | string | the layout version (`RedisLayout`) |
 public struct RedisKeys: Sendable {
     public let app: String
     /// `herald:{app}:`, passed to scripts that derive index keys from stored fields.
@@ -29,10 +34,20 @@ public struct RedisKeys: Sendable {
         self.prefix = "herald:{" + app + "}:"
     }
 
-    public func subscription(_ id: String) -> String { key("sub:", id) }
-    public func channel(_ name: String) -> String { key("ch:", name) }
-    public func device(_ token: String) -> String { key("dev:", token) }
-    public var subscriptionExpiry: String { prefix + "subexp" }
+    public func subscription(_ id: String, token: String) -> String { entity("d:", token, "}:sub:" + id) }
+    public func device(_ token: String) -> String { entity("d:", token, "}:dev") }
+    public func channel(_ name: String) -> String { entity("c:", name, "}:ch") }
+    /// How many keys the expiry index is split into, so it spreads over a cluster's masters as evenly as the rest.
+    public static let expiryBuckets = 64
+    public func subscriptionExpiry(bucket: Int) -> String { entity("e:", String(bucket), "}:subexp") }
+    /// The expiry index holding subscription `id`: its first byte (two hex digits) modulo the bucket count.
+    public func subscriptionExpiry(id: String) -> String {
+        subscriptionExpiry(bucket: (Int(id.prefix(2), radix: 16) ?? 0) % Self.expiryBuckets)
+    }
+    /// A rate-limit counter of `credential` (of one device behind it when `device` is set) for `window`.
+    public func rateLimit(_ credential: String, device: String? = nil, window: Int) -> String {
+        entity("k:", credential, "}:rl:" + (device.map { "d:" + $0 + ":" } ?? "") + String(window))
+    }
     public func registration(_ id: String) -> String { key("act:", id) }
     public func post(_ hash: String) -> String { key("post:", hash) }
     public func activityToken(_ token: String) -> String { key("acttok:", token) }
@@ -40,15 +55,27 @@ public struct RedisKeys: Sendable {
     public var broadcastIndex: String { prefix + "bcastidx" }
     public var broadcastOrphans: String { prefix + "bcastorphan" }
     public func idempotency(_ id: String) -> String { key("idem:", id) }
-    public func rateLimit(_ key: String, window: Int) -> String { self.key("rl:", key, suffix: ":" + String(window)) }
     public func jobStatus(_ id: String) -> String { key("job:", id) }
     /// In the app's slot with the job's status, which one script updates with it.
     public func fanOut(group: String, topic: String, partition: Int32, offset: Int64) -> String {
         key("fanout:", group, suffix: ":\(topic):\(partition):\(offset)")
     }
 
+    /// `herald:{<app>:<kind><name><rest>` (rest closes the tag) in one allocation.
+    private func entity(_ kind: String, _ name: String, _ rest: String) -> String {
+        var text = ""
+        text.reserveCapacity(9 + app.utf8.count + kind.utf8.count + name.utf8.count + rest.utf8.count)
+        text += "herald:{"
+        text += app
+        text += ":"
+        text += kind
+        text += name
+        text += rest
+        return text
+    }
+
     /// `prefix + kind + name + suffix` in one allocation: chained `+` builds a string per step, and every request
-    /// of the hot endpoints builds four or five keys.
+    /// of the hot endpoints builds four or five keys (so does `entity`).
     private func key(_ kind: String, _ name: String, suffix: String = "") -> String {
         var text = ""
         text.reserveCapacity(prefix.utf8.count + kind.utf8.count + name.utf8.count + suffix.utf8.count)

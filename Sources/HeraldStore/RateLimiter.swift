@@ -8,8 +8,10 @@ import HeraldRedis
 /// the key's app-wide ceiling (`appLimit`): one abusive device cannot lock the others out, and the whole
 /// population still has a bound.
 ///
-/// Counters live in the app's hash slot (`herald:{app}:rl:<key>:<window>`), so a script that does a request's
-/// work can count it in the same call (`SubscriptionStore.upsert(app:_:counting:now:)`): one round trip, not two.
+/// A credential's counters share its hash slot (`herald:{app:k:<credential>}:rl:…`), so one script counts both.
+/// On a standalone Redis a script that does a request's work counts it in the same call
+/// (`SubscriptionStore.upsert(app:_:counting:now:)`): one round trip, not two; on a cluster the counting comes
+/// first, in the credential's slot, and the work only within the limit.
 public struct RateLimiter: Sendable {
     public struct Decision: Sendable, Equatable {
         public var allowed: Bool
@@ -89,7 +91,7 @@ public struct RateLimiter: Sendable {
         let seconds = Int(now.timeIntervalSince1970)
         let window = seconds / windowSeconds
         let keys = RedisKeys(app: app)
-        let own = Counter(redisKey: keys.rateLimit(device.map { key + ":d:" + $0 } ?? key, window: window), limit: limit)
+        let own = Counter(redisKey: keys.rateLimit(key, device: device, window: window), limit: limit)
         let ceiling = device == nil ? nil : Counter(redisKey: keys.rateLimit(key, window: window), limit: appLimit)
         return Window(counter: own, ceiling: ceiling, ttlSeconds: windowSeconds + 1,
                       resetSeconds: (window + 1) * windowSeconds - seconds)
@@ -97,11 +99,17 @@ public struct RateLimiter: Sendable {
 
     /// Counts one request in `window`.
     public func hit(_ window: Window) async throws -> Decision {
+        let counts = try await Self.count(window, on: redis)
+        return window.decision(count: counts.count, ceilingCount: counts.ceiling)
+    }
+
+    /// Counts one request in `window`; returns the counters' values after it (`ceiling` 0 when not counted).
+    static func count(_ window: Window, on redis: RedisClient) async throws -> (count: Int64, ceiling: Int64) {
         let reply = try await redis.run(Self.count, keys: window.redisKeys, args: window.scriptArguments)
         guard let counts = reply.array, counts.count == 2, let count = counts[0].int, let ceiling = counts[1].int else {
             throw StoreError.unexpectedReply("rate limit")
         }
-        return window.decision(count: count, ceilingCount: ceiling)
+        return (count, ceiling)
     }
 
     /// Counts one request for `key` of `app` in the current window (a credential of one caller).

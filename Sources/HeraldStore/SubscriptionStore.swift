@@ -4,9 +4,15 @@ import HeraldRedis
 import HeraldRuntime
 
 /// Device subscriptions in Redis: upsert with rotation, list and removal for ingest; batched channel reads and
-/// token removal for the dispatcher. Each change is one Lua script, so a subscription and its indexes never
-/// disagree: the channel index holds each subscription's push target (`ChannelTarget.encoded`) beside its id, and
-/// every script that writes or removes a subscription writes or removes that entry too.
+/// token removal for the dispatcher. A subscription's record and its device's index share the device's hash slot;
+/// the channel index (which holds each subscription's push target, `ChannelTarget.encoded`, beside its id) and the
+/// expiry index live in other slots, so on a Redis Cluster an app spreads over every master (`RedisKeys`).
+///
+/// Writes that span slots are ordered so that a crash between their steps never has a push go to a subscription
+/// that was removed: an upsert writes the record first and the channel index entry last; a removal takes the
+/// channel index entry first and the record last, and keeps a record written since it was read (an upsert racing
+/// the removal wins). A step a crash left undone is repaired by the next write of the same subscription. On a
+/// standalone Redis, where every key is on one server, an upsert is still one script and one round trip.
 ///
 /// State per device is bounded (`maxPerDevice`), subscriptions end (`ttl` after their last upsert, swept by
 /// `expire`, skipped by readers meanwhile), and removals of many subscriptions go in batches of `batchSize`.
@@ -16,14 +22,14 @@ public struct SubscriptionStore: Sendable {
     public let ttl: Duration?
     /// Subscriptions one device token may have; a new one past it is refused.
     public let maxPerDevice: Int
-    /// Entries one script removes or looks at per call, so no call holds Redis long.
+    /// Entries one call removes or looks at, so no call holds Redis long.
     public let batchSize: Int
 
     public init(redis: RedisClient, ttl: Duration? = .seconds(90 * 86_400), maxPerDevice: Int = 500, batchSize: Int = 500) {
         (self.redis, self.ttl, self.maxPerDevice, self.batchSize) = (redis, ttl, maxPerDevice, batchSize)
     }
 
-    /// Creates or updates the subscription for (token, tokenType, channel); with `previousToken`, first removes
+    /// Creates or updates the subscription for (token, tokenType, channel); with `previousToken`, then removes
     /// every subscription of that token with the same tokenType. `created` is false for an update.
     public func upsert(app: String, _ input: SubscriptionInput, now: Date = Date()) async throws
         -> (subscription: Subscription, created: Bool) {
@@ -51,8 +57,8 @@ public struct SubscriptionStore: Sendable {
         case tooMany
     }
 
-    /// `upsert(app:_:now:)` that first counts the request in `window` and stores only within the limit, in the
-    /// same script: the request's one Redis round trip.
+    /// `upsert(app:_:now:)` that first counts the request in `window` and stores only within the limit (on a
+    /// standalone Redis in the same script: the request's one Redis round trip).
     public func upsert(app: String, _ input: SubscriptionInput, counting window: RateLimiter.Window,
                        now: Date = Date()) async throws -> CountedUpsert {
         let outcome = try await run(app: app, input, counting: window, now: now)
@@ -64,38 +70,56 @@ public struct SubscriptionStore: Sendable {
         }
     }
 
-    /// Runs the upsert script.
+    /// Counts, writes the record, then the channel and expiry index entries, then rotates the previous token away.
     private func run(app: String, _ input: SubscriptionInput, counting window: RateLimiter.Window?, now: Date)
         async throws -> (result: Result, counts: (count: Int64, ceiling: Int64)) {
         let keys = RedisKeys(app: app)
         let id = RedisKeys.identifier(input.deviceToken, input.tokenType.rawValue, input.channel)
         let stamp = Timestamp.rfc3339(now)
         let metadata = input.encodedMetadata.map { String(decoding: $0, as: UTF8.self) } ?? ""
-        let previous = input.previousToken.flatMap { $0 == input.deviceToken ? nil : $0 } ?? ""
         let expiresAt = ttl.map { Int64(now.timeIntervalSince1970) + $0.components.seconds }
-        var touched = [keys.subscription(id), keys.channel(input.channel), keys.device(input.deviceToken),
-                       keys.subscriptionExpiry]
-        if !previous.isEmpty { touched.append(keys.device(previous)) }
-        if let window { touched += window.redisKeys }
+        let target = ChannelTarget(deviceToken: input.deviceToken, tokenType: input.tokenType,
+                                   environment: input.environment, activityID: input.activityID,
+                                   expiresAt: expiresAt).encoded
+        let member = id + input.deviceToken
+        let record = keys.subscription(id, token: input.deviceToken), device = keys.device(input.deviceToken)
+        let channel = keys.channel(input.channel), expiry = keys.subscriptionExpiry(id: id)
+        let isCluster = try await redis.isCluster()
+        var counted: (count: Int64, ceiling: Int64) = (0, 0)
+        var touched = [record, device]
+        if !isCluster {
+            touched += [channel, expiry]
+            if let window { touched += window.redisKeys }
+        } else if let window {
+            counted = try await RateLimiter.count(window, on: redis)
+            guard window.decision(count: counted.count, ceilingCount: counted.ceiling).allowed else { return (.rateLimited, counted) }
+        }
         let reply = try await redis.run(Scripts.upsert, keys: touched,
-            args: [keys.prefix, id, input.channel, input.deviceToken, input.tokenType.rawValue,
-                   input.environment.rawValue, input.activityID ?? "", metadata, stamp,
-                   String(Int64(now.timeIntervalSince1970 * 1000)), previous,
-                   ChannelTarget(deviceToken: input.deviceToken, tokenType: input.tokenType,
-                                 environment: input.environment, activityID: input.activityID,
-                                 expiresAt: expiresAt).encoded,
-                   expiresAt.map(String.init) ?? "", String(maxPerDevice)]
-                + (window?.scriptArguments ?? RateLimiter.Window.countingNothing))
+            args: [id, input.channel, input.deviceToken, input.tokenType.rawValue, input.environment.rawValue,
+                   input.activityID ?? "", metadata, stamp, String(Int64(now.timeIntervalSince1970 * 1000)), target,
+                   expiresAt.map(String.init) ?? "", String(maxPerDevice), member, isCluster ? "0" : "1"]
+                + (isCluster ? RateLimiter.Window.countingNothing : window?.scriptArguments ?? RateLimiter.Window.countingNothing))
         guard let parts = reply.array, parts.count == 4, let created = parts[0].int, let createdAt = parts[1].string,
               let count = parts[2].int, let ceiling = parts[3].int else {
             throw StoreError.unexpectedReply("upsert")
         }
-        guard created >= 0 else { return (created == -2 ? .tooMany : .rateLimited, (count, ceiling)) }
+        if !isCluster { counted = (count, ceiling) }
+        guard created >= 0 else { return (created == -2 ? .tooMany : .rateLimited, counted) }
+        if isCluster {
+            // Last, so a push never finds an entry whose record was not written.
+            try Self.checked(await redis.pipeline([
+                ["HSET", channel, id, target],
+                expiresAt.map { ["ZADD", expiry, String($0), member] } ?? ["ZREM", expiry, member],
+            ]), "upsert")
+        }
+        if let previous = input.previousToken, previous != input.deviceToken {
+            _ = try await removeToken(app: app, deviceToken: previous, only: nil, tokenType: input.tokenType, keepAfterMs: nil)
+        }
         let subscription = Subscription(id: id, channel: input.channel, deviceToken: input.deviceToken,
                                         tokenType: input.tokenType, environment: input.environment,
                                         activityID: input.activityID, metadata: input.metadata,
                                         createdAt: createdAt, updatedAt: stamp)
-        return (.stored(subscription, created: created == 1), (count, ceiling))
+        return (.stored(subscription, created: created == 1), counted)
     }
 
     /// One page of a device token's subscriptions, in id order: at most `limit`, those after the subscription id
@@ -109,70 +133,174 @@ public struct SubscriptionStore: Sendable {
         var ids = (try await redis.command(["SMEMBERS", keys.device(deviceToken)]).strings ?? []).sorted()
         if let after { ids = Array(ids.drop { $0 <= after }) }
         let page = Array(ids.prefix(limit))
-        let subscriptions = try await load(keys: keys, ids: page, now: now)
+        let subscriptions = try await load(keys: keys, token: deviceToken, ids: page, now: now)
         return (subscriptions, ids.count > limit ? page.last : nil)
     }
 
     /// Removes one subscription (channel + tokenType) or all of the device's; returns how many went.
     public func remove(app: String, _ removal: SubscriptionRemoval) async throws -> Int {
-        let only = removal.channel.flatMap { channel in
-            removal.tokenType.map { RedisKeys.identifier(removal.deviceToken, $0.rawValue, channel) }
-        } ?? ""
-        return try await removeToken(app: app, deviceToken: removal.deviceToken, only: only, keepAfterMs: "")
+        if let channel = removal.channel, let tokenType = removal.tokenType {
+            let id = RedisKeys.identifier(removal.deviceToken, tokenType.rawValue, channel)
+            return try await removeToken(app: app, deviceToken: removal.deviceToken, only: (id, channel),
+                                         tokenType: nil, keepAfterMs: nil)
+        }
+        return try await removeToken(app: app, deviceToken: removal.deviceToken, only: nil, tokenType: nil, keepAfterMs: nil)
     }
 
     /// Removes a token APNs reported invalid: all its subscriptions, except those updated after
     /// `keepUpdatedAfter` (a 410's timestamp: the device registered again since). Returns how many went.
     public func removeInvalidToken(app: String, deviceToken: String, keepUpdatedAfter: Date? = nil) async throws -> Int {
-        let cutoff = keepUpdatedAfter.map { String(Int64($0.timeIntervalSince1970 * 1000)) } ?? ""
-        return try await removeToken(app: app, deviceToken: deviceToken, only: "", keepAfterMs: cutoff)
+        try await removeToken(app: app, deviceToken: deviceToken, only: nil, tokenType: nil,
+                              keepAfterMs: keepUpdatedAfter.map { Int64($0.timeIntervalSince1970 * 1000) })
     }
 
-    /// Runs the token-removal script batch by batch until the device's index is scanned.
-    private func removeToken(app: String, deviceToken: String, only: String, keepAfterMs: String) async throws -> Int {
-        let keys = RedisKeys(app: app)
-        return try await inBatches(Scripts.removeToken, "remove token", keys: [keys.device(deviceToken), keys.subscriptionExpiry]) {
-            [keys.prefix, deviceToken, only, keepAfterMs, $0, String(batchSize)]
-        }
-    }
-
-    /// Removes every subscription of a channel (a closed channel), batch by batch; returns how many went.
-    public func removeChannel(app: String, channel: String) async throws -> Int {
-        let keys = RedisKeys(app: app)
-        return try await inBatches(Scripts.removeChannel, "remove channel", keys: [keys.channel(channel), keys.subscriptionExpiry]) {
-            [keys.prefix, $0, String(batchSize)]
-        }
-    }
-
-    /// Runs a removal script that answers {removed, next cursor} from cursor "0" until its cursor is "0" again;
-    /// returns how many it removed in all.
-    private func inBatches(_ script: RedisScript, _ what: String, keys: [String],
-                           args: (String) -> [String]) async throws -> Int {
+    /// Removes the token's subscriptions: the one (`only`, whose channel index entry goes even when its record is
+    /// gone), or all of them batch by batch (`SSCAN` of the device index) of `tokenType` when set, keeping those
+    /// updated after `keepAfterMs`. Returns how many records went.
+    private func removeToken(app: String, deviceToken: String, only: (id: String, channel: String)?,
+                             tokenType: TokenType?, keepAfterMs: Int64?) async throws -> Int {
+        let keys = RedisKeys(app: app), device = keys.device(deviceToken)
         var cursor = "0", removed = 0
         repeat {
-            let reply = try await redis.run(script, keys: keys, args: args(cursor))
-            guard let parts = reply.array, parts.count == 2, let count = parts[0].int, let next = parts[1].string else {
-                throw StoreError.unexpectedReply(what)
+            var ids: [String]
+            if let only { ids = [only.id] } else {
+                let page = try await redis.command(["SSCAN", device, cursor, "COUNT", String(batchSize)])
+                guard let parts = page.array, parts.count == 2, let next = parts[0].string, let members = parts[1].strings else {
+                    throw StoreError.unexpectedReply("SSCAN")
+                }
+                (cursor, ids) = (next, members)
             }
-            removed += Int(count)
-            cursor = next
+            guard !ids.isEmpty else { continue }
+            let records = try await redis.pipeline(ids.map {
+                ["HMGET", keys.subscription($0, token: deviceToken), "channel", "updatedMs", "tokenType"]
+            })
+            var doomed: [Removal] = [], stale: [String] = []
+            for (id, record) in zip(ids, records) {
+                guard let fields = record.array, fields.count == 3, let channel = fields[0].string,
+                      let updatedMs = fields[1].string else {
+                    if let only { doomed.append(Removal(id: id, token: deviceToken, channel: only.channel, updatedMs: "")) }
+                    else { stale.append(id) }
+                    continue
+                }
+                if let tokenType, fields[2].string != tokenType.rawValue { continue }
+                if let keepAfterMs, (Int64(updatedMs) ?? 0) > keepAfterMs { continue }
+                doomed.append(Removal(id: id, token: deviceToken, channel: channel, updatedMs: updatedMs))
+            }
+            if !stale.isEmpty { try await redis.command(["SREM", device] + stale) }
+            removed += try await remove(keys, doomed)
         } while cursor != "0"
         return removed
     }
 
-    /// Removes the app's subscriptions whose expiry has passed, a batch per call until none is left; returns how
-    /// many went.
+    /// Removes every subscription of a channel (a closed channel), batch by batch (`HSCAN` of its index); a
+    /// subscription written again after the removal began is kept. Returns how many went.
+    public func removeChannel(app: String, channel: String, now: Date = Date()) async throws -> Int {
+        let keys = RedisKeys(app: app), index = keys.channel(channel)
+        let began = Int64(now.timeIntervalSince1970 * 1000)
+        var cursor = "0", removed = 0
+        repeat {
+            let page = try await redis.command(["HSCAN", index, cursor, "COUNT", String(batchSize)])
+            guard let parts = page.array, parts.count == 2, let next = parts[0].string, let flat = parts[1].array,
+                  flat.count % 2 == 0 else { throw StoreError.unexpectedReply("HSCAN") }
+            cursor = next
+            var entries: [(id: String, token: String)] = [], unreadable: [String] = []
+            for i in stride(from: 0, to: flat.count, by: 2) {
+                guard let id = flat[i].string else { continue }
+                if case .bulk(let bytes) = flat[i + 1], let target = ChannelTarget(encoded: bytes) {
+                    entries.append((id, target.deviceToken))
+                } else {
+                    unreadable.append(id)
+                }
+            }
+            if !unreadable.isEmpty { try await redis.command(["HDEL", index] + unreadable) }
+            guard !entries.isEmpty else { continue }
+            let records = try await redis.pipeline(entries.map {
+                ["HGET", keys.subscription($0.id, token: $0.token), "updatedMs"]
+            })
+            var doomed: [Removal] = []
+            for (entry, record) in zip(entries, records) {
+                let updatedMs = record.string ?? ""
+                if let written = Int64(updatedMs), written > began { continue }
+                doomed.append(Removal(id: entry.id, token: entry.token, channel: channel, updatedMs: updatedMs))
+            }
+            removed += try await remove(keys, doomed)
+        } while cursor != "0"
+        return removed
+    }
+
+    /// Removes the app's subscriptions whose expiry has passed, a batch per call of each expiry index until none
+    /// is left; returns how many went.
     public func expire(app: String, now: Date = Date()) async throws -> Int {
         let keys = RedisKeys(app: app)
+        let nowSeconds = Int64(now.timeIntervalSince1970)
         var removed = 0
-        while true {
-            let reply = try await redis.run(Scripts.expire, keys: [keys.subscriptionExpiry],
-                                            args: [keys.prefix, String(Int64(now.timeIntervalSince1970)), String(batchSize)])
-            guard let parts = reply.array, parts.count == 2, let count = parts[0].int, let seen = parts[1].int else {
-                throw StoreError.unexpectedReply("expire")
+        for bucket in 0..<RedisKeys.expiryBuckets {
+            let index = keys.subscriptionExpiry(bucket: bucket)
+            while true {
+                let members = try await redis.command(["ZRANGEBYSCORE", index, "-inf", String(nowSeconds), "LIMIT", "0",
+                                                       String(batchSize)]).strings ?? []
+                guard !members.isEmpty else { break }
+                // `<id><token>`: the id is 24 hex digits.
+                let parsed = members.map { member in
+                    (member: member, id: String(member.prefix(24)), token: String(member.dropFirst(24)))
+                }
+                let records = try await redis.pipeline(parsed.map {
+                    ["HMGET", keys.subscription($0.id, token: $0.token), "channel", "updatedMs", "expiresAt"]
+                })
+                var doomed: [Removal] = [], gone: [String] = [], renewed: [String] = []
+                for (entry, record) in zip(parsed, records) {
+                    guard let fields = record.array, fields.count == 3, let channel = fields[0].string,
+                          let updatedMs = fields[1].string else {
+                        gone.append(entry.member)
+                        continue
+                    }
+                    if let expiresAt = fields[2].string.flatMap({ Int64($0) }), expiresAt > nowSeconds {
+                        renewed += [String(expiresAt), entry.member] // its score is its expiry again
+                    } else {
+                        doomed.append(Removal(id: entry.id, token: entry.token, channel: channel, updatedMs: updatedMs))
+                    }
+                }
+                if !gone.isEmpty { try await redis.command(["ZREM", index] + gone) }
+                if !renewed.isEmpty { try await redis.command(["ZADD", index] + renewed) }
+                removed += try await remove(keys, doomed)
+                if members.count < batchSize { break }
             }
-            removed += Int(count)
-            if seen < batchSize { return removed }
+        }
+        return removed
+    }
+
+    /// A subscription to remove, as read.
+    struct Removal {
+        var id: String
+        var token: String
+        var channel: String
+        /// The record's `updatedMs` when read ("" when it was missing).
+        var updatedMs: String
+    }
+
+    /// Removes subscriptions from the channel and expiry indexes first (from then on nothing is pushed to them),
+    /// then their records and device index entries, unless written since they were read. Returns how many
+    /// records went.
+    private func remove(_ keys: RedisKeys, _ doomed: [Removal]) async throws -> Int {
+        guard !doomed.isEmpty else { return 0 }
+        var unindex: [[String]] = []
+        unindex.reserveCapacity(doomed.count * 2)
+        for removal in doomed {
+            unindex.append(["HDEL", keys.channel(removal.channel), removal.id])
+            unindex.append(["ZREM", keys.subscriptionExpiry(id: removal.id), removal.id + removal.token])
+        }
+        try Self.checked(await redis.pipeline(unindex), "remove")
+        let replies = try await redis.run(Scripts.removeRecord, calls: doomed.map {
+            ([keys.subscription($0.id, token: $0.token), keys.device($0.token)], [$0.id, $0.updatedMs])
+        })
+        try Self.checked(replies, "remove")
+        return replies.reduce(0) { $0 + Int($1.int ?? 0) }
+    }
+
+    /// Throws the first error reply of a pipeline.
+    static func checked(_ replies: [RedisValue], _ what: String) throws {
+        for reply in replies {
+            if case .error(let message) = reply { throw RedisError.fromReply(message) }
         }
     }
 
@@ -207,10 +335,10 @@ public struct SubscriptionStore: Sendable {
         return (next, targets)
     }
 
-    private func load(keys: RedisKeys, ids: [String], now: Date) async throws -> [Subscription] {
+    private func load(keys: RedisKeys, token: String, ids: [String], now: Date) async throws -> [Subscription] {
         guard !ids.isEmpty else { return [] }
         let nowSeconds = Int64(now.timeIntervalSince1970)
-        let replies = try await redis.pipeline(ids.map { ["HGETALL", keys.subscription($0)] })
+        let replies = try await redis.pipeline(ids.map { ["HGETALL", keys.subscription($0, token: token)] })
         return replies.compactMap { reply in
             guard let fields = reply.fieldValues,
                   (fields["expiresAt"].flatMap { Int64($0) } ?? .max) > nowSeconds else { return nil }

@@ -122,14 +122,17 @@ func main() async {
                               "apps": "\(apps.directory.apps.count)", "redis.addr": settings.redis.description]
                     .merging(settings.kafka.kafka.security.logFields) { first, _ in first })
     let reloader = AppsReloader(apps: apps, path: settings.appsFile, logger: logger)
+    var failed = false
     do {
         try await ServiceGroup(services: [reloader, service], logger: logger).run()
     } catch {
+        failed = true
         logger.error("stopped with an error", ["error": "\(error)"])
     }
     await producer.close()
     await redis.close()
     logger.info("stopped")
+    if failed { exit(1) }
 }
 
 await main()

@@ -22,6 +22,9 @@ let usage = """
           Counts of the matching dead letters by reason, status, app and push type.
       heraldctl replay [FILTERS] [--name NAME] [--dry-run] [--limit N] [--rate JOBS_PER_S] [--include-removed] [--json]
           Re-publishes the matching dead letters to HERALD_TOPIC_JOBS as device jobs, each at most once per replay.
+      heraldctl redis migrate [--dry-run]
+          Moves a Redis database written by an older Herald to this version's key layout (stop the services first;
+          resumable: run it again if it stops). --dry-run counts what would move and changes nothing.
 
     Filters (all optional; lists are comma-separated):
       --app ID[,ID]           --since TIME  --until TIME (2h, 30m, 1d12h ago, or 2024-05-01T10:00:00Z, or 2024-05-01)
@@ -108,6 +111,7 @@ func runCommand() async {
             try await DLQCommand.stats(Flags(rest.dropFirst(), allowed: DLQFilter.flagNames, switches: ["json"]))
         case ("send", _):
             exit(try await SendCommand.run(Flags(rest, allowed: SendCommand.flagNames, switches: SendCommand.switches)))
+        case ("redis", "migrate"): try await RedisCommand.migrate(Flags(rest.dropFirst(), allowed: [], switches: ["dry-run"]))
         case ("replay", _):
             let code = try await ReplayCommand.run(Flags(rest, allowed: DLQFilter.flagNames.union(["name", "limit", "rate"]),
                                                          switches: ["dry-run", "include-removed", "include-replayed", "json"]))

@@ -48,11 +48,11 @@ import Testing
         #expect(second["environment"] as? String == "production", "the default when not given")
         #expect((second["metadata"] as? [String: Any])?["locale"] as? String == "fr_FR")
 
-        #expect(try await ingest.redis.command(["KEYS", keys.prefix + "sub:*"]).strings == [keys.subscription(id)])
+        #expect(try await keys.subscriptionKeys(ingest.redis) == [keys.subscription(id, token: token)])
         // The update rewrote the channel index's target: the environment went back to production.
         #expect(try await targets(ingest.redis, keys.channel("order:42:status")) == [id: "ap" + token])
         #expect(try await members(ingest.redis, keys.device(token)) == [id])
-        let stored = try #require(try await ingest.redis.command(["HGETALL", keys.subscription(id)]).fieldValues)
+        let stored = try #require(try await ingest.redis.command(["HGETALL", keys.subscription(id, token: token)]).fieldValues)
         #expect(stored["deviceToken"] == token)
         #expect(stored["environment"] == "production")
         #expect(stored["metadata"] == #"{"locale":"fr_FR"}"#)
@@ -72,7 +72,7 @@ import Testing
             return try await group.reduce(into: []) { $0.append($1) }
         }
         #expect(statuses.sorted() == [200, 200, 200, 200, 200, 200, 200, 201])
-        let stored = try await ingest.redis.command(["KEYS", StoredKeys(app: app.id).prefix + "sub:*"]).strings ?? []
+        let stored = try await StoredKeys(app: app.id).subscriptionKeys(ingest.redis)
         #expect(stored.count == 1)
     }
 
@@ -136,7 +136,7 @@ import Testing
         #expect(try removed.json()["removed"] as? Int == 1)
 
         let keys = StoredKeys(app: app.id)
-        #expect(try await ingest.redis.command(["EXISTS", keys.subscription(newsID)]).int == 0)
+        #expect(try await ingest.redis.command(["EXISTS", keys.subscription(newsID, token: token)]).int == 0)
         #expect(try await targets(ingest.redis, keys.channel("news")) == [liveID: "sp" + token])
         #expect(try await members(ingest.redis, keys.device(token)) == [liveID, sportsID].sorted())
 
@@ -161,8 +161,10 @@ import Testing
         #expect(try removed.json()["removed"] as? Int == 4)
 
         let keys = StoredKeys(app: app.id)
-        #expect(try await ingest.redis.command(["KEYS", keys.prefix + "sub:*"]).strings == [keys.subscription(kept)])
-        #expect(try await ingest.redis.command(["EXISTS", keys.device(token), keys.channel("b"), keys.channel("c")]).int == 0)
+        #expect(try await keys.subscriptionKeys(ingest.redis) == [keys.subscription(kept, token: other)])
+        for gone in [keys.device(token), keys.channel("b"), keys.channel("c")] {
+            #expect(try await ingest.redis.command(["EXISTS", gone]).int == 0)
+        }
         #expect(try await targets(ingest.redis, keys.channel("a")) == [kept: "ap" + other])
 
         let again = try await ingest.request("DELETE", path, key: app.publicKey, json: body(["deviceToken": token]))
@@ -402,7 +404,7 @@ import Testing
             #expect(refused.headers["ratelimit-remaining"] == "0")
             #expect(refused.headers["ratelimit-reset"] == String(retryAfter))
         }
-        let stored = try await ingest.redis.command(["KEYS", StoredKeys(app: app.id).prefix + "sub:*"]).strings ?? []
+        let stored = try await StoredKeys(app: app.id).subscriptionKeys(ingest.redis)
         #expect(stored.count == 250 + 240, "the refused request stored nothing")
 
         // A request that does not say which device (bad input) counts in the key's one window for those.
@@ -468,7 +470,7 @@ import Testing
         let refused = try await ingest.request("POST", path, key: key,
                                                json: #"{"channel": "c501", "deviceToken": "\#(device)", "tokenType": "alert"}"#)
         #expect(refused.status == 409 && refused.errorCode == "too_many_subscriptions", "\(refused.text)")
-        #expect(try await ingest.redis.command(["EXISTS", StoredKeys(app: app.id).prefix + "ch:c501"]).int == 0)
+        #expect(try await ingest.redis.command(["EXISTS", StoredKeys(app: app.id).channel("c501")]).int == 0)
         let update = try await ingest.request("POST", path, key: key,
                                               json: #"{"channel": "c1", "deviceToken": "\#(device)", "tokenType": "alert"}"#)
         #expect(update.status == 200, "an update is not a new subscription")
@@ -518,7 +520,7 @@ import Testing
         let closed = try await ingest.request("DELETE", "/v1/apps/\(app.id)/channels/\(encoded)", key: app.secretKey)
         let closedCount = try closed.json()["removed"] as? Int
         #expect(closed.status == 200 && closedCount == 3, "\(closed.text)")
-        #expect(try await ingest.redis.command(["EXISTS", StoredKeys(app: app.id).prefix + "ch:" + channel]).int == 0)
+        #expect(try await ingest.redis.command(["EXISTS", StoredKeys(app: app.id).channel(channel)]).int == 0)
         for device in devices {
             let listed = try await ingest.request("GET", "/v1/apps/\(app.id)/subscriptions?deviceToken=\(device)", key: app.publicKey)
             let channels = (try listed.json()["subscriptions"] as? [[String: Any]])?.compactMap { $0["channel"] as? String }
@@ -698,11 +700,22 @@ private func body(_ fields: [String: Any]) -> String {
 
 /// The Redis keys of an app's subscriptions (mirrors HeraldStore's layout, which the tests pin down).
 private struct StoredKeys {
-    let prefix: String
-    init(app: String) { prefix = "herald:{\(app)}:" }
-    func subscription(_ id: String) -> String { prefix + "sub:" + id }
-    func channel(_ name: String) -> String { prefix + "ch:" + name }
-    func device(_ token: String) -> String { prefix + "dev:" + token }
+    let app: String
+    func subscription(_ id: String, token: String) -> String { "herald:{\(app):d:\(token)}:sub:\(id)" }
+    func channel(_ name: String) -> String { "herald:{\(app):c:\(name)}:ch" }
+    func device(_ token: String) -> String { "herald:{\(app):d:\(token)}:dev" }
+
+    /// The app's subscription records, on every master.
+    func subscriptionKeys(_ redis: RedisClient) async throws -> [String] {
+        try await keys(redis, matching: "herald:{\(app):d:*}:sub:*")
+    }
+
+    /// Keys matching `pattern` on every master, sorted.
+    func keys(_ redis: RedisClient, matching pattern: String) async throws -> [String] {
+        var keys: [String] = []
+        for master in try await redis.masters() { keys += try await master.command(["KEYS", pattern]).strings ?? [] }
+        return keys.sorted()
+    }
 }
 
 /// A channel index: subscription id → stored push target.
@@ -726,8 +739,8 @@ private func members(_ redis: RedisClient, _ key: String) async throws -> [Strin
 /// Rate-limit counters (`…:rl:…`) are left out: every admitted request counts, refused ones included.
 private func storedState(_ redis: RedisClient, app: String) async throws -> [String: String] {
     var state: [String: String] = [:]
-    let keys = try await redis.command(["KEYS", StoredKeys(app: app).prefix + "*"]).strings ?? []
-    for key in keys where !key.hasPrefix(StoredKeys(app: app).prefix + "rl:") {
+    let keys = try await StoredKeys(app: app).keys(redis, matching: "herald:{\(app)[:}]*")
+    for key in keys where !key.contains(":rl:") {
         let type = try await redis.command(["TYPE", key]).string ?? "none"
         switch type {
         case "hash":

@@ -67,7 +67,7 @@ import Testing
             var all: [String: [UInt8]] = [:]
             for app in apps.apps {
                 // The caller-as-itself endpoint counts B's and C's requests in their rate-limit keys; nothing else.
-                for (key, value) in try await redisSnapshot(redis, pattern: "herald:{\(app.id)}:*")
+                for (key, value) in try await redisSnapshot(redis, pattern: "herald:{\(app.id)[:}]*")
                 where app.id == a.id || !key.contains(":rl:") {
                     all[key] = value
                 }
@@ -75,7 +75,7 @@ import Testing
             return all
         }
         let before = try await snapshot()
-        #expect(before.keys.contains { $0.hasPrefix("herald:{\(a.id)}:sub:") })
+        #expect(before.keys.contains { $0.hasPrefix("herald:{\(a.id):d:") && $0.contains("}:sub:") })
 
         typealias Credential = (name: String, headers: [String: String])
         func both(_ name: String, _ key: String) -> [Credential] {

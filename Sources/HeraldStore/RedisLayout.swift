@@ -1,0 +1,179 @@
+import Foundation
+import HeraldCore
+import HeraldRedis
+import HeraldRuntime
+
+/// The version of the key layout (`RedisKeys`) a Redis database holds, in `herald:layout`, so that no service reads
+/// or writes keys laid out in a way it does not understand, and the path from an older layout.
+///
+/// - Layout 1 (before the marker): every key of an app under the app's hash tag `{app}`, so on a Redis Cluster
+///   one app lived in one slot.
+/// - Layout 2: subscriptions under their device's, channel's and expiry bucket's tags, spread over a cluster.
+public enum RedisLayout {
+    public static let current = 2
+    public static let key = "herald:layout"
+
+    /// The database's layout: the marker's version, or with no marker 1 when a subscription key of layout 1
+    /// exists and nil when none does (a new database, or one only ever written by this layout's tests and tools).
+    public static func version(of redis: RedisClient) async throws -> Int? {
+        if let marker = try await redis.command(["GET", key]).string {
+            guard let version = Int(marker) else { throw LayoutError("\(key) holds \"\(marker)\", not a layout version") }
+            return version
+        }
+        var found = false
+        try await walkOldKeys(redis) { _ in
+            found = true
+            return false
+        }
+        return found ? 1 : nil
+    }
+
+    /// Makes sure the database holds this layout before a service uses it: marks a new database, and throws
+    /// `LayoutError` (saying what to run) for any other layout. While Redis cannot be reached it asks again each
+    /// second, logging once per `reportEvery`.
+    public static func prepare(_ redis: RedisClient, logger: Logger, reportEvery: Duration = .seconds(10)) async throws {
+        var lastReport: ContinuousClock.Instant?
+        while true {
+            do {
+                switch try await version(of: redis) {
+                case current?: return
+                case nil:
+                    try await redis.command(["SET", key, String(current), "NX"])
+                case let old? where old < current:
+                    throw LayoutError("""
+                        Redis holds Herald's key layout \(old); this version needs layout \(current). Stop every \
+                        herald-ingest and herald-dispatcher, run `heraldctl redis migrate`, then start this version
+                        """)
+                case let newer?:
+                    throw LayoutError("Redis holds Herald's key layout \(newer), newer than this version's \(current): run a newer Herald")
+                }
+            } catch let error as RedisError where error.isConnectionFailure || error.code == .unavailable {
+                if lastReport.map({ .now - $0 >= reportEvery }) ?? true {
+                    logger.warning("waiting for redis to check its key layout", ["error": "\(error)"])
+                    lastReport = .now
+                }
+                try await Task.sleep(for: .seconds(1))
+            }
+        }
+    }
+
+    /// What `migrate` did (or, in a dry run, would do).
+    public struct Migration: Sendable, Equatable {
+        /// Subscriptions moved to this layout, by app.
+        public var subscriptions: [String: Int] = [:]
+        /// Index keys of layout 1 deleted after the move (their entries are in this layout's indexes now).
+        public var oldIndexes = 0
+        public var total: Int { subscriptions.values.reduce(0, +) }
+    }
+
+    /// Moves a database of layout 1 to this layout, then marks it. Resumable and idempotent: each subscription is
+    /// written in this layout, then its old keys go, so a run stopped anywhere is finished by running it again.
+    /// Run it with every service stopped (they refuse to start meanwhile). `progress` is called every 1,000
+    /// subscriptions with the count so far. A dry run only counts.
+    public static func migrate(_ redis: RedisClient, dryRun: Bool = false, batchSize: Int = 1000,
+                               progress: (Int) -> Void = { _ in }) async throws -> Migration {
+        var migration = Migration()
+        var moved = 0
+        try await walkOldKeys(redis, batchSize: batchSize) { keys in
+            let records = dryRun ? [] : try await redis.pipeline(keys.map { ["HGETALL", $0.key] })
+            var commands: [[String]] = []
+            for (index, old) in keys.enumerated() {
+                migration.subscriptions[old.app, default: 0] += 1
+                guard !dryRun else { continue }
+                guard let fields = records[index].fieldValues, let id = fields["id"], let token = fields["deviceToken"],
+                      let channel = fields["channel"], let tokenType = fields["tokenType"].flatMap(TokenType.init(rawValue:)),
+                      let environment = fields["environment"].flatMap(APNsEnvironment.init(rawValue:)) else {
+                    commands.append(["DEL", old.key]) // unreadable: nothing could push to it
+                    continue
+                }
+                let keys = RedisKeys(app: old.app), oldPrefix = "herald:{" + old.app + "}:"
+                let expiresAt = fields["expiresAt"].flatMap { Int64($0) }
+                let activityID = fields["activityID"].flatMap { $0.isEmpty ? nil : $0 }
+                let target = ChannelTarget(deviceToken: token, tokenType: tokenType, environment: environment,
+                                           activityID: activityID, expiresAt: expiresAt)
+                commands.append(["HSET", keys.subscription(id, token: token)] + fields.flatMap { [$0.key, $0.value] })
+                commands.append(["SADD", keys.device(token), id])
+                commands.append(["HSET", keys.channel(channel), id, target.encoded])
+                if let expiresAt {
+                    commands.append(["ZADD", keys.subscriptionExpiry(id: id), String(expiresAt), id + token])
+                }
+                commands += [["HDEL", oldPrefix + "ch:" + channel, id], ["ZREM", oldPrefix + "subexp", id],
+                             ["SREM", oldPrefix + "dev:" + token, id], ["DEL", old.key]]
+            }
+            if !commands.isEmpty { try SubscriptionStore.checked(await redis.pipeline(commands), "migrate") }
+            let before = moved / 1000
+            moved += keys.count
+            if moved / 1000 > before { progress(moved) }
+            return true
+        }
+        guard !dryRun else { return migration }
+        // What is left of layout 1's indexes names only subscriptions that no longer exist.
+        for master in try await redis.masters() {
+            var cursor = "0"
+            repeat {
+                let page = try await master.command(["SCAN", cursor, "MATCH", "herald:{*}:*", "COUNT", String(batchSize)])
+                guard let parts = page.array, parts.count == 2, let next = parts[0].string, let found = parts[1].strings else {
+                    throw LayoutError("unexpected reply to SCAN from \(master.address)")
+                }
+                cursor = next
+                let stale = found.filter { key in
+                    guard let rest = oldKey(key)?.rest else { return false }
+                    return rest.hasPrefix("dev:") || rest.hasPrefix("ch:") || rest == "subexp"
+                }
+                for key in stale { try await redis.command(["DEL", key]) }
+                migration.oldIndexes += stale.count
+            } while cursor != "0"
+        }
+        try await redis.command(["SET", key, String(current)])
+        return migration
+    }
+
+    /// Calls `body` with each master's next batch of layout-1 subscription keys (`herald:{app}:sub:<id>`) until it
+    /// returns false or every master has been walked.
+    private static func walkOldKeys(_ redis: RedisClient, batchSize: Int = 1000,
+                                    _ body: ([(key: String, app: String)]) async throws -> Bool) async throws {
+        for master in try await redis.masters() {
+            var cursor = "0"
+            repeat {
+                let page = try await master.command(["SCAN", cursor, "MATCH", "herald:{*}:sub:*", "COUNT", String(batchSize)])
+                guard let parts = page.array, parts.count == 2, let next = parts[0].string, let found = parts[1].strings else {
+                    throw LayoutError("unexpected reply to SCAN from \(master.address)")
+                }
+                cursor = next
+                let old = found.compactMap { key in oldKey(key).flatMap { $0.rest.hasPrefix("sub:") ? (key, $0.app) : nil } }
+                if !old.isEmpty, !(try await body(old)) { return }
+            } while cursor != "0"
+        }
+    }
+
+    /// The app and the rest of a layout-1 key `herald:{<app>}:<rest>`: a hash tag without `:` (this layout's
+    /// tags name an entity after the app and a `:`).
+    private static func oldKey(_ key: String) -> (app: String, rest: Substring)? {
+        guard key.hasPrefix("herald:{"), let close = key.firstIndex(of: "}") else { return nil }
+        let app = key[key.index(key.startIndex, offsetBy: 8)..<close]
+        let rest = key[key.index(after: close)...]
+        guard !app.isEmpty, !app.contains(":"), rest.hasPrefix(":") else { return nil }
+        return (String(app), rest.dropFirst())
+    }
+}
+
+/// A service's part that checks the key layout at start (`RedisLayout.prepare`, asking again while Redis cannot be
+/// reached) and stops the service, by throwing, on a layout it cannot use. It runs beside the rest rather than
+/// before it, so while Redis is down at start the service still answers (503, not ready) instead of nothing.
+public struct RedisLayoutCheck: Service {
+    let redis: RedisClient
+    let logger: Logger
+
+    public init(redis: RedisClient, logger: Logger) { (self.redis, self.logger) = (redis, logger) }
+
+    public func run() async throws {
+        try await RedisLayout.prepare(redis, logger: logger)
+        await waitForCancellation()
+    }
+}
+
+/// The database holds a key layout this version cannot use.
+public struct LayoutError: Error, CustomStringConvertible {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}
