@@ -143,8 +143,10 @@ print(textwrap.dedent(src[start:src.index("\"\"\"", start)]), end="")' "$1"
 # now = $5 (ms).
 register_bench_args() {
   local lua=$1 sha=$2 token=$3 post=$4 now=$5
-  local counter="herald:{rb}:rl:k:1"
-  REGISTER_ARGS=(EVALSHA "$sha" 4 "herald:{rb}:act:$token" "herald:{rb}:post:$post" "herald:{rb}:acttok:$token"
+  local counter="herald:{rb:k:k}:rl:1"
+  # Scripts.register's KEYS and ARGV on a standalone Redis (the layout of Keys.swift).
+  REGISTER_ARGS=(EVALSHA "$sha" 4 "herald:{rb:p:$post}:act:$token" "herald:{rb:p:$post}:post" "herald:{rb:a:$token}:acttok"
                  "$counter" "$token" u "$post" "$token" production com.example.bench.LiveActivity
-                 2026-11-30T12:00:00.000Z "$now" 3600000 1000000000 61 $((now + 3600000)) 3660000)
+                 2026-11-30T12:00:00.000Z "$now" 3600000 $((now + 3600000)) 3660000 1 "$token$post"
+                 "$counter" 1000000000 61 "" 0)
 }

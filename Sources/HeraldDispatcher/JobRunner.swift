@@ -93,7 +93,7 @@ struct JobRunner: Sendable {
                                                          count: batchSize)
                 return (batch.cursor, batch.ids)
             } load: { ids in
-                try await activities.pushTargets(app: plan.app.id, ids: ids).compactMap(plan.push(for:))
+                try await activities.pushTargets(app: plan.app.id, postIDHash: post, ids: ids).compactMap(plan.push(for:))
             } } catch { return await deadLetterWhole(context, error) }
             if settled, plan.job.isFinal {
                 guard await removePost(app: plan.app.id, post: post),

@@ -56,7 +56,10 @@ public struct ActivityStore: Sendable {
         return .stored(stored.registration, renewed: stored.renewed, decision)
     }
 
-    /// Runs the registration script; `stored` is nil when the count went over the window's limit.
+    /// Counts, writes the token index entry, then the registration and the post index (on a standalone Redis all
+    /// in one script); `stored` is nil when the count went over the window's limit. The token index (which only
+    /// removal reads) is written before the post index (which pushes read), so a registration a push can reach is
+    /// always one a 410 can remove.
     private func run(app: String, user: String, _ input: ActivityRegistrationInput, counting window: RateLimiter.Window?,
                      now: Date) async throws
         -> (stored: (registration: ActivityRegistration, renewed: Bool)?, counts: (count: Int64, ceiling: Int64)) {
@@ -66,18 +69,26 @@ public struct ActivityStore: Sendable {
         let nowMs = Int64((now.timeIntervalSince1970 * 1000).rounded(.down))
         let stamp = Timestamp.rfc3339(milliseconds: nowMs)
         let ttlMs = ttl.inMilliseconds
-        var touched = [keys.registration(id), keys.post(input.postIDHash), keys.activityToken(input.pushToken)]
-        // The counters are in the credential's slot: on a cluster they are counted first, by themselves.
+        let token = keys.activityToken(input.pushToken), member = id + input.postIDHash
+        let expiry = String(nowMs + ttlMs), indexTTL = String(ttlMs + ttlMs / 60)
+        var touched = [keys.registration(id, post: input.postIDHash), keys.post(input.postIDHash)]
         var counting = window, counted: (count: Int64, ceiling: Int64)?
-        if let window, try await redis.isCluster() {
-            let counts = try await RateLimiter.count(window, on: redis)
-            guard window.decision(count: counts.count, ceilingCount: counts.ceiling).allowed else { return (nil, counts) }
-            (counting, counted) = (nil, counts)
+        let isCluster = try await redis.isCluster()
+        if isCluster {
+            if let window {
+                let counts = try await RateLimiter.count(window, on: redis)
+                guard window.decision(count: counts.count, ceilingCount: counts.ceiling).allowed else { return (nil, counts) }
+                (counting, counted) = (nil, counts)
+            }
+            try await redis.run(Scripts.registerToken, keys: [token],
+                                args: [member, expiry, String(nowMs), String(ttlMs), indexTTL])
+        } else {
+            touched.append(token)
+            if let window { touched += window.redisKeys }
         }
-        if let counting { touched += counting.redisKeys }
         let reply = try await redis.run(Scripts.register, keys: touched,
             args: [id, user, input.postIDHash, input.pushToken, input.environment.rawValue, input.bundleID, stamp,
-                   String(nowMs), String(ttlMs), String(nowMs + ttlMs), String(ttlMs + ttlMs / 60)]
+                   String(nowMs), String(ttlMs), expiry, indexTTL, isCluster ? "0" : "1", member]
                 + (counting?.scriptArguments ?? RateLimiter.Window.countingNothing))
         // "<what> <count> <ceilingCount>", what being + (new), - (over a limit: nothing stored) or the createdAt
         // of a renewed registration.
@@ -99,7 +110,7 @@ public struct ActivityStore: Sendable {
     public func postBatch(app: String, postIDHash: String, cursor: String, count: Int = 500,
                           now: Date = Date()) async throws -> (cursor: String, registrations: [ActivityRegistration]) {
         let batch = try await postIDs(app: app, postIDHash: postIDHash, cursor: cursor, count: count, now: now)
-        return (batch.cursor, try await registrations(app: app, ids: batch.ids))
+        return (batch.cursor, try await registrations(app: app, postIDHash: postIDHash, ids: batch.ids))
     }
 
     /// The first half of `postBatch`: the ids of the post's next live registrations (ZSCAN from `cursor`, expired
@@ -120,20 +131,22 @@ public struct ActivityStore: Sendable {
 
     /// The second half of `postBatch`: these registrations, in one pipelined HGETALL round; ids whose
     /// registration is gone are skipped.
-    public func registrations(app: String, ids: [String]) async throws -> [ActivityRegistration] {
+    public func registrations(app: String, postIDHash: String, ids: [String]) async throws -> [ActivityRegistration] {
         guard !ids.isEmpty else { return [] }
         let keys = RedisKeys(app: app)
-        let hashes = try await redis.pipeline(ids.map { ["HGETALL", keys.registration($0)] })
+        let hashes = try await redis.pipeline(ids.map { ["HGETALL", keys.registration($0, post: postIDHash)] })
         return zip(ids, hashes).compactMap { id, hash in hash.fieldValues.flatMap { Self.decode(id: id, $0) } }
     }
 
     /// What a fan-out needs of these registrations (token, environment, bundle id), in one pipelined `HMGET` round:
     /// three fields instead of every field as a dictionary, which made a post's update cost twice the dispatcher's
     /// CPU per push of a channel's. Ids whose registration is gone are skipped.
-    public func pushTargets(app: String, ids: [String]) async throws -> [ActivityPushTarget] {
+    public func pushTargets(app: String, postIDHash: String, ids: [String]) async throws -> [ActivityPushTarget] {
         guard !ids.isEmpty else { return [] }
         let keys = RedisKeys(app: app)
-        let replies = try await redis.pipeline(ids.map { ["HMGET", keys.registration($0), "pushToken", "environment", "bundleId"] })
+        let replies = try await redis.pipeline(ids.map {
+            ["HMGET", keys.registration($0, post: postIDHash), "pushToken", "environment", "bundleId"]
+        })
         return replies.compactMap { reply in
             guard let fields = reply.array, fields.count == 3, let token = fields[0].string,
                   let environment = fields[1].string.flatMap(APNsEnvironment.init(rawValue:)),
@@ -142,20 +155,37 @@ public struct ActivityStore: Sendable {
         }
     }
 
-    /// Removes every registration of a post (after its final update was sent); returns how many.
+    /// Removes every registration of a post (after its final update was sent), then their token index entries;
+    /// returns how many.
     public func removePost(app: String, postIDHash: String) async throws -> Int {
         let keys = RedisKeys(app: app)
-        let reply = try await redis.run(Scripts.removePost, keys: [keys.post(postIDHash)], args: [keys.prefix, postIDHash])
-        return Int(reply.int ?? 0)
+        let reply = try await redis.run(Scripts.removePost, keys: [keys.post(postIDHash)],
+                                        args: [keys.registration("", post: postIDHash)])
+        // {id, token, id, token, …} of the registrations removed.
+        let removed = reply.strings ?? []
+        guard !removed.isEmpty else { return 0 }
+        try SubscriptionStore.checked(await redis.pipeline(stride(from: 0, to: removed.count - 1, by: 2).map {
+            ["ZREM", keys.activityToken(removed[$0 + 1]), removed[$0] + postIDHash]
+        }), "remove post")
+        return removed.count / 2
     }
 
-    /// Removes a push token APNs reported invalid, except registrations seen after `keepSeenAfter`.
+    /// Removes a push token APNs reported invalid, except registrations seen after `keepSeenAfter`: from each
+    /// post first (so nothing more is pushed to it), then from the token's index.
     public func removeInvalidToken(app: String, pushToken: String, keepSeenAfter: Date? = nil) async throws -> Int {
-        let keys = RedisKeys(app: app)
+        let keys = RedisKeys(app: app), index = keys.activityToken(pushToken)
         let cutoff = keepSeenAfter.map { String(Int64($0.timeIntervalSince1970 * 1000)) } ?? ""
-        let reply = try await redis.run(Scripts.removeActivityToken, keys: [keys.activityToken(pushToken)],
-                                        args: [keys.prefix, pushToken, cutoff])
-        return Int(reply.int ?? 0)
+        // `<id><postIdHash>`: the id is 24 hex digits.
+        let members = try await redis.command(["ZRANGE", index, "0", "-1"]).strings ?? []
+        let entries = members.map { (member: $0, id: String($0.prefix(24)), post: String($0.dropFirst(24))) }
+        guard !entries.isEmpty else { return 0 }
+        let replies = try await redis.run(Scripts.removeRegistration, calls: entries.map {
+            ([keys.registration($0.id, post: $0.post), keys.post($0.post)], [$0.id, cutoff])
+        })
+        try SubscriptionStore.checked(replies, "remove token")
+        let done = zip(entries, replies).compactMap { entry, reply in reply.int == -1 ? nil : entry.member }
+        if !done.isEmpty { try await redis.command(["ZREM", index] + done) }
+        return replies.reduce(0) { $0 + ($1.int == 1 ? 1 : 0) }
     }
 
     /// The registration `id` (its key's suffix) stored as `f`. The hash keeps the last-seen time in milliseconds
@@ -172,9 +202,11 @@ public struct ActivityStore: Sendable {
 }
 
 extension Scripts {
-    /// KEYS: registration, post index, token index, [rate-limit counters]. ARGV: id, user, post, token,
-    /// environment, bundle, now (RFC 3339), now (ms), ttl (ms), expiry (now + ttl, ms), index TTL (ttl + ttl/60,
-    /// ms), then the rate-limit window's `scriptArguments` (counter "" to count nothing). Every number the script
+    /// KEYS: registration, post index, then on a standalone Redis the token index and the rate-limit counters.
+    /// ARGV: id, user, post, token, environment, bundle, now (RFC 3339), now (ms), ttl (ms), expiry (now + ttl,
+    /// ms), index TTL (ttl + ttl/60, ms), "1" to write the token index here ("0": the caller did, before), the
+    /// token index's member (`<id><postIdHash>`), then the rate-limit window's `scriptArguments` (counter "" to
+    /// count nothing). Every number the script
     /// hands to Redis comes as text: a Lua number would be formatted with `%.17g` and parsed back per call (~8 % of
     /// Redis's CPU here).
     /// Returns "+ <count> <ceilingCount>" for a new registration, "- <count> <ceilingCount>" over a limit (nothing
@@ -199,10 +231,10 @@ extension Scripts {
     /// token index is usually new, so its ZADD goes first and `PEXPIRE … NX` (Redis 7.0) both gives a new index
     /// its TTL and tells whether the index was new; only a known one needs its PTTL read. ZADD goes before
     /// ZREMRANGEBYSCORE so the index never vanishes between the two (its new member is live).
-    static let register = RedisScript(source: RateLimiter.countingLua(first: 12) + """
+    static let register = RedisScript(source: RateLimiter.countingLua(first: 14) + """
 
         if refused then return '- ' .. count .. ' ' .. ceilingCount end
-        local reg, post, tok = KEYS[1], KEYS[2], KEYS[3]
+        local reg, post = KEYS[1], KEYS[2]
         local id, now, nowMs, ttl = ARGV[1], ARGV[7], ARGV[8], tonumber(ARGV[9])
         local createdAt = redis.call('HGET', reg, 'createdAt')
         if createdAt then
@@ -222,56 +254,68 @@ extension Scripts {
           redis.call('ZREMRANGEBYSCORE', post, '-inf', nowMs)
           redis.call('PEXPIRE', post, ARGV[11])
         end
-        if createdAt then
-          left = redis.call('PTTL', tok)
-          redis.call('ZADD', tok, ARGV[10], id)
-        else
-          redis.call('ZADD', tok, ARGV[10], id)
-          -- 1: the index is new and now has its TTL (so nothing to renew); 0: it existed, with a TTL.
-          left = redis.call('PEXPIRE', tok, ARGV[11], 'NX') == 1 and ttl or redis.call('PTTL', tok)
-        end
-        if left < ttl then
-          redis.call('ZREMRANGEBYSCORE', tok, '-inf', nowMs)
-          redis.call('PEXPIRE', tok, ARGV[11])
+        if ARGV[12] == '1' then
+          local tok, member = KEYS[3], ARGV[13]
+          if createdAt then
+            left = redis.call('PTTL', tok)
+            redis.call('ZADD', tok, ARGV[10], member)
+          else
+            redis.call('ZADD', tok, ARGV[10], member)
+            -- 1: the index is new and now has its TTL (so nothing to renew); 0: it existed, with a TTL.
+            left = redis.call('PEXPIRE', tok, ARGV[11], 'NX') == 1 and ttl or redis.call('PTTL', tok)
+          end
+          if left < ttl then
+            redis.call('ZREMRANGEBYSCORE', tok, '-inf', nowMs)
+            redis.call('PEXPIRE', tok, ARGV[11])
+          end
         end
         if createdAt then return createdAt .. ' ' .. count .. ' ' .. ceilingCount end
         return '+ ' .. count .. ' ' .. ceilingCount
         """)
 
-    /// KEYS: post index. ARGV: prefix, post. Deletes the post's registrations and their token-index entries.
+    /// KEYS: token index. ARGV: member (`<id><postIdHash>`), expiry (ms), now (ms), ttl (ms), index TTL (ms).
+    /// `register`'s token index step, by itself: on a cluster the token index is in another slot.
+    static let registerToken = RedisScript(source: """
+        local tok, ttl = KEYS[1], tonumber(ARGV[4])
+        local left = redis.call('PTTL', tok)
+        redis.call('ZADD', tok, ARGV[2], ARGV[1])
+        if left == -2 then
+          redis.call('PEXPIRE', tok, ARGV[5])
+        elseif left < ttl then
+          redis.call('ZREMRANGEBYSCORE', tok, '-inf', ARGV[3])
+          redis.call('PEXPIRE', tok, ARGV[5])
+        end
+        return 1
+        """)
+
+    /// KEYS: post index. ARGV: the post's registration key prefix (`…:act:`).
+    /// Deletes the post's registrations and its index; returns {id, pushToken, …} of those deleted.
     static let removePost = RedisScript(source: """
-        local p, index = ARGV[1], KEYS[1]
-        local removed = 0
+        local index, removed = KEYS[1], {}
         for _, id in ipairs(redis.call('ZRANGE', index, 0, -1)) do
-          local reg = p .. 'act:' .. id
+          local reg = ARGV[1] .. id
           local token = redis.call('HGET', reg, 'pushToken')
           if token then
-            redis.call('ZREM', p .. 'acttok:' .. token, id)
             redis.call('DEL', reg)
-            removed = removed + 1
+            removed[#removed + 1] = id
+            removed[#removed + 1] = token
           end
         end
         redis.call('DEL', index)
         return removed
         """)
 
-    /// KEYS: token index. ARGV: prefix, token, keepAfterMs ("" for none).
-    static let removeActivityToken = RedisScript(source: """
-        local p, index, keepAfter = ARGV[1], KEYS[1], tonumber(ARGV[3])
-        local removed = 0
-        for _, id in ipairs(redis.call('ZRANGE', index, 0, -1)) do
-          local reg = p .. 'act:' .. id
-          local f = redis.call('HMGET', reg, 'postIdHash', 'lastSeenMs')
-          if not f[1] then
-            redis.call('ZREM', index, id)
-          elseif not (keepAfter and tonumber(f[2]) > keepAfter) then
-            redis.call('ZREM', p .. 'post:' .. f[1], id)
-            redis.call('ZREM', index, id)
-            redis.call('DEL', reg)
-            removed = removed + 1
-          end
-        end
-        return removed
+    /// KEYS: registration, post index. ARGV: id, keepAfterMs ("" for none).
+    /// Removes the registration from its post unless seen after keepAfterMs. Returns 1 when removed, -1 when kept,
+    /// 0 when it was gone already.
+    static let removeRegistration = RedisScript(source: """
+        local seen = redis.call('HGET', KEYS[1], 'lastSeenMs')
+        local keepAfter = tonumber(ARGV[2])
+        if seen and keepAfter and tonumber(seen) > keepAfter then return -1 end
+        redis.call('ZREM', KEYS[2], ARGV[1])
+        if not seen then return 0 end
+        redis.call('DEL', KEYS[1])
+        return 1
         """)
 }
 

@@ -1,10 +1,10 @@
 import HeraldCrypto
 
 /// Redis key layout (version `RedisLayout.current`). Every key starts `herald:`. The hash tag of a key (the part in
-/// braces, which picks its Redis Cluster slot) names one entity, not the app, so an app's subscriptions spread over
-/// every master of a cluster: what one script touches shares one tag, and an operation that spans entities runs as
-/// ordered steps (see `SubscriptionStore`). Keys of the app as a whole, and those not spread yet (Live Activity
-/// registrations, broadcast channels, jobs), carry the app's tag `{app}`.
+/// braces, which picks its Redis Cluster slot) names one entity, not the app, so an app's subscriptions and
+/// registrations spread over every master of a cluster: what one script touches shares one tag, and an operation
+/// that spans entities runs as ordered steps (see `SubscriptionStore` and `ActivityStore`). Keys of the app as a whole, and those that are
+/// small and short-lived (broadcast channels, idempotency markers, jobs), carry the app's tag `{app}`.
 ///
 /// | key | type | what |
 /// | --- | --- | --- |
@@ -14,9 +14,9 @@ import HeraldCrypto
 /// | `herald:{app:e:<n>}:subexp` | zset | `<id><token>` by expiry (UNIX seconds), for the sweep; n = the id's first byte mod 64 |
 /// | `herald:{app:k:<credential>}:rl:<window>` | counter, 61 s | fixed-window rate limit of one API key or OAuth subject |
 /// | `herald:{app:k:<credential>}:rl:d:<token>:<window>` | counter, 61 s | the same for one device behind a public key |
-/// | `herald:{app}:act:<id>` | hash, TTL | one Live Activity registration: createdAt, user, postIdHash, pushToken, environment, bundleId, lastSeenMs |
-/// | `herald:{app}:post:<hash>` | zset, TTL | registration ids of a post, scored by expiry (ms) |
-/// | `herald:{app}:acttok:<token>` | zset, TTL | registration ids of a push token, scored by expiry (ms) |
+/// | `herald:{app:p:<hash>}:act:<id>` | hash, TTL | one Live Activity registration, in its post's slot: createdAt, user, postIdHash, pushToken, environment, bundleId, lastSeenMs |
+/// | `herald:{app:p:<hash>}:post` | zset, TTL | registration ids of a post, scored by expiry (ms) |
+/// | `herald:{app:a:<token>}:acttok` | zset, TTL | `<id><postIdHash>` of a push token's registrations, scored by expiry (ms) |
 /// | `herald:{app}:bcast:<hash>` | hash | a post's broadcast channels: `<environment>` → channel JSON, `<environment>:refused` → APNs' last refusal (`BroadcastChannelStore`) |
 /// | `herald:{app}:bcastidx` | zset | posts with broadcast channels, scored by their last create or update (ms), for the janitor |
 /// | `herald:{app}:bcastorphan` | hash | `<environment>:<channelId>` → when the janitor first saw the channel at APNs but not in Redis (ms) |
@@ -48,9 +48,9 @@ public struct RedisKeys: Sendable {
     public func rateLimit(_ credential: String, device: String? = nil, window: Int) -> String {
         entity("k:", credential, "}:rl:" + (device.map { "d:" + $0 + ":" } ?? "") + String(window))
     }
-    public func registration(_ id: String) -> String { key("act:", id) }
-    public func post(_ hash: String) -> String { key("post:", hash) }
-    public func activityToken(_ token: String) -> String { key("acttok:", token) }
+    public func registration(_ id: String, post: String) -> String { entity("p:", post, "}:act:" + id) }
+    public func post(_ hash: String) -> String { entity("p:", hash, "}:post") }
+    public func activityToken(_ token: String) -> String { entity("a:", token, "}:acttok") }
     public func broadcast(_ postIDHash: String) -> String { key("bcast:", postIDHash) }
     public var broadcastIndex: String { prefix + "bcastidx" }
     public var broadcastOrphans: String { prefix + "bcastorphan" }

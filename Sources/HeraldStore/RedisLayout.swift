@@ -8,13 +8,14 @@ import HeraldRuntime
 ///
 /// - Layout 1 (before the marker): every key of an app under the app's hash tag `{app}`, so on a Redis Cluster
 ///   one app lived in one slot.
-/// - Layout 2: subscriptions under their device's, channel's and expiry bucket's tags, spread over a cluster.
+/// - Layout 2: subscriptions and Live Activity registrations under the tags of their device, channel, post, push
+///   token and expiry bucket, spread over a cluster.
 public enum RedisLayout {
     public static let current = 2
     public static let key = "herald:layout"
 
-    /// The database's layout: the marker's version, or with no marker 1 when a subscription key of layout 1
-    /// exists and nil when none does (a new database, or one only ever written by this layout's tests and tools).
+    /// The database's layout: the marker's version, or with no marker 1 when a subscription or registration of
+    /// layout 1 exists and nil when none does (a new database, or one only ever written by this layout's tests and tools).
     public static func version(of redis: RedisClient) async throws -> Int? {
         if let marker = try await redis.command(["GET", key]).string {
             guard let version = Int(marker) else { throw LayoutError("\(key) holds \"\(marker)\", not a layout version") }
@@ -61,53 +62,43 @@ public enum RedisLayout {
     public struct Migration: Sendable, Equatable {
         /// Subscriptions moved to this layout, by app.
         public var subscriptions: [String: Int] = [:]
+        /// Live Activity registrations moved to this layout, by app.
+        public var registrations: [String: Int] = [:]
         /// Index keys of layout 1 deleted after the move (their entries are in this layout's indexes now).
         public var oldIndexes = 0
-        public var total: Int { subscriptions.values.reduce(0, +) }
+        public var total: Int { subscriptions.values.reduce(0, +) + registrations.values.reduce(0, +) }
     }
 
-    /// Moves a database of layout 1 to this layout, then marks it. Resumable and idempotent: each subscription is
-    /// written in this layout, then its old keys go, so a run stopped anywhere is finished by running it again.
-    /// Run it with every service stopped (they refuse to start meanwhile). `progress` is called every 1,000
-    /// subscriptions with the count so far. A dry run only counts.
+    /// Moves a database of layout 1 to this layout, then marks it. Resumable and idempotent: each subscription and
+    /// registration is written in this layout, then its old keys go, so a run stopped anywhere is finished by
+    /// running it again. Run it with every service stopped (they refuse to start meanwhile). `progress` is called
+    /// every 1,000 records with the count so far. A dry run only counts.
     public static func migrate(_ redis: RedisClient, dryRun: Bool = false, batchSize: Int = 1000,
                                progress: (Int) -> Void = { _ in }) async throws -> Migration {
         var migration = Migration()
         var moved = 0
-        try await walkOldKeys(redis, batchSize: batchSize) { keys in
-            let records = dryRun ? [] : try await redis.pipeline(keys.map { ["HGETALL", $0.key] })
-            var commands: [[String]] = []
-            for (index, old) in keys.enumerated() {
-                migration.subscriptions[old.app, default: 0] += 1
-                guard !dryRun else { continue }
-                guard let fields = records[index].fieldValues, let id = fields["id"], let token = fields["deviceToken"],
-                      let channel = fields["channel"], let tokenType = fields["tokenType"].flatMap(TokenType.init(rawValue:)),
-                      let environment = fields["environment"].flatMap(APNsEnvironment.init(rawValue:)) else {
-                    commands.append(["DEL", old.key]) // unreadable: nothing could push to it
-                    continue
-                }
-                let keys = RedisKeys(app: old.app), oldPrefix = "herald:{" + old.app + "}:"
-                let expiresAt = fields["expiresAt"].flatMap { Int64($0) }
-                let activityID = fields["activityID"].flatMap { $0.isEmpty ? nil : $0 }
-                let target = ChannelTarget(deviceToken: token, tokenType: tokenType, environment: environment,
-                                           activityID: activityID, expiresAt: expiresAt)
-                commands.append(["HSET", keys.subscription(id, token: token)] + fields.flatMap { [$0.key, $0.value] })
-                commands.append(["SADD", keys.device(token), id])
-                commands.append(["HSET", keys.channel(channel), id, target.encoded])
-                if let expiresAt {
-                    commands.append(["ZADD", keys.subscriptionExpiry(id: id), String(expiresAt), id + token])
-                }
-                commands += [["HDEL", oldPrefix + "ch:" + channel, id], ["ZREM", oldPrefix + "subexp", id],
-                             ["SREM", oldPrefix + "dev:" + token, id], ["DEL", old.key]]
+        try await walkOldKeys(redis, batchSize: batchSize) { found in
+            for old in found {
+                if old.isSubscription { migration.subscriptions[old.app, default: 0] += 1 }
+                else { migration.registrations[old.app, default: 0] += 1 }
             }
-            if !commands.isEmpty { try SubscriptionStore.checked(await redis.pipeline(commands), "migrate") }
+            if !dryRun {
+                let reads = try await redis.pipeline(found.flatMap { [["HGETALL", $0.key], ["PTTL", $0.key]] })
+                var commands: [[String]] = []
+                for (index, old) in found.enumerated() {
+                    let fields = reads[index * 2].fieldValues ?? [:]
+                    commands += old.isSubscription ? moveSubscription(old, fields)
+                        : moveRegistration(old, fields, ttl: reads[index * 2 + 1].int ?? -2)
+                }
+                try SubscriptionStore.checked(await redis.pipeline(commands), "migrate")
+            }
             let before = moved / 1000
-            moved += keys.count
+            moved += found.count
             if moved / 1000 > before { progress(moved) }
             return true
         }
         guard !dryRun else { return migration }
-        // What is left of layout 1's indexes names only subscriptions that no longer exist.
+        // What is left of layout 1's indexes names only records that no longer exist.
         for master in try await redis.masters() {
             var cursor = "0"
             repeat {
@@ -118,7 +109,7 @@ public enum RedisLayout {
                 cursor = next
                 let stale = found.filter { key in
                     guard let rest = oldKey(key)?.rest else { return false }
-                    return rest.hasPrefix("dev:") || rest.hasPrefix("ch:") || rest == "subexp"
+                    return ["dev:", "ch:", "post:", "acttok:"].contains { rest.hasPrefix($0) } || rest == "subexp"
                 }
                 for key in stale { try await redis.command(["DEL", key]) }
                 migration.oldIndexes += stale.count
@@ -128,19 +119,65 @@ public enum RedisLayout {
         return migration
     }
 
-    /// Calls `body` with each master's next batch of layout-1 subscription keys (`herald:{app}:sub:<id>`) until it
-    /// returns false or every master has been walked.
+    /// A subscription of layout 1 written in this one (record, device index, channel index, expiry index), then
+    /// its old keys removed. An unreadable record is only removed: nothing could push to it.
+    private static func moveSubscription(_ old: OldKey, _ fields: [String: String]) -> [[String]] {
+        guard let id = fields["id"], let token = fields["deviceToken"], let channel = fields["channel"],
+              let tokenType = fields["tokenType"].flatMap(TokenType.init(rawValue:)),
+              let environment = fields["environment"].flatMap(APNsEnvironment.init(rawValue:)) else {
+            return [["DEL", old.key]]
+        }
+        let keys = RedisKeys(app: old.app), oldPrefix = "herald:{" + old.app + "}:"
+        let expiresAt = fields["expiresAt"].flatMap { Int64($0) }
+        let target = ChannelTarget(deviceToken: token, tokenType: tokenType, environment: environment,
+                                   activityID: fields["activityID"].flatMap { $0.isEmpty ? nil : $0 }, expiresAt: expiresAt)
+        var commands = [["HSET", keys.subscription(id, token: token)] + fields.flatMap { [$0.key, $0.value] },
+                        ["SADD", keys.device(token), id], ["HSET", keys.channel(channel), id, target.encoded]]
+        if let expiresAt { commands.append(["ZADD", keys.subscriptionExpiry(id: id), String(expiresAt), id + token]) }
+        return commands + [["HDEL", oldPrefix + "ch:" + channel, id], ["ZREM", oldPrefix + "subexp", id],
+                           ["SREM", oldPrefix + "dev:" + token, id], ["DEL", old.key]]
+    }
+
+    /// A Live Activity registration of layout 1 written in this one with the time it has left (registration, post
+    /// index, token index; each index lives a minute past its newest member), then its old keys removed.
+    private static func moveRegistration(_ old: OldKey, _ fields: [String: String], ttl: Int64) -> [[String]] {
+        let id = String(old.rest.dropFirst("act:".count))
+        guard ttl != -2, let post = fields["postIdHash"], let token = fields["pushToken"] else { return [["DEL", old.key]] }
+        let keys = RedisKeys(app: old.app), oldPrefix = "herald:{" + old.app + "}:"
+        let left = ttl > 0 ? ttl : 3_600_000
+        let expiry = String(Int64(Date().timeIntervalSince1970 * 1000) + left), indexTTL = String(left + 60_000)
+        let (postIndex, tokenIndex) = (keys.post(post), keys.activityToken(token))
+        return [["HSET", keys.registration(id, post: post)] + fields.flatMap { [$0.key, $0.value] },
+                ["PEXPIRE", keys.registration(id, post: post), String(left)],
+                ["ZADD", postIndex, expiry, id], ["PEXPIRE", postIndex, indexTTL, "NX"], ["PEXPIRE", postIndex, indexTTL, "GT"],
+                ["ZADD", tokenIndex, expiry, id + post], ["PEXPIRE", tokenIndex, indexTTL, "NX"],
+                ["PEXPIRE", tokenIndex, indexTTL, "GT"],
+                ["ZREM", oldPrefix + "post:" + post, id], ["ZREM", oldPrefix + "acttok:" + token, id], ["DEL", old.key]]
+    }
+
+    /// A record of layout 1: a subscription (`herald:{app}:sub:<id>`) or a registration (`herald:{app}:act:<id>`).
+    private struct OldKey {
+        var key: String
+        var app: String
+        var rest: Substring
+        var isSubscription: Bool { rest.hasPrefix("sub:") }
+    }
+
+    /// Calls `body` with each master's next batch of layout-1 records until it returns false or every master has
+    /// been walked.
     private static func walkOldKeys(_ redis: RedisClient, batchSize: Int = 1000,
-                                    _ body: ([(key: String, app: String)]) async throws -> Bool) async throws {
+                                    _ body: ([OldKey]) async throws -> Bool) async throws {
         for master in try await redis.masters() {
             var cursor = "0"
             repeat {
-                let page = try await master.command(["SCAN", cursor, "MATCH", "herald:{*}:sub:*", "COUNT", String(batchSize)])
+                let page = try await master.command(["SCAN", cursor, "MATCH", "herald:{*}:*", "COUNT", String(batchSize)])
                 guard let parts = page.array, parts.count == 2, let next = parts[0].string, let found = parts[1].strings else {
                     throw LayoutError("unexpected reply to SCAN from \(master.address)")
                 }
                 cursor = next
-                let old = found.compactMap { key in oldKey(key).flatMap { $0.rest.hasPrefix("sub:") ? (key, $0.app) : nil } }
+                let old = found.compactMap { key in
+                    oldKey(key).flatMap { $0.rest.hasPrefix("sub:") || $0.rest.hasPrefix("act:") ? OldKey(key: key, app: $0.app, rest: $0.rest) : nil }
+                }
                 if !old.isEmpty, !(try await body(old)) { return }
             } while cursor != "0"
         }

@@ -3,6 +3,7 @@ import HeraldCore
 import HeraldCrypto
 import HeraldRedis
 import HeraldRuntime
+import HeraldStore
 import HeraldTestSupport
 import Testing
 
@@ -16,10 +17,10 @@ struct ReplayCommandTests {
         for token in registered.prefix(3) { try await harness.subscribe(token) }
         // The fourth has only a Live Activity registration (index scored by expiry), still valid.
         let expiry = String(Int64(Date().timeIntervalSince1970 * 1000) + 600_000)
-        _ = try await harness.redis.command(["ZADD", "herald:{\(harness.app)}:acttok:\(registered[3])", expiry, "reg1"])
+        _ = try await harness.redis.command(["ZADD", RedisKeys(app: harness.app).activityToken(registered[3]), expiry, "reg1"])
         let removed = SecureRandom.hex(32)
         let expired = SecureRandom.hex(32)
-        _ = try await harness.redis.command(["ZADD", "herald:{\(harness.app)}:acttok:\(expired)", "1000", "reg2"])
+        _ = try await harness.redis.command(["ZADD", RedisKeys(app: harness.app).activityToken(expired), "1000", "reg2"])
         let letters = registered.map { harness.deadLetter(token: $0) }
             + [harness.deadLetter(token: removed), harness.deadLetter(token: expired),
                harness.deadLetter(token: nil, reason: "invalid_job", status: nil)]

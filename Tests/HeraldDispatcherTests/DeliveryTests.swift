@@ -150,7 +150,7 @@ struct DeliveryTests {
 
         try await eventually("the post has no registrations left") {
             let left = try await harness.activities.postBatch(app: app.id, postIDHash: post, cursor: "0").registrations
-            let index = try await harness.redis.command(["EXISTS", "herald:{\(app.id)}:post:\(post)"]).int
+            let index = try await harness.redis.command(["EXISTS", RedisKeys(app: app.id).post(post)]).int
             return left.isEmpty && index == 0
         }
         await harness.stop()

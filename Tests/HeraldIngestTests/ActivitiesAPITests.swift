@@ -38,10 +38,10 @@ import Testing
 
             // Stored under the key's user with the normalised (lowercase) token, a TTL of an hour, and indexed.
             let keys = RedisKeys(app: app.id)
-            let stored = try #require(try await ingest.redis.command(["HGETALL", keys.registration(id)]).fieldValues)
+            let stored = try #require(try await ingest.redis.command(["HGETALL", keys.registration(id, post: post)]).fieldValues)
             #expect(stored["user"] == "user-\(app.id)")
             #expect(stored["pushToken"] == token.lowercased())
-            let ttl = try #require(try await ingest.redis.command(["PTTL", keys.registration(id)]).int)
+            let ttl = try #require(try await ingest.redis.command(["PTTL", keys.registration(id, post: post)]).int)
             #expect((3_590_000...3_600_000).contains(ttl))
             #expect(try await ingest.redis.command(["ZSCORE", keys.post(post), id]).string != nil)
 
@@ -52,7 +52,7 @@ import Testing
             let scopedData = try #require(try scoped.json()["data"] as? [String: String])
             #expect(scopedData["apns_environment"] == "sandbox")
             #expect(scopedData["id"] != id)
-            let other = try await ingest.redis.command(["HGET", keys.registration(scopedData["id"] ?? ""), "user"])
+            let other = try await ingest.redis.command(["HGET", keys.registration(scopedData["id"] ?? "", post: post), "user"])
             #expect(other.string == "default")
         }
     }
@@ -69,7 +69,7 @@ import Testing
             let id = try #require(created["id"])
 
             try await Task.sleep(for: .milliseconds(1_200))
-            let aged = try #require(try await ingest.redis.command(["PTTL", keys.registration(id)]).int)
+            let aged = try #require(try await ingest.redis.command(["PTTL", keys.registration(id, post: post)]).int)
             #expect(aged < 3_599_000)
             let agedScore = try #require(try await ingest.redis.command(["ZSCORE", keys.post(post), id]).string.flatMap(Double.init))
 
@@ -84,7 +84,7 @@ import Testing
             let lastSeen = try #require(renewed["last_seen_at"].flatMap(Timestamp.parse))
             #expect(lastSeen.timeIntervalSince(firstSeen) >= 1.1)
 
-            let fresh = try #require(try await ingest.redis.command(["PTTL", keys.registration(id)]).int)
+            let fresh = try #require(try await ingest.redis.command(["PTTL", keys.registration(id, post: post)]).int)
             #expect(fresh > aged + 1_000, "the TTL was not renewed: \(aged) ms → \(fresh) ms")
             let freshScore = try #require(try await ingest.redis.command(["ZSCORE", keys.post(post), id]).string.flatMap(Double.init))
             #expect(freshScore >= agedScore + 1_100)
@@ -120,7 +120,7 @@ import Testing
             // ~4.5 s: the stale registration is gone. A new registration prunes it from the index before any reader
             // comes (it renews the index's TTL, which has fallen below the 4 s `ttl`, and prunes then), and the
             // dispatcher's read does not see it.
-            #expect(try await ingest.redis.command(["EXISTS", keys.registration(staleID)]).int == 0)
+            #expect(try await ingest.redis.command(["EXISTS", keys.registration(staleID, post: post)]).int == 0)
             let lateID = try await register(late)
             #expect(try await ingest.redis.command(["ZSCORE", keys.post(post), staleID]).string == nil)
             let batch = try await store.postBatch(app: app.id, postIDHash: post, cursor: "0")
@@ -128,8 +128,8 @@ import Testing
 
             // ~9 s: every registration has expired, and with no reader or writer the index has gone with them.
             try await Task.sleep(for: .milliseconds(4_500))
-            for key in [keys.post(post), keys.registration(keptID), keys.registration(lateID), keys.activityToken(kept),
-                        keys.activityToken(late), keys.activityToken(stale)] {
+            for key in [keys.post(post), keys.registration(keptID, post: post), keys.registration(lateID, post: post),
+                        keys.activityToken(kept), keys.activityToken(late), keys.activityToken(stale)] {
                 #expect(try await ingest.redis.command(["EXISTS", key]).int == 0, "\(key) outlived its registrations")
             }
             #expect(try await store.postBatch(app: app.id, postIDHash: post, cursor: "0").registrations.isEmpty)
@@ -302,12 +302,13 @@ import Testing
     @Test func acceptsRS256TokensWhenTheIssuerKeyIsRSA() async throws {
         try await withIngest(apps: try TestApps(count: 1, oauthAlgorithm: .rs256)) { ingest in
             let app = ingest.apps.apps[0]
-            let body = registration(SecureRandom.hex(32), postHash(), bundle: app.bundleID)
+            let post = postHash()
+            let body = registration(SecureRandom.hex(32), post, bundle: app.bundleID)
             let good = try await ingest.request("POST", Self.path, bearer: try ingest.apps.accessToken(for: app, subject: "carol"),
                                                 json: body)
             #expect(good.status == 201, "\(good.text)")
             let id = try #require((try good.json()["data"] as? [String: String])?["id"])
-            #expect(try await ingest.redis.command(["HGET", RedisKeys(app: app.id).registration(id), "user"]).string == "carol")
+            #expect(try await ingest.redis.command(["HGET", RedisKeys(app: app.id).registration(id, post: post), "user"]).string == "carol")
             for key in [try PrivateKey.generateP256(), try PrivateKey.generateRSA()] {
                 let bad = try await ingest.request("POST", Self.path, bearer: try ingest.apps.accessToken(for: app, key: key), json: body)
                 #expect(bad.status == 401, "\(key.algorithm): \(bad.text)")
@@ -447,9 +448,13 @@ private func registration(_ token: String, _ post: String, environment: String? 
 
 /// Every Redis key of `app` (registrations and indexes; rate-limit windows live elsewhere).
 /// The app's stored records (rate-limit counters, which share the app's hash slot, left out).
+/// The app's keys on every master (`herald:{app}:…` and `herald:{app:…}…`), rate-limit counters left out.
 private func storedKeys(_ ingest: IngestHarness, app: String) async throws -> [String] {
-    let prefix = RedisKeys(app: app).prefix
-    return (try await ingest.redis.command(["KEYS", prefix + "*"]).strings ?? []).filter { !$0.hasPrefix(prefix + "rl:") }
+    var keys: [String] = []
+    for master in try await ingest.redis.masters() {
+        keys += try await master.command(["KEYS", "herald:{\(app)[:}]*"]).strings ?? []
+    }
+    return keys.filter { !$0.contains(":rl:") }
 }
 
 /// `herald_ingest_activity_registrations_total` by outcome, from `/metrics`.

@@ -1,4 +1,5 @@
 import Foundation
+import HeraldCrypto
 import HeraldRuntime
 import HeraldTestSupport
 import Testing
@@ -6,14 +7,16 @@ import Testing
 @Suite("Fault injection: Redis Cluster failover", .serialized)
 struct FaultRedisFailoverTests {
     /// A cluster of the test's own (3 masters, 3 replicas, 2 s node timeout) under one ingest and one dispatcher;
-    /// the master serving the app's slot is killed with SIGKILL while 40 events a second stream in. Its replica
-    /// takes over; neither service is restarted. A second app served by another master streams 10 events a second
-    /// throughout: none of its requests is refused.
+    /// the master serving the app's own keys (an event's job status and idempotency marker) is killed with SIGKILL
+    /// while 40 events a second stream in. Its replica takes over; neither service is restarted. A second app whose
+    /// keys and credential are served by other masters streams 10 events a second throughout: none of its requests
+    /// is refused (its channels may be on the killed master: their pushes wait for the promotion).
     @Test("a Redis Cluster master killed under load: 503 only for the failover window, then served by the promoted replica, no accepted event lost")
     func masterFailover() async throws {
         let started = ContinuousClock.now
         let directory = try scratchDirectory("herald-fault-failover-")
-        let apps = try TestApps(count: 10) // the chance that none but the first is on another master: (1/3)^9
+        // The chance that no other app has both its keys and its secret key's rate limits on another master: (5/9)^15.
+        let apps = try TestApps(count: 16)
         defer { apps.remove() }
         let cluster = try TestRedisCluster(directory: directory)
         try await cluster.start()
@@ -25,7 +28,10 @@ struct FaultRedisFailoverTests {
         let victim = try await cluster.master(ofKey: "herald:{\(app.id)}:x")
         var bystanderApp: TestApps.Entry?
         for other in apps.apps.dropFirst() {
-            if try await cluster.master(ofKey: "herald:{\(other.id)}:x") != victim {
+            // An event writes the app's keys (job status, idempotency) and counts in its credential's slot.
+            let credential = "herald:{\(other.id):k:key:" + Hex.encode(SHA256.hash(Array(other.secretKey.utf8))) + "}:x"
+            if try await cluster.master(ofKey: "herald:{\(other.id)}:x") != victim,
+               try await cluster.master(ofKey: credential) != victim {
                 bystanderApp = other
                 break
             }
@@ -101,6 +107,107 @@ struct FaultRedisFailoverTests {
         await simulator.child.stop()
         await cluster.stop()
         cleanUp(directory, keep: tally.missing.count > 0 || bystanderOutcomes.contains { $0.value.status != 202 })
+    }
+}
+
+extension FaultRedisFailoverTests {
+    /// One channel of 30 subscribers on the test's own cluster. Round after round one subscriber unsubscribes, an
+    /// event goes to the channel and is waited for until its job is done, and the subscriber subscribes again; the
+    /// master serving the first subscriber's device slot is killed with SIGKILL after 3 s. No push of an event
+    /// accepted after an acknowledged unsubscribe (and done before the subscriber came back) reaches it, every
+    /// other subscriber receives every event, and afterwards all 30 receive again (what a failed removal left half
+    /// done was repaired by the subscriber's next subscribe).
+    @Test("subscriptions removed and re-added while a master is killed: no push to a removed subscription, none lost")
+    func removeAndReAddUnderAKill() async throws {
+        let directory = try scratchDirectory("herald-fault-readd-")
+        let apps = try TestApps(count: 1)
+        defer { apps.remove() }
+        let cluster = try TestRedisCluster(directory: directory)
+        try await cluster.start()
+        let topics = FaultTopics(brokers: try TestEnvironment.kafkaBrokers())
+        let stack = try await FaultStack.start(apps: apps, redisURL: cluster.url, topics: topics, directory: directory,
+                                               channelCount: 1, perChannel: 30)
+        let (simulator, ingest, app) = (stack.simulator, stack.ingest, apps.apps[0])
+        let channel = stack.audience.channels[0], tokens = stack.audience.tokens[0]
+        let victim = try await cluster.master(ofKey: "herald:{\(app.id):d:\(tokens[0])}:x")
+        let subscriptions = "/v1/apps/\(app.id)/subscriptions"
+        func subscription(_ token: String) -> String {
+            #"{"channel": "\#(channel)", "deviceToken": "\#(token)", "tokenType": "alert"}"#
+        }
+        /// Sends until answered 2xx (503s while the slot fails over), at most 30 s.
+        func untilAccepted(_ method: String, _ path: String, key: String, json: String) async throws -> RawHTTPClient.Response {
+            let deadline = ContinuousClock.now + .seconds(30)
+            while true {
+                if let response = try? await ingest.request(method, path, key: key, json: json),
+                   (200...299).contains(response.status) { return response }
+                try #require(ContinuousClock.now < deadline, "\(method) \(path) not accepted within 30 s")
+                try await Task.sleep(for: .milliseconds(100))
+            }
+        }
+        /// The tokens each event's pushes reached, by the event's `n`.
+        @Sendable func pushes() -> [Int: Set<String>] {
+            var reached: [Int: Set<String>] = [:]
+            for record in simulator.accepted() {
+                guard let n = record["payload"]?["n"]?.numberValue, let token = record["token"]?.stringValue else { continue }
+                reached[Int(n), default: []].insert(token)
+            }
+            return reached
+        }
+
+        struct Round { var n: Int; var removed: String?; var token: String }
+        var rounds: [Round] = [], refusedRemovals = 0
+        let clock = ContinuousClock()
+        let begin = clock.now
+        var killedAt: ContinuousClock.Instant?
+        var n = 0
+        while clock.now - begin < .seconds(16) {
+            if killedAt == nil, clock.now - begin >= .seconds(3) {
+                killedAt = clock.now
+                await cluster.crash(port: victim)
+            }
+            let token = tokens[n % tokens.count]
+            let removal = try? await ingest.request("DELETE", subscriptions, key: app.publicKey, json: subscription(token))
+            let removed = removal?.status == 200 && (try? removal?.json()["removed"] as? Int) == 1
+            if !removed { refusedRemovals += 1 }
+            let event = try await untilAccepted("POST", "/v1/apps/\(app.id)/events", key: app.secretKey, json: """
+                {"channel": "\(channel)", "id": "readd-\(n)", "alert": {"aps": {"alert": {"title": "event \(n)"}}, "n": \(n)}}
+                """)
+            let jobID = try #require(JSONValue(parsing: event.body)?["jobId"]?.stringValue)
+            try await eventually("job \(n) done", timeout: .seconds(30)) {
+                let status = try? await ingest.request("GET", "/v1/apps/\(app.id)/jobs/\(jobID)", key: app.secretKey)
+                return status.flatMap { JSONValue(parsing: $0.body)?["state"]?.stringValue } == "done"
+            }
+            _ = try await untilAccepted("POST", subscriptions, key: app.publicKey, json: subscription(token))
+            rounds.append(Round(n: n, removed: removed ? token : nil, token: token))
+            n += 1
+        }
+        try #require(killedAt != nil && rounds.count >= 20, "\(rounds.count) rounds")
+        #expect(refusedRemovals > 0, "no removal met the failover; the test proves nothing")
+        #expect(refusedRemovals < rounds.count, "no removal succeeded")
+
+        // A last event after every subscriber came back, so every push of the rounds has had its chance to arrive.
+        let last = rounds.count
+        _ = try await untilAccepted("POST", "/v1/apps/\(app.id)/events", key: app.secretKey, json: """
+            {"channel": "\(channel)", "id": "readd-\(last)", "alert": {"aps": {"alert": {"title": "last"}}, "n": \(last)}}
+            """)
+        try await eventually("the last event reached all 30", timeout: .seconds(30)) { pushes()[last] == Set(tokens) }
+        let reachedByEvent = pushes()
+        var toRemoved: [Int] = [], lost: [Int] = []
+        for round in rounds {
+            let reached = reachedByEvent[round.n] ?? []
+            if let removed = round.removed, reached.contains(removed) { toRemoved.append(round.n) }
+            if !reached.isSuperset(of: Set(tokens).subtracting([round.token])) { lost.append(round.n) }
+        }
+        #expect(toRemoved.isEmpty, "events pushed to a subscription whose removal was acknowledged: \(toRemoved)")
+        #expect(lost.isEmpty, "events that missed a subscriber: \(lost)")
+        print("remove and re-add under a kill: \(rounds.count) rounds, \(refusedRemovals) removals refused (503) during the failover")
+        #expect(stack.ingest.child.isRunning && stack.dispatcher.child.isRunning, "a service died")
+
+        await stack.dispatcher.child.stop()
+        await ingest.child.stop()
+        await simulator.child.stop()
+        await cluster.stop()
+        cleanUp(directory, keep: !toRemoved.isEmpty || !lost.isEmpty)
     }
 }
 

@@ -60,17 +60,29 @@ struct RedisLayoutTests {
         }
         // A stale device index entry (its record is gone), which layout 1's scripts tolerated.
         try await redis.command(["SADD", "herald:{\(app)}:dev:\(devices[1])", "ffffffffffffffffffffffff"])
-        let registered = try await activities.register(app: app, user: "u1",
-                                                       try ActivityStoreTests.input(try ActivityStoreTests.app(), post: "aaaa1111", token: token()))
+        // Two Live Activity registrations of one post as layout 1's register script wrote them (50 min left).
+        let pushTokens = [token(), token()]
+        let nowMs = Int64(Date().timeIntervalSince1970 * 1000), expiryMs = String(nowMs + 3_000_000)
+        for (n, pushToken) in pushTokens.enumerated() {
+            let id = String(format: "%024d", n), prefix = "herald:{\(app)}:"
+            try await redis.command(["HSET", prefix + "act:" + id, "createdAt", "2026-12-03T10:00:00.000Z", "user", "u\(n)",
+                                     "postIdHash", "aaaa1111", "pushToken", pushToken, "environment", "production",
+                                     "bundleId", "com.example.app", "lastSeenMs", String(nowMs - 600_000)])
+            try await redis.command(["PEXPIRE", prefix + "act:" + id, "3000000"])
+            try await redis.command(["ZADD", prefix + "post:aaaa1111", expiryMs, id])
+            try await redis.command(["ZADD", prefix + "acttok:" + pushToken, expiryMs, id])
+            try await redis.command(["PEXPIRE", prefix + "post:aaaa1111", "3060000"])
+            try await redis.command(["PEXPIRE", prefix + "acttok:" + pushToken, "3060000"])
+        }
         let total = written.values.reduce(0) { $0 + $1.count }
 
         let dryRun = try await RedisLayout.migrate(redis, dryRun: true)
-        #expect(dryRun.subscriptions == [app: total])
+        #expect(dryRun.subscriptions == [app: total] && dryRun.registrations == [app: 2])
         #expect(try await RedisLayout.version(of: redis) == 1, "a dry run changes nothing")
 
         var reported: [Int] = []
         let migration = try await RedisLayout.migrate(redis, batchSize: 7) { reported.append($0) }
-        #expect(migration.subscriptions == [app: total])
+        #expect(migration.subscriptions == [app: total] && migration.registrations == [app: 2])
         #expect(migration.oldIndexes == 1, "the device index left holding only its stale entry")
         #expect(try await RedisLayout.version(of: redis) == RedisLayout.current)
         #expect(try await layout1Keys().isEmpty, "nothing of layout 1 is left")
@@ -91,10 +103,15 @@ struct RedisLayoutTests {
         // The expiry index came along: subscriptions that expire are swept when they do, the others never.
         let later = Date(timeIntervalSince1970: TimeInterval(expiry + 1))
         #expect(try await store.expire(app: app, now: later) == total - 9)
-        let left = try await store.list(app: app, deviceToken: devices[0], now: later).subscriptions
-        #expect(left.count == 2, "device 0's never expire")
-        #expect(try await activities.postBatch(app: app, postIDHash: "aaaa1111", cursor: "0").registrations
-                    == [registered.registration], "registrations are the same in both layouts")
+        let unexpired = try await store.list(app: app, deviceToken: devices[0], now: later).subscriptions
+        #expect(unexpired.count == 2, "device 0's never expire")
+        // The registrations too, with the time they had left, and a 410 still finds them by token.
+        let moved = try await activities.postBatch(app: app, postIDHash: "aaaa1111", cursor: "0").registrations
+        #expect(moved.map(\.pushToken).sorted() == pushTokens.sorted() && moved.allSatisfy { $0.createdAt == "2026-12-03T10:00:00.000Z" })
+        let left = try await redis.command(["PTTL", RedisKeys(app: app).registration(moved[0].id, post: "aaaa1111")]).int ?? 0
+        #expect(left > 2_900_000 && left <= 3_000_000)
+        #expect(try await activities.removeInvalidToken(app: app, pushToken: pushTokens[0]) == 1)
+        #expect(try await activities.postBatch(app: app, postIDHash: "aaaa1111", cursor: "0").registrations.map(\.pushToken) == [pushTokens[1]])
 
         // A second run, and one after a copy of layout 1 reappeared (a run stopped between its writes), converge.
         #expect(try await RedisLayout.migrate(redis).total == 0)
@@ -118,7 +135,7 @@ struct RedisLayoutTests {
     }
 
     private func layout1Keys() async throws -> [String] {
-        try await redis.command(["KEYS", "herald:{\(app)}:*"]).strings?.filter { !$0.contains(":act:") && !$0.contains(":post:") && !$0.contains(":acttok:") } ?? []
+        try await redis.command(["KEYS", "herald:{\(app)}:*"]).strings ?? []
     }
 }
 

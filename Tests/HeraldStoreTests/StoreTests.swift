@@ -227,12 +227,12 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let first = try await store.register(app: redis.app, user: "u", try input(app, post: "0123abcd", token: push),
                                              now: Date(timeIntervalSinceNow: -10))
         #expect(!first.renewed && first.registration.id.count == 24)
-        _ = try await redis.client.command(["PEXPIRE", "herald:{\(redis.app)}:act:\(first.registration.id)", "5000"])
+        _ = try await redis.client.command(["PEXPIRE", RedisKeys(app: redis.app).registration(first.registration.id, post: "0123abcd"), "5000"])
         let second = try await store.register(app: redis.app, user: "u", try input(app, post: "0123abcd", token: push))
         #expect(second.renewed && second.registration.id == first.registration.id)
         #expect(second.registration.createdAt == first.registration.createdAt)
         #expect(second.registration.lastSeenAt != first.registration.lastSeenAt)
-        let ttl = try await redis.client.command(["TTL", "herald:{\(redis.app)}:act:\(first.registration.id)"]).int ?? 0
+        let ttl = try await redis.client.command(["TTL", RedisKeys(app: redis.app).registration(first.registration.id, post: "0123abcd")]).int ?? 0
         #expect(ttl > 3500)
         let other = try await store.register(app: redis.app, user: "v", try input(app, post: "0123abcd", token: push))
         #expect(!other.renewed && other.registration.id != first.registration.id)
@@ -247,21 +247,21 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let stored = try await store.register(app: redis.app, user: "u", try input(app, post: "0badcafe", token: push),
                                               now: Date(timeIntervalSince1970: 1_764_460_800.123))
         #expect(stored.registration.createdAt == "2025-11-30T00:00:00.123Z" && stored.registration.lastSeenAt == stored.registration.createdAt)
-        let fields = try #require(try await redis.client.command(["HGETALL", keys.registration(stored.registration.id)]).fieldValues)
+        let fields = try #require(try await redis.client.command(["HGETALL", keys.registration(stored.registration.id, post: "0badcafe")]).fieldValues)
         #expect(Set(fields.keys) == ["createdAt", "user", "postIdHash", "pushToken", "environment", "bundleId", "lastSeenMs"])
         #expect(fields["lastSeenMs"] == "1764460800123")
-        #expect(try await store.registrations(app: redis.app, ids: [stored.registration.id]) == [stored.registration])
+        #expect(try await store.registrations(app: redis.app, postIDHash: "0badcafe", ids: [stored.registration.id]) == [stored.registration])
 
         // A hash written by the earlier script (with `id` and `lastSeenAt`) reads the same way.
         let old = "0123456789abcdef01234567"
-        _ = try await redis.client.command(["HSET", keys.registration(old), "createdAt", "2025-11-30T00:00:00.000Z",
+        _ = try await redis.client.command(["HSET", keys.registration(old, post: "0badcafe"), "createdAt", "2025-11-30T00:00:00.000Z",
             "id", old, "user", "w", "postIdHash", "0badcafe", "pushToken", push, "environment", "sandbox",
             "bundleId", "com.example.app", "lastSeenAt", "2025-11-30T00:00:01.000Z", "lastSeenMs", "1764460801000"])
-        let read = try await store.registrations(app: redis.app, ids: [old, "ffffffffffffffffffffffff"])
+        let read = try await store.registrations(app: redis.app, postIDHash: "0badcafe", ids: [old, "ffffffffffffffffffffffff"])
         #expect(read.map(\.id) == [old] && read.map(\.user) == ["w"] && read.map(\.environment) == [.sandbox])
         #expect(read.map(\.createdAt) == ["2025-11-30T00:00:00.000Z"] && read.map(\.lastSeenAt) == ["2025-11-30T00:00:01.000Z"])
         // What a fan-out reads of them: token, environment and bundle id only.
-        #expect(try await store.pushTargets(app: redis.app, ids: [stored.registration.id, old, "ffffffffffffffffffffffff"]) == [
+        #expect(try await store.pushTargets(app: redis.app, postIDHash: "0badcafe", ids: [stored.registration.id, old, "ffffffffffffffffffffffff"]) == [
             ActivityPushTarget(pushToken: push, environment: stored.registration.environment, bundleID: stored.registration.bundleID),
             ActivityPushTarget(pushToken: push, environment: .sandbox, bundleID: "com.example.app"),
         ])
@@ -275,7 +275,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await store.postBatch(app: redis.app, postIDHash: "feedbeef", cursor: "0").registrations.count == 3)
         try await Task.sleep(for: .milliseconds(3300))
         #expect(try await store.postBatch(app: redis.app, postIDHash: "feedbeef", cursor: "0").registrations.isEmpty)
-        #expect(try await redis.client.command(["EXISTS", "herald:{\(redis.app)}:post:feedbeef"]).int == 0)
+        #expect(try await redis.client.command(["EXISTS", RedisKeys(app: redis.app).post("feedbeef")]).int == 0)
     }
 
     /// The registration script gives a new (or TTL-less) index `ttl` plus a sixtieth, renews an index's TTL only
@@ -283,47 +283,47 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
     @Test func indexesArePrunedAndKeepATTLNoShorterThanTheirNewestMember() async throws {
         let redis = try TestRedis()
         let store = ActivityStore(redis: redis.client, ttl: .seconds(3600))
-        let app = try Self.app(), keys = "herald:{\(redis.app)}:"
+        let app = try Self.app(), keys = RedisKeys(app: redis.app)
         let (ttl, slack) = (3_600_000, 60_000)
-        func pttl(_ key: String) async throws -> Int { Int(try await redis.client.command(["PTTL", keys + key]).int ?? -3) }
+        func pttl(_ key: String) async throws -> Int { Int(try await redis.client.command(["PTTL", key]).int ?? -3) }
 
         let first = token()
         _ = try await store.register(app: redis.app, user: "u", try input(app, post: "abcdef01", token: first))
-        for index in ["post:abcdef01", "acttok:\(first)"] {
+        for index in [keys.post("abcdef01"), keys.activityToken(first)] {
             let left = try await pttl(index)
             #expect(left > ttl && left <= ttl + slack, "\(index): a new index gets ttl + ttl/60, got \(left)")
         }
 
         // A TTL above `ttl` is left alone (never shortened), and so is an expired member until the TTL is renewed.
         let nowMs = Int64(Date().timeIntervalSince1970 * 1000)
-        _ = try await redis.client.command(["ZADD", keys + "post:abcdef01", String(nowMs - 1), "gone"])
-        _ = try await redis.client.command(["PEXPIRE", keys + "post:abcdef01", String(3 * ttl)])
+        _ = try await redis.client.command(["ZADD", keys.post("abcdef01"), String(nowMs - 1), "gone"])
+        _ = try await redis.client.command(["PEXPIRE", keys.post("abcdef01"), String(3 * ttl)])
         _ = try await store.register(app: redis.app, user: "u", try input(app, post: "abcdef01", token: token()))
-        #expect(try await redis.client.command(["ZCARD", keys + "post:abcdef01"]).int == 3)
-        #expect(try await pttl("post:abcdef01") > 2 * ttl)
+        #expect(try await redis.client.command(["ZCARD", keys.post("abcdef01")]).int == 3)
+        #expect(try await pttl(keys.post("abcdef01")) > 2 * ttl)
         #expect(try await store.postBatch(app: redis.app, postIDHash: "abcdef01", cursor: "0").registrations.count == 2)
 
         // Below `ttl` (or without a TTL at all) it is raised again to ttl + ttl/60, and its expired members go.
-        _ = try await redis.client.command(["ZADD", keys + "post:abcdef01", String(nowMs - 1), "gone"])
-        _ = try await redis.client.command(["ZADD", keys + "acttok:\(first)", String(nowMs - 1), "gone"])
-        _ = try await redis.client.command(["PEXPIRE", keys + "post:abcdef01", "1000"])
-        _ = try await redis.client.command(["PERSIST", keys + "acttok:\(first)"])
+        _ = try await redis.client.command(["ZADD", keys.post("abcdef01"), String(nowMs - 1), "gone"])
+        _ = try await redis.client.command(["ZADD", keys.activityToken(first), String(nowMs - 1), "gone"])
+        _ = try await redis.client.command(["PEXPIRE", keys.post("abcdef01"), "1000"])
+        _ = try await redis.client.command(["PERSIST", keys.activityToken(first)])
         let renewed = try await store.register(app: redis.app, user: "u", try input(app, post: "abcdef01", token: first))
         #expect(renewed.renewed)
-        #expect(try await redis.client.command(["ZCARD", keys + "post:abcdef01"]).int == 2)
-        #expect(try await redis.client.command(["ZCARD", keys + "acttok:\(first)"]).int == 1)
-        for index in ["post:abcdef01", "acttok:\(first)"] {
+        #expect(try await redis.client.command(["ZCARD", keys.post("abcdef01")]).int == 2)
+        #expect(try await redis.client.command(["ZCARD", keys.activityToken(first)]).int == 1)
+        for index in [keys.post("abcdef01"), keys.activityToken(first)] {
             let left = try await pttl(index)
             #expect(left > ttl && left <= ttl + slack, "\(index): renewed to ttl + ttl/60, got \(left)")
         }
 
         // A new registration whose token index exists (the token on another post) renews and prunes it alike.
-        _ = try await redis.client.command(["ZADD", keys + "acttok:\(first)", String(nowMs - 1), "gone"])
-        _ = try await redis.client.command(["PEXPIRE", keys + "acttok:\(first)", "1000"])
+        _ = try await redis.client.command(["ZADD", keys.activityToken(first), String(nowMs - 1), "gone"])
+        _ = try await redis.client.command(["PEXPIRE", keys.activityToken(first), "1000"])
         let other = try await store.register(app: redis.app, user: "u", try input(app, post: "abcdef02", token: first))
         #expect(!other.renewed)
-        #expect(try await redis.client.command(["ZCARD", keys + "acttok:\(first)"]).int == 2)
-        let left = try await pttl("acttok:\(first)")
+        #expect(try await redis.client.command(["ZCARD", keys.activityToken(first)]).int == 2)
+        let left = try await pttl(keys.activityToken(first))
         #expect(left > ttl && left <= ttl + slack, "a known token index is renewed to ttl + ttl/60, got \(left)")
     }
 
