@@ -99,21 +99,10 @@ public enum RedisLayout {
         }
         guard !dryRun else { return migration }
         // What is left of layout 1's indexes names only records that no longer exist.
-        for master in try await redis.masters() {
-            var cursor = "0"
-            repeat {
-                let page = try await master.command(["SCAN", cursor, "MATCH", "herald:{*}:*", "COUNT", String(batchSize)])
-                guard let parts = page.array, parts.count == 2, let next = parts[0].string, let found = parts[1].strings else {
-                    throw LayoutError("unexpected reply to SCAN from \(master.address)")
-                }
-                cursor = next
-                let stale = found.filter { key in
-                    guard let rest = oldKey(key)?.rest else { return false }
-                    return ["dev:", "ch:", "post:", "acttok:"].contains { rest.hasPrefix($0) } || rest == "subexp"
-                }
-                for key in stale { try await redis.command(["DEL", key]) }
-                migration.oldIndexes += stale.count
-            } while cursor != "0"
+        try await walkOldKeys(redis, batchSize: batchSize, kinds: ["dev:", "ch:", "post:", "acttok:", "subexp"]) { stale in
+            for old in stale { try await redis.command(["DEL", old.key]) }
+            migration.oldIndexes += stale.count
+            return true
         }
         try await redis.command(["SET", key, String(current)])
         return migration
@@ -163,9 +152,9 @@ public enum RedisLayout {
         var isSubscription: Bool { rest.hasPrefix("sub:") }
     }
 
-    /// Calls `body` with each master's next batch of layout-1 records until it returns false or every master has
-    /// been walked.
-    private static func walkOldKeys(_ redis: RedisClient, batchSize: Int = 1000,
+    /// Calls `body` with each master's next batch of layout-1 keys of `kinds` (the start of what follows the tag;
+    /// records by default) until it returns false or every master has been walked.
+    private static func walkOldKeys(_ redis: RedisClient, batchSize: Int = 1000, kinds: [String] = ["sub:", "act:"],
                                     _ body: ([OldKey]) async throws -> Bool) async throws {
         for master in try await redis.masters() {
             var cursor = "0"
@@ -176,7 +165,9 @@ public enum RedisLayout {
                 }
                 cursor = next
                 let old = found.compactMap { key in
-                    oldKey(key).flatMap { $0.rest.hasPrefix("sub:") || $0.rest.hasPrefix("act:") ? OldKey(key: key, app: $0.app, rest: $0.rest) : nil }
+                    oldKey(key).flatMap { old in
+                        kinds.contains { old.rest.hasPrefix($0) } ? OldKey(key: key, app: old.app, rest: old.rest) : nil
+                    }
                 }
                 if !old.isEmpty, !(try await body(old)) { return }
             } while cursor != "0"
