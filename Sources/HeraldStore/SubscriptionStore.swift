@@ -254,8 +254,11 @@ public struct SubscriptionStore: Sendable {
                         gone.append(entry.member)
                         continue
                     }
-                    if let expiresAt = fields[2].string.flatMap({ Int64($0) }), expiresAt > nowSeconds {
-                        renewed += [String(expiresAt), entry.member] // its score is its expiry again
+                    let expiresAt = fields[2].string ?? ""
+                    if expiresAt.isEmpty {
+                        gone.append(entry.member) // written since without an expiry (the TTL was turned off)
+                    } else if let seconds = Int64(expiresAt), seconds > nowSeconds {
+                        renewed += [expiresAt, entry.member] // its score is its expiry again
                     } else {
                         doomed.append(Removal(id: entry.id, token: entry.token, channel: channel, updatedMs: updatedMs))
                     }

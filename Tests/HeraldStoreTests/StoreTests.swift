@@ -379,6 +379,19 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await redis.appKeys() == [], "nothing left anywhere")
     }
 
+    @Test func theSweepKeepsASubscriptionWrittenSinceWithoutAnExpiry() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client, ttl: nil)
+        let device = token()
+        let stored = try await store.upsert(app: redis.app, try subscription("news", device)).subscription
+        // An expiry entry from when the TTL was on, which a crash kept the upsert from removing.
+        _ = try await redis.client.command(["ZADD", RedisKeys(app: redis.app).subscriptionExpiry(id: stored.id), "1000",
+                                            stored.id + device])
+        #expect(try await store.expire(app: redis.app) == 0)
+        #expect(try await store.list(app: redis.app, deviceToken: device).subscriptions.map(\.id) == [stored.id])
+        #expect(try await redis.expiryEntries() == 0)
+    }
+
     @Test func closingAChannelRemovesEverySubscriptionInBatches() async throws {
         let redis = try TestRedis()
         let store = SubscriptionStore(redis: redis.client, batchSize: 7)
