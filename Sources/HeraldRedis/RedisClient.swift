@@ -106,7 +106,10 @@ public final class RedisClient: Sendable {
 
     /// Whether the servers are a Redis Cluster (asking the seeds first when no call has yet): a caller whose keys
     /// span hash slots does in one script on a standalone Redis what takes several calls on a cluster.
-    public func isCluster() async throws -> Bool { try await topology.isCluster() }
+    public func isCluster() async throws -> Bool {
+        if case .cluster = try await topology.route(settled: true) { return true }
+        return false
+    }
 
     /// One server holding keys: a standalone Redis, or a cluster master.
     public struct Master: Sendable {
@@ -125,8 +128,7 @@ public final class RedisClient: Sendable {
 
     /// The servers holding keys now, each once: for walking every key (`SCAN` on each).
     public func masters() async throws -> [Master] {
-        _ = try await topology.isCluster()
-        return topology.masters(on: try await topology.route()).map { Master(node: $0, client: self) }
+        topology.masters(on: try await topology.route(settled: true)).map { Master(node: $0, client: self) }
     }
 
     /// How many event loops hold a connection of this client, over all its nodes (for tests and diagnostics).

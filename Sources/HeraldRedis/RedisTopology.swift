@@ -50,8 +50,8 @@ final class RedisTopology: Sendable {
     /// The standalone node or the slot map. Until the seeds have answered, calls to a single seed go to it as to a
     /// standalone Redis while it is asked in the background (a cluster node redirects what it does not serve), so
     /// a standalone Redis is used exactly as before and a client made while Redis is down fails fast. With several
-    /// seeds the first calls wait for the answer, so one seed being down costs nothing.
-    func route() async throws -> Route {
+    /// seeds, or `settled`, the call waits for the answer, so one seed being down costs nothing.
+    func route(settled: Bool = false) async throws -> Route {
         while true {
             let (route, detection): (Route?, Task<Void, Never>?) = try state.withLock { state throws(RedisError) in
                 if state.isClosed { throw RedisError(.closed, "the client is closed") }
@@ -60,32 +60,14 @@ final class RedisTopology: Sendable {
                 case .cluster(let slots): return (.cluster(slots), nil)
                 case .unknown:
                     startDetection(&state)
-                    if configuration.seeds.count == 1 { return (.standalone(nodeLocked(configuration.seeds[0], &state)), nil) }
+                    if !settled, configuration.seeds.count == 1 {
+                        return (.standalone(nodeLocked(configuration.seeds[0], &state)), nil)
+                    }
                     if let detection = state.detection { return (nil, detection) }
                     throw state.detectionError ?? RedisError(.connection, "no seed answered")
                 }
             }
             if let route { return route }
-            await detection?.value
-            if let error = state.withLock({ state in state.mode.isUnknown ? state.detectionError : nil }) { throw error }
-        }
-    }
-
-    /// Whether the servers are a cluster, waiting for the seeds' answer when nobody has had it yet.
-    func isCluster() async throws -> Bool {
-        while true {
-            let (answer, detection): (Bool?, Task<Void, Never>?) = try state.withLock { state throws(RedisError) in
-                if state.isClosed { throw RedisError(.closed, "the client is closed") }
-                switch state.mode {
-                case .standalone: return (false, nil)
-                case .cluster: return (true, nil)
-                case .unknown:
-                    startDetection(&state)
-                    if let detection = state.detection { return (nil, detection) }
-                    throw state.detectionError ?? RedisError(.connection, "no seed answered")
-                }
-            }
-            if let answer { return answer }
             await detection?.value
             if let error = state.withLock({ state in state.mode.isUnknown ? state.detectionError : nil }) { throw error }
         }
