@@ -164,9 +164,9 @@ public struct ActivityStore: Sendable {
         // {id, token, id, token, …} of the registrations removed.
         let removed = reply.strings ?? []
         guard !removed.isEmpty else { return 0 }
-        try SubscriptionStore.checked(await redis.pipeline(stride(from: 0, to: removed.count - 1, by: 2).map {
+        try throwFirstErrorReply(await redis.pipeline(stride(from: 0, to: removed.count - 1, by: 2).map {
             ["ZREM", keys.activityToken(removed[$0 + 1]), removed[$0] + postIDHash]
-        }), "remove post")
+        }))
         return removed.count / 2
     }
 
@@ -182,7 +182,7 @@ public struct ActivityStore: Sendable {
         let replies = try await redis.run(Scripts.removeRegistration, calls: entries.map {
             ([keys.registration($0.id, post: $0.post), keys.post($0.post)], [$0.id, cutoff])
         })
-        try SubscriptionStore.checked(replies, "remove token")
+        try throwFirstErrorReply(replies)
         let done = zip(entries, replies).compactMap { entry, reply in reply.int == -1 ? nil : entry.member }
         if !done.isEmpty { try await redis.command(["ZREM", index] + done) }
         return replies.reduce(0) { $0 + ($1.int == 1 ? 1 : 0) }

@@ -90,7 +90,7 @@ public enum RedisLayout {
                     commands += old.isSubscription ? moveSubscription(old, fields)
                         : moveRegistration(old, fields, ttl: reads[index * 2 + 1].int ?? -2)
                 }
-                try SubscriptionStore.checked(await redis.pipeline(commands), "migrate")
+                try throwFirstErrorReply(await redis.pipeline(commands))
             }
             let before = moved / 1000
             moved += found.count

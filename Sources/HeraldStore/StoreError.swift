@@ -1,3 +1,5 @@
+import HeraldRedis
+
 /// Why a store call failed, beyond Redis's own errors.
 public enum StoreError: Error, CustomStringConvertible {
     case unexpectedReply(String)
@@ -10,4 +12,9 @@ public enum StoreError: Error, CustomStringConvertible {
         case .tooManySubscriptions(let cap): "the device already has \(cap) subscriptions"
         }
     }
+}
+
+/// Throws the first error reply of a pipeline (which returns error replies in place), as `command` would.
+func throwFirstErrorReply(_ replies: [RedisValue]) throws {
+    for case .error(let message) in replies { throw RedisError.fromReply(message) }
 }

@@ -107,10 +107,10 @@ public struct SubscriptionStore: Sendable {
         guard created >= 0 else { return (created == -2 ? .tooMany : .rateLimited, counted) }
         if isCluster {
             // Last, so a push never finds an entry whose record was not written.
-            try Self.checked(await redis.pipeline([
+            try throwFirstErrorReply(await redis.pipeline([
                 ["HSET", channel, id, target],
                 expiresAt.map { ["ZADD", expiry, String($0), member] } ?? ["ZREM", expiry, member],
-            ]), "upsert")
+            ]))
         }
         if let previous = input.previousToken, previous != input.deviceToken {
             _ = try await removeToken(app: app, deviceToken: previous, only: nil, tokenType: input.tokenType, keepAfterMs: nil)
@@ -292,19 +292,12 @@ public struct SubscriptionStore: Sendable {
             unindex.append(["HDEL", keys.channel(removal.channel), removal.id])
             unindex.append(["ZREM", keys.subscriptionExpiry(id: removal.id), removal.id + removal.token])
         }
-        try Self.checked(await redis.pipeline(unindex), "remove")
+        try throwFirstErrorReply(await redis.pipeline(unindex))
         let replies = try await redis.run(Scripts.removeRecord, calls: doomed.map {
             ([keys.subscription($0.id, token: $0.token), keys.device($0.token)], [$0.id, $0.updatedMs])
         })
-        try Self.checked(replies, "remove")
+        try throwFirstErrorReply(replies)
         return replies.reduce(0) { $0 + Int($1.int ?? 0) }
-    }
-
-    /// Throws the first error reply of a pipeline.
-    static func checked(_ replies: [RedisValue], _ what: String) throws {
-        for reply in replies {
-            if case .error(let message) = reply { throw RedisError.fromReply(message) }
-        }
     }
 
     /// One batch of a channel's subscribers, as much of each as a push needs: `HSCAN` of the channel index from
