@@ -61,7 +61,7 @@ import Testing
                                            json: #"{"event": "end", "contentState": {"score": "2-1"}}"#)
         #expect(end.status == 202, "\(end.text)")
 
-        let records = try await JobsReader.recordsBeforeMarker(ingest, app: app)
+        let records = try await JobsReader.recordsBeforeMarker(ingest, app: app, awaiting: (2, "\(app.id)/post/\(post)"))
         try #require(records.count == 2, "expected two records, got \(records.count)")
         #expect(records.allSatisfy { $0.keyText == "\(app.id)/post/\(post)" })
         #expect(records.allSatisfy { JobSignature.verifies($0.headers, record: $0.value, secrets: [ingest.apps.deploymentSecret]) },
@@ -86,7 +86,8 @@ import Testing
             """)
         #expect(response.status == 202, "\(response.text)")
 
-        let records = try await JobsReader.recordsBeforeMarker(ingest, app: app)
+        let records = try await JobsReader.recordsBeforeMarker(ingest, app: app,
+                                                               awaiting: (1, "\(app.id)/device/\(SHA256.hex(token))"))
         try #require(records.count == 1, "expected one record, got \(records.count)")
         #expect(records[0].keyText == "\(app.id)/device/\(SHA256.hex(token))", "a key names the device by a hash of its token")
         try await validateJobs([records[0].value])
@@ -414,16 +415,20 @@ final class JobsReader: Sendable {
     /// Everything on the harness's topic before a marker event published now.
     ///
     /// Every earlier request was answered, so anything it published was acknowledged before the marker was
-    /// sent. The marker goes to `channel`'s partition, behind any record of that channel; one fetch covers every
-    /// partition of the single broker, and a quiet poll after the marker collects the rest.
-    static func recordsBeforeMarker(_ ingest: IngestHarness, app: TestApps.Entry,
-                                    channel: String = "marker") async throws -> [KafkaRecord] {
+    /// sent. The marker goes to `channel`'s partition, behind any record of that channel, and a quiet poll after
+    /// the marker collects the rest. Records keyed otherwise may sit on another partition whose fetch comes later:
+    /// give `awaiting` their count (`keyed` names their key) and the read also waits until that many arrived.
+    static func recordsBeforeMarker(_ ingest: IngestHarness, app: TestApps.Entry, channel: String = "marker",
+                                    awaiting: (count: Int, keyed: String)? = nil) async throws -> [KafkaRecord] {
         let marker = "marker-\(SecureRandom.hex(6))"
         let response = try await ingest.request("POST", "/v1/apps/\(app.id)/events", key: app.secretKey,
                                                 json: #"{"channel": "\#(channel)", "alert": {"aps": {}}, "id": "\#(marker)"}"#)
         try #require(response.status == 202, "marker not published: \(response.text)")
         let reader = try await JobsReader(brokers: ingest.brokers, topic: ingest.topic)
-        let records = try await reader.read { records in try records.contains { try PushJob.decode($0.value).id == marker } }
+        let records = try await reader.read { records in
+            try records.contains { try PushJob.decode($0.value).id == marker }
+                && records.filter { $0.keyText == awaiting?.keyed }.count >= awaiting?.count ?? 0
+        }
         await reader.close()
         let markerIndex = try #require(try records.firstIndex { try PushJob.decode($0.value).id == marker }, "marker never arrived")
         var before = records
