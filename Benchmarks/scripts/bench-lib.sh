@@ -129,13 +129,25 @@ abba_access_log_on_and_off() { # label lua nginx_url herald_url start_function
   HERALD_NON_2XX=$total
 }
 
-# The Lua text of `static let <name> = RedisScript(source: """ … """)` in a Swift file read from stdin (used by the
-# Redis cost scripts, which load a tree's scripts into a Redis of their own).
+# The Lua text of `static let <name> = RedisScript(source: """ … """)` in a Swift file read from stdin, with the
+# rate-limit counting first when the script starts with `RateLimiter.countingLua(first:) +` (used by the Redis cost
+# scripts, which load a tree's scripts into a Redis of their own).
 lua_script_of() {
-  python3 -c 'import sys, textwrap
-src = sys.stdin.read(); i = src.index("static let %s = RedisScript(source: \"\"\"" % sys.argv[1])
-start = src.index("\n", i) + 1
-print(textwrap.dedent(src[start:src.index("\"\"\"", start)]), end="")' "$1"
+  python3 -c 'import re, sys, textwrap
+root, name, src = sys.argv[1], sys.argv[2], sys.stdin.read()
+def literal(text, at):
+    start = text.index("\n", text.index("\"\"\"", at)) + 1
+    return textwrap.dedent(text[start:text.index("\"\"\"", start)])
+head = re.search(r"static let %s = RedisScript\(source: (RateLimiter\.countingLua\(first: (\d+)\) \+ )?\"\"\"" % name, src)
+lua = literal(src, head.start())
+if head.group(1):
+    # The rate-limit counting the script starts with, its ARGV numbers filled in as Swift would.
+    limiter = open(root + "/Sources/HeraldStore/RateLimiter.swift").read()
+    first = int(head.group(2))
+    counting = literal(limiter, limiter.index("static func countingLua"))
+    counting = re.sub(r"\\\(first(?: \+ (\d+))?\)", lambda m: str(first + int(m.group(1) or 0)), counting)
+    lua = counting + lua
+print(lua, end="")' "$HERALD_ROOT" "$1"
 }
 
 # Sets REGISTER_ARGS to an EVALSHA of the registration script in file $1 (loaded as sha $2) for redis-benchmark:
