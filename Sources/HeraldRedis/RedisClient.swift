@@ -58,7 +58,7 @@ public final class RedisClient: Sendable {
     @discardableResult
     public func pipeline(_ commands: [[String]]) async throws -> [RedisValue] {
         try await pipeline(commands.count, slot: { RedisCluster.slot(of: commands[$0]) },
-                           isTransaction: commands.contains { $0.first?.uppercased() == "MULTI" },
+                           isTransaction: { commands.contains { $0.first?.uppercased() == "MULTI" } },
                            encode: { $0.append(commands[$1]) })
     }
 
@@ -66,7 +66,7 @@ public final class RedisClient: Sendable {
     @discardableResult
     public func pipeline(_ commands: [[[UInt8]]]) async throws -> [RedisValue] {
         try await pipeline(commands.count, slot: { RedisCluster.slot(ofBytes: commands[$0]) },
-                           isTransaction: commands.contains { $0.first == Array("MULTI".utf8) },
+                           isTransaction: { commands.contains { $0.first == Array("MULTI".utf8) } },
                            encode: { $0.append(commands[$1]) })
     }
 
@@ -185,14 +185,26 @@ public final class RedisClient: Sendable {
         }
     }
 
-    private func pipeline(_ count: Int, slot: (Int) -> Int?, isTransaction: Bool,
+    private func pipeline(_ count: Int, slot: (Int) -> Int?, isTransaction: () -> Bool,
                           encode: (inout RESPEncoder, Int) -> Void) async throws -> [RedisValue] {
         guard count > 0 else { return [] }
         let route = try await topology.route()
+        if case .standalone(let node) = route {
+            // One node, no redirections: the replies come back in the commands' order.
+            var encoder = RESPEncoder(capacity: count * 32)
+            for index in 0..<count { encode(&encoder, index) }
+            let replies = try await many(encoder, on: node)
+            if let unavailable = replies.lazy.compactMap(RedisError.unavailability(of:)).first {
+                topology.callFailed(unavailable)
+                throw unavailable
+            }
+            return replies
+        }
         // Which commands go to which node, in order.
+        let isTransaction = isTransaction()
         var groups: [(node: RedisNode, indices: [Int])] = []
         switch route {
-        case .standalone(let node): groups = [(node, Array(0..<count))]
+        case .standalone: break
         case .cluster:
             if isTransaction {
                 let first = (0..<count).lazy.compactMap(slot).first

@@ -38,8 +38,7 @@ public enum RedisCluster {
 
     /// The position of the key a command is routed by: the first key, or nil for a command without one (`PING`,
     /// `INFO`, `SCRIPT LOAD`…), which any node answers. `EVAL`/`EVALSHA` are routed by their first declared key.
-    static func keyPosition(name: some StringProtocol, argumentCount: Int, declaredKeys: () -> Int?) -> Int? {
-        let upper = name.uppercased()
+    static func keyPosition(upperName upper: String, argumentCount: Int, declaredKeys: () -> Int?) -> Int? {
         if scriptCommands.contains(upper) { return argumentCount > 3 && (declaredKeys() ?? 0) > 0 ? 3 : nil }
         if keylessCommands.contains(upper) { return nil }
         if upper == "OBJECT" || upper == "MEMORY" { return argumentCount > 2 ? 2 : nil }
@@ -49,11 +48,11 @@ public enum RedisCluster {
     /// The slot `arguments` is routed by; nil when any node may answer. `KEYS` with a hash tag in its pattern
     /// matches keys of one slot only, and goes to that slot's node.
     static func slot(of arguments: [String]) -> Int? {
-        if arguments.count == 2, arguments[0].uppercased() == "KEYS", let tag = hashTag(Array(arguments[1].utf8)) {
+        guard let name = arguments.first?.uppercased() else { return nil }
+        if name == "KEYS", arguments.count == 2, let tag = hashTag(Array(arguments[1].utf8)) {
             return slot(ofBytes: tag)
         }
-        guard let name = arguments.first,
-              let position = keyPosition(name: name, argumentCount: arguments.count,
+        guard let position = keyPosition(upperName: name, argumentCount: arguments.count,
                                          declaredKeys: { Int(arguments[2]) }) else { return nil }
         return slot(of: arguments[position])
     }
@@ -61,7 +60,8 @@ public enum RedisCluster {
     /// `slot(of:)` for a command of arbitrary bytes.
     static func slot(ofBytes arguments: [[UInt8]]) -> Int? {
         guard let name = arguments.first,
-              let position = keyPosition(name: String(decoding: name, as: UTF8.self), argumentCount: arguments.count,
+              let position = keyPosition(upperName: String(decoding: name, as: UTF8.self).uppercased(),
+                                         argumentCount: arguments.count,
                                          declaredKeys: { Int(String(decoding: arguments[2], as: UTF8.self)) })
         else { return nil }
         return slot(ofKeyBytes: arguments[position])

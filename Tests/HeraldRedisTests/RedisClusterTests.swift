@@ -74,7 +74,7 @@ import Testing
         try await client.command(["SET", key, "here"])
         let slot = RedisCluster.slot(of: key)
         let masters = try await clusterMasters()
-        let source = try #require(masters.first { $0.slots.contains { $0.contains(slot) } })
+        let source = try #require(masters.first { $0.serves(slot) })
         let target = try #require(masters.first { $0.id != source.id })
         func admin(_ port: Int, _ arguments: String...) async throws -> String {
             try await runTool(["redis-cli", "-p", String(port)] + arguments).output
@@ -98,7 +98,7 @@ import Testing
         // Until every node agrees again, the next test could meet the slot half moved.
         try await eventually("every node names the slot's master again", timeout: .seconds(10)) {
             for port in try await clusterNodePorts() {
-                let owner = try await clusterMasters(asSeenBy: port).first { $0.slots.contains { $0.contains(slot) } }
+                let owner = try await clusterMasters(asSeenBy: port).first { $0.serves(slot) }
                 guard owner?.id == source.id else { return false }
             }
             return true
@@ -143,28 +143,10 @@ func clusterClient() throws -> RedisClient {
     RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisClusterURL()))
 }
 
-struct ClusterMaster {
-    let id: String
-    let port: Int
-    let slots: [ClosedRange<Int>]
-}
-
 /// The cluster's masters as the node on `port` (the first seed by default) sees them.
 func clusterMasters(asSeenBy port: Int? = nil) async throws -> [ClusterMaster] {
     let firstPort = try port ?? firstSeedPort()
-    let nodes = try await runTool(["redis-cli", "-p", String(firstPort), "CLUSTER", "NODES"]).output
-    return nodes.split(separator: "\n").compactMap { line in
-        let fields = line.split(separator: " ")
-        guard fields.count >= 8, fields[2].contains("master"), !fields[2].contains("fail"),
-              let port = fields[1].split(separator: "@").first?.split(separator: ":").last.flatMap({ Int($0) })
-        else { return nil }
-        let slots = fields.dropFirst(8).compactMap { range -> ClosedRange<Int>? in
-            let bounds = range.split(separator: "-").compactMap { Int($0) }
-            if bounds.count == 2 { return bounds[0]...bounds[1] }
-            return bounds.count == 1 && !range.hasPrefix("[") ? bounds[0]...bounds[0] : nil
-        }
-        return slots.isEmpty ? nil : ClusterMaster(id: String(fields[0]), port: port, slots: slots)
-    }
+    return ClusterMaster.parse(clusterNodes: try await runTool(["redis-cli", "-p", String(firstPort), "CLUSTER", "NODES"]).output)
 }
 
 func firstSeedPort() throws -> Int {

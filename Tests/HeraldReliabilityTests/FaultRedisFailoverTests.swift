@@ -269,15 +269,8 @@ final class TestRedisCluster: Sendable {
             guard let slot = Int((try? runTool("redis-cli", ["-p", "\(port)", "CLUSTER", "KEYSLOT", key]))?
                     .trimmingCharacters(in: .whitespacesAndNewlines) ?? ""),
                   let nodes = try? runTool("redis-cli", ["-p", "\(port)", "CLUSTER", "NODES"]) else { continue }
-            for line in nodes.split(separator: "\n") {
-                let fields = line.split(separator: " ")
-                guard fields.count > 8, fields[2].contains("master"), !fields[2].contains("fail"),
-                      let port = fields[1].split(separator: "@").first?.split(separator: ":").last.flatMap({ UInt16($0) })
-                else { continue }
-                for range in fields.dropFirst(8) {
-                    let bounds = range.split(separator: "-").compactMap { Int($0) }
-                    if bounds.count == 2 ? (bounds[0]...bounds[1]).contains(slot) : bounds.first == slot { return port }
-                }
+            if let master = ClusterMaster.parse(clusterNodes: nodes).first(where: { $0.serves(slot) }) {
+                return UInt16(master.port)
             }
         }
         throw TestRedisClusterError(description: "no live node names a master for \(key)")
