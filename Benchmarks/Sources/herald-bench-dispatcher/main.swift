@@ -10,6 +10,7 @@ let usage = """
     herald-bench-dispatcher — seeds channels and produces jobs for scripts/bench-dispatcher.
 
       seed    --redis URL --app ID --channel NAME --count N          N alert subscribers on one channel
+              [--tokens-out FILE]                                     (their device tokens, one a line)
       seed    --redis URL --app ID --channel PREFIX --channels N     one subscriber on each of N channels PREFIX-<i>
       fanout  --brokers LIST --topic T --app ID --channel NAME       one alert job for the channel
       rate    --brokers LIST --topic T --app ID --channel PREFIX --channels N --rate R --seconds S [--warm-up W]
@@ -38,6 +39,10 @@ case "seed":
     let app = option("app")
     let channels = Int(options["channels"] ?? "0") ?? 0
     let count = channels > 0 ? channels : Int(option("count")) ?? 0
+    let tokens = (0..<count).map { _ in hexToken() }
+    if let file = options["tokens-out"] {
+        try tokens.joined(separator: "\n").appending("\n").write(toFile: file, atomically: true, encoding: .utf8)
+    }
     let started = ContinuousClock.now
     for start in stride(from: 0, to: count, by: 256) {
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -45,7 +50,7 @@ case "seed":
                 let channel = channels > 0 ? "\(option("channel"))-\(i)" : option("channel")
                 group.addTask {
                     _ = try await store.upsert(app: app, SubscriptionInput(.object([
-                        "channel": .string(channel), "deviceToken": .string(hexToken()), "tokenType": .string("alert"),
+                        "channel": .string(channel), "deviceToken": .string(tokens[i]), "tokenType": .string("alert"),
                     ])))
                 }
             }
