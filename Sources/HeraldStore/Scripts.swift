@@ -52,4 +52,23 @@ enum Scripts {
         redis.call('DEL', KEYS[1])
         return 1
         """)
+
+    /// KEYS: a channel index. ARGV: a subscription id, now (UNIX seconds).
+    /// The sweep's removal of a channel index entry: only an entry whose expiry has passed goes, so a renewal
+    /// written since the sweep read the record (a later expiry, or none) keeps its entry. Returns 1 when it went.
+    static let unindexExpiredTarget = RedisScript(source: """
+        local target = redis.call('HGET', KEYS[1], ARGV[1])
+        local expiresAt = target and string.match(target, '^..~(%d+)~')
+        if not expiresAt or tonumber(expiresAt) > tonumber(ARGV[2]) then return 0 end
+        return redis.call('HDEL', KEYS[1], ARGV[1])
+        """)
+
+    /// KEYS: an expiry index bucket. ARGV: a member (`<id><token>`), now (UNIX seconds).
+    /// The sweep's removal of an expiry entry: only one whose score (the expiry) has passed goes. Returns 1 when
+    /// it went.
+    static let unindexExpiredEntry = RedisScript(source: """
+        local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+        if not score or tonumber(score) > tonumber(ARGV[2]) then return 0 end
+        return redis.call('ZREM', KEYS[1], ARGV[1])
+        """)
 }

@@ -265,7 +265,7 @@ public struct SubscriptionStore: Sendable {
                 }
                 if !gone.isEmpty { try await redis.command(["ZREM", index] + gone) }
                 if !renewed.isEmpty { try await redis.command(["ZADD", index] + renewed) }
-                removed += try await remove(keys, doomed)
+                removed += try await remove(keys, doomed, expiredBy: nowSeconds)
                 if members.count < batchSize { break }
             }
         }
@@ -283,16 +283,26 @@ public struct SubscriptionStore: Sendable {
 
     /// Removes subscriptions from the channel and expiry indexes first (from then on nothing is pushed to them),
     /// then their records and device index entries, unless written since they were read. Returns how many
-    /// records went.
-    private func remove(_ keys: RedisKeys, _ doomed: [Removal]) async throws -> Int {
+    /// records went. The sweep passes `expiredBy` (UNIX seconds): then only index entries whose expiry has passed
+    /// go, so a subscription renewed after the sweep read it keeps being pushed to.
+    func remove(_ keys: RedisKeys, _ doomed: [Removal], expiredBy now: Int64? = nil) async throws -> Int {
         guard !doomed.isEmpty else { return 0 }
-        var unindex: [[String]] = []
-        unindex.reserveCapacity(doomed.count * 2)
-        for removal in doomed {
-            unindex.append(["HDEL", keys.channel(removal.channel), removal.id])
-            unindex.append(["ZREM", keys.subscriptionExpiry(id: removal.id), removal.id + removal.token])
+        if let now {
+            try throwFirstErrorReply(await redis.run(Scripts.unindexExpiredTarget, calls: doomed.map {
+                ([keys.channel($0.channel)], [$0.id, String(now)])
+            }))
+            try throwFirstErrorReply(await redis.run(Scripts.unindexExpiredEntry, calls: doomed.map {
+                ([keys.subscriptionExpiry(id: $0.id)], [$0.id + $0.token, String(now)])
+            }))
+        } else {
+            var unindex: [[String]] = []
+            unindex.reserveCapacity(doomed.count * 2)
+            for removal in doomed {
+                unindex.append(["HDEL", keys.channel(removal.channel), removal.id])
+                unindex.append(["ZREM", keys.subscriptionExpiry(id: removal.id), removal.id + removal.token])
+            }
+            try throwFirstErrorReply(await redis.pipeline(unindex))
         }
-        try throwFirstErrorReply(await redis.pipeline(unindex))
         let replies = try await redis.run(Scripts.removeRecord, calls: doomed.map {
             ([keys.subscription($0.id, token: $0.token), keys.device($0.token)], [$0.id, $0.updatedMs])
         })

@@ -3,7 +3,7 @@ import HeraldCore
 import HeraldCrypto
 import HeraldRedis
 import HeraldRuntime
-import HeraldStore
+@testable import HeraldStore
 import HeraldTestSupport
 import Testing
 
@@ -390,6 +390,32 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await store.expire(app: redis.app) == 0)
         #expect(try await store.list(app: redis.app, deviceToken: device).subscriptions.map(\.id) == [stored.id])
         #expect(try await redis.expiryEntries() == 0)
+    }
+
+    /// The sweep reads a subscription as expired, the device subscribes again, then the sweep removes what it
+    /// read: the renewed subscription keeps its channel and expiry entries (it would otherwise get no pushes until
+    /// its next write), while an expired one nobody renewed goes.
+    @Test func aRenewalBetweenTheSweepsReadAndItsRemovalKeepsTheSubscription() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client, ttl: .seconds(60))
+        let keys = RedisKeys(app: redis.app)
+        let hourAgo = Date(timeIntervalSinceNow: -3600)
+        var read: [SubscriptionStore.Removal] = []
+        let (renewing, lapsed) = (token(), token())
+        for device in [renewing, lapsed] {
+            let stored = try await store.upsert(app: redis.app, try subscription("news", device), now: hourAgo).subscription
+            let updatedMs = try await redis.client.command(["HGET", keys.subscription(stored.id, token: device), "updatedMs"])
+            read.append(.init(id: stored.id, token: device, channel: "news", updatedMs: try #require(updatedMs.string)))
+        }
+        _ = try await store.upsert(app: redis.app, try subscription("news", renewing))
+
+        #expect(try await store.remove(keys, read, expiredBy: Int64(Date().timeIntervalSince1970)) == 1)
+        let targets = try await store.channelBatch(app: redis.app, channel: "news", cursor: "0").targets
+        #expect(targets.map(\.deviceToken) == [renewing])
+        #expect(try await store.list(app: redis.app, deviceToken: renewing).subscriptions.count == 1)
+        #expect(try await store.list(app: redis.app, deviceToken: lapsed).subscriptions.isEmpty)
+        #expect(try await redis.expiryEntries() == 1)
+        #expect(try await store.expire(app: redis.app) == 0, "the renewed one is not due yet")
     }
 
     @Test func closingAChannelRemovesEverySubscriptionInBatches() async throws {
