@@ -194,46 +194,31 @@ public final class RedisClient: Sendable {
             // One node, no redirections: the replies come back in the commands' order.
             var encoder = RESPEncoder(capacity: count * 32)
             for index in 0..<count { encode(&encoder, index) }
-            let replies = try await many(encoder, on: node)
-            if let unavailable = replies.lazy.compactMap(RedisError.unavailability(of:)).first {
-                topology.callFailed(unavailable)
-                throw unavailable
-            }
-            return replies
+            return try throwingUnavailability(await many(encoder, on: node))
         }
-        // Which commands go to which node, in order.
+        // Which commands go to which cluster node, in order.
         let isTransaction = isTransaction()
         var groups: [(node: RedisNode, indices: [Int])] = []
-        switch route {
-        case .standalone: break
-        case .cluster:
-            if isTransaction {
-                let first = (0..<count).lazy.compactMap(slot).first
-                groups = [(try topology.node(for: first, on: route), Array(0..<count))]
-            } else {
-                for index in 0..<count {
-                    let node = try topology.node(for: slot(index), on: route)
-                    if let group = groups.firstIndex(where: { $0.node === node }) {
-                        groups[group].indices.append(index)
-                    } else {
-                        groups.append((node, [index]))
-                    }
+        if isTransaction {
+            let first = (0..<count).lazy.compactMap(slot).first
+            groups = [(try topology.node(for: first, on: route), Array(0..<count))]
+        } else {
+            for index in 0..<count {
+                let node = try topology.node(for: slot(index), on: route)
+                if let group = groups.firstIndex(where: { $0.node === node }) {
+                    groups[group].indices.append(index)
+                } else {
+                    groups.append((node, [index]))
                 }
             }
         }
         var replies = [RedisValue](repeating: .null, count: count)
-        let encoded = groups.map { group in
-            var encoder = RESPEncoder(capacity: group.indices.count * 32)
-            for index in group.indices { encode(&encoder, index) }
-            return (group.node, group.indices, encoder)
-        }
-        for (node, indices, encoder) in encoded {
+        for (node, indices) in groups {
+            var encoder = RESPEncoder(capacity: indices.count * 32)
+            for index in indices { encode(&encoder, index) }
             for (index, reply) in zip(indices, try await many(encoder, on: node)) { replies[index] = reply }
         }
-        if let unavailable = replies.lazy.compactMap(RedisError.unavailability(of:)).first {
-            topology.callFailed(unavailable)
-            throw unavailable
-        }
+        replies = try throwingUnavailability(replies)
         // A command whose slot moved (or is moving) is sent again by itself, where the redirection says.
         if !isTransaction {
             for index in replies.indices where RedisCluster.Redirect(replies[index]) != nil {
@@ -241,6 +226,15 @@ public final class RedisClient: Sendable {
                 encode(&encoder, index)
                 replies[index] = try await send(encoder) { slot(index) }
             }
+        }
+        return replies
+    }
+
+    /// The replies, unless Redis answered that it is not serving (`LOADING`…), which answers every command alike.
+    private func throwingUnavailability(_ replies: [RedisValue]) throws -> [RedisValue] {
+        if let unavailable = replies.lazy.compactMap(RedisError.unavailability(of:)).first {
+            topology.callFailed(unavailable)
+            throw unavailable
         }
         return replies
     }
