@@ -213,10 +213,13 @@ public final class RedisClient: Sendable {
             }
         }
         var replies = [RedisValue](repeating: .null, count: count)
-        for (node, indices) in groups {
-            var encoder = RESPEncoder(capacity: indices.count * 32)
-            for index in indices { encode(&encoder, index) }
-            for (index, reply) in zip(indices, try await many(encoder, on: node)) { replies[index] = reply }
+        let batches = groups.map { group in
+            var encoder = RESPEncoder(capacity: group.indices.count * 32)
+            for index in group.indices { encode(&encoder, index) }
+            return (group.node, encoder)
+        }
+        for (group, nodeReplies) in zip(groups, try await many(batches)) {
+            for (index, reply) in zip(group.indices, nodeReplies) { replies[index] = reply }
         }
         replies = try throwingUnavailability(replies)
         // A command whose slot moved (or is moving) is sent again by itself, where the redirection says.
@@ -241,6 +244,20 @@ public final class RedisClient: Sendable {
 
     private func many(_ encoder: RESPEncoder, on node: RedisNode) async throws -> [RedisValue] {
         do { return try await node.many(encoder) } catch let error as RedisError {
+            topology.callFailed(error)
+            throw error
+        }
+    }
+
+    /// Each node's commands, sent to every node at once (no task per node), and each node's replies in order.
+    private func many(_ batches: [(node: RedisNode, encoder: RESPEncoder)]) async throws -> [[RedisValue]] {
+        if batches.count == 1 { return [try await many(batches[0].encoder, on: batches[0].node)] }
+        do {
+            return try await withCheckedThrowingContinuation { continuation in
+                let gather = RedisGather(parts: batches.count, continuation: continuation)
+                for (index, batch) in batches.enumerated() { batch.node.submit(batch.encoder, completion: .part(gather, index)) }
+            }
+        } catch let error as RedisError {
             topology.callFailed(error)
             throw error
         }

@@ -73,16 +73,19 @@ final class RedisNode: Sendable {
 
     /// Sends the encoded commands together on one connection and returns their replies in order.
     func many(_ encoder: RESPEncoder) async throws -> [RedisValue] {
+        try await withCheckedThrowingContinuation { continuation in submit(encoder, completion: .many(continuation)) }
+    }
+
+    /// Sends the encoded commands together on one connection; `completion` gets their replies in order.
+    func submit(_ encoder: RESPEncoder, completion: RedisRequest.Completion) {
         let deadline = ContinuousClock.now + configuration.commandTimeout
-        return try await withCheckedThrowingContinuation { continuation in
-            if let connection = loopConnection() {
-                return connection.submit(encoder.bytes, replyCount: encoder.commandCount, deadline: deadline,
-                                         completion: .many(continuation))
-            }
-            let request = RedisRequest(payload: encoder.bytes, replyCount: encoder.commandCount, deadline: deadline,
-                                       completion: .many(continuation))
-            if let error = queue.enqueue(request) { continuation.resume(throwing: error) }
+        if let connection = loopConnection() {
+            return connection.submit(encoder.bytes, replyCount: encoder.commandCount, deadline: deadline,
+                                     completion: completion)
         }
+        let request = RedisRequest(payload: encoder.bytes, replyCount: encoder.commandCount, deadline: deadline,
+                                   completion: completion)
+        if let error = queue.enqueue(request) { completion.fail(error) }
     }
 
     /// This client's connection on the event loop running the calling thread (opened lazily, one per loop); nil

@@ -3,15 +3,18 @@ import HeraldRuntime
 
 /// One call waiting for its replies: encoded commands, how many replies they produce, and when the caller gives up.
 struct RedisRequest: Sendable {
-    /// The waiting caller: one reply (`command`) or all of them (`pipeline`).
+    /// The waiting caller: one reply (`command`), all of them (`pipeline`), or one node's share of a pipeline
+    /// sent to several nodes at once.
     enum Completion: Sendable {
         case single(CheckedContinuation<RedisValue, any Error>)
         case many(CheckedContinuation<[RedisValue], any Error>)
+        case part(RedisGather, Int)
 
         func succeed(_ replies: [RedisValue]) {
             switch self {
             case .single(let continuation): continuation.resume(returning: replies[0])
             case .many(let continuation): continuation.resume(returning: replies)
+            case .part(let gather, let index): gather.finish(index, .success(replies))
             }
         }
 
@@ -20,6 +23,7 @@ struct RedisRequest: Sendable {
             switch self {
             case .single(let continuation): continuation.resume(returning: value)
             case .many(let continuation): continuation.resume(returning: [value])
+            case .part(let gather, let index): gather.finish(index, .success([value]))
             }
         }
 
@@ -27,6 +31,7 @@ struct RedisRequest: Sendable {
             switch self {
             case .single(let continuation): continuation.resume(throwing: error)
             case .many(let continuation): continuation.resume(throwing: error)
+            case .part(let gather, let index): gather.finish(index, .failure(error))
             }
         }
     }
@@ -39,6 +44,40 @@ struct RedisRequest: Sendable {
     func succeed(_ replies: [RedisValue]) { completion.succeed(replies) }
 
     func fail(_ error: RedisError) { completion.fail(error) }
+}
+
+/// One caller waiting for the replies of several nodes, sent at once: resumed with every node's replies in order
+/// once all have answered, or with the first error (the other answers are then dropped as they come).
+final class RedisGather: Sendable {
+    private struct State {
+        var continuation: CheckedContinuation<[[RedisValue]], any Error>?
+        var replies: [[RedisValue]]
+        var left: Int
+    }
+    private let state: Lock<State>
+
+    init(parts: Int, continuation: CheckedContinuation<[[RedisValue]], any Error>) {
+        state = Lock(State(continuation: continuation, replies: Array(repeating: [], count: parts), left: parts))
+    }
+
+    func finish(_ index: Int, _ result: Result<[RedisValue], RedisError>) {
+        let resume = state.withLock { state -> (CheckedContinuation<[[RedisValue]], any Error>, Result<[[RedisValue]], RedisError>)? in
+            guard let continuation = state.continuation else { return nil }
+            switch result {
+            case .failure(let error):
+                state.continuation = nil
+                return (continuation, .failure(error))
+            case .success(let replies):
+                state.replies[index] = replies
+                state.left -= 1
+                guard state.left == 0 else { return nil }
+                state.continuation = nil
+                return (continuation, .success(state.replies))
+            }
+        }
+        guard let (continuation, outcome) = resume else { return }
+        continuation.resume(with: outcome.mapError { $0 as any Error })
+    }
 }
 
 /// The queue shared by a client's connection threads.

@@ -54,6 +54,35 @@ import Testing
         await client.close()
     }
 
+    /// A pipeline spanning nodes goes to all of them at once: when one node does not answer in time the call fails
+    /// with that node's timeout (after one timeout, not one per node), and the other node's commands still ran.
+    @Test func aPipelineAcrossNodesFailsWithTheNodeThatDidNotAnswer() async throws {
+        let masters = try await clusterMasters()
+        try #require(masters.count >= 2)
+        let prefix = freshPrefix()
+        func key(on master: ClusterMaster) -> String {
+            (0...).lazy.map { "\(prefix)\($0)" }.first { master.serves(RedisCluster.slot(of: $0)) }!
+        }
+        let (paused, answering) = (key(on: masters[0]), key(on: masters[1]))
+        var configuration = try RedisConfiguration(url: try TestEnvironment.redisClusterURL())
+        configuration.commandTimeout = .milliseconds(300)
+        let client = RedisClient(configuration: configuration)
+        try await client.command(["SET", paused, "before", "EX", "60"])
+        try await client.command(["SET", answering, "before", "EX", "60"])
+        _ = try await runTool(["redis-cli", "-p", String(masters[0].port), "CLIENT", "PAUSE", "1500", "ALL"])
+        let started = ContinuousClock.now
+        let error = await #expect(throws: RedisError.self) {
+            try await client.pipeline([["SET", paused, "after", "EX", "60"], ["SET", answering, "after", "EX", "60"]])
+        }
+        let waited = ContinuousClock.now - started
+        #expect(error?.code == .timeout)
+        #expect(waited < .milliseconds(1_000), "failed after \(waited)")
+        _ = try await runTool(["redis-cli", "-p", String(masters[0].port), "CLIENT", "UNPAUSE"])
+        #expect(try await client.command(["GET", answering]).string == "after")
+        for key in [paused, answering] { try await client.command(["DEL", key]) }
+        await client.close()
+    }
+
     @Test func scriptsRunOnTheirKeysNode() async throws {
         let client = try clusterClient()
         let script = RedisScript(source: "redis.call('SET', KEYS[1], ARGV[1]); redis.call('SET', KEYS[2], ARGV[1]); return redis.call('GET', KEYS[2])")
