@@ -42,14 +42,22 @@ end
 LUA
 }
 
+# The Redis herald-ingest is given: the standalone one, or the cluster's first two nodes.
+bench_redis_url() {
+  local cluster=${HERALD_SERVICES_REDIS_CLUSTER_PORT:-}
+  if [[ -n $cluster ]]; then echo "redis://127.0.0.1:$cluster,127.0.0.1:$((cluster + 1))"
+  else echo "redis://127.0.0.1:$HERALD_SERVICES_REDIS_PORT/0"; fi
+}
+
 # Starts herald-ingest $1 on a free port against those files, logging to $2 (appended); waits until it is ready.
-# Sets STARTED_PID and STARTED_PORT.
+# Sets STARTED_PID and STARTED_PORT. Against the Redis Cluster of scripts/services when
+# HERALD_SERVICES_REDIS_CLUSTER_PORT is set (its first two nodes as seeds).
 start_bench_ingest() {
   [[ -f $WORK/jobs.secret ]] || head -c 32 /dev/urandom | base64 > "$WORK/jobs.secret"
   export HERALD_JOB_SIGNING_SECRET_FILE=$WORK/jobs.secret
   STARTED_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   HERALD_INGEST_ADDR=127.0.0.1:$STARTED_PORT HERALD_APPS_FILE=$WORK/apps.json \
-    HERALD_REDIS_URL=redis://127.0.0.1:$HERALD_SERVICES_REDIS_PORT/0 \
+    HERALD_REDIS_URL=$(bench_redis_url) \
     HERALD_KAFKA_BROKERS=127.0.0.1:$HERALD_SERVICES_KAFKA_PORT \
     HERALD_RATE_LIMIT_PER_MINUTE=1000000 "$1" 2>>"$2" &
   STARTED_PID=$!
