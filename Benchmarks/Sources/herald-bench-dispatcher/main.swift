@@ -14,7 +14,7 @@ let usage = """
       seed    --redis URL --app ID --channel PREFIX --channels N     one subscriber on each of N channels PREFIX-<i>
       fanout  --brokers LIST --topic T --app ID --channel NAME       one alert job for the channel
       rate    --brokers LIST --topic T --app ID --channel PREFIX --channels N --rate R --seconds S [--warm-up W]
-              R jobs/s for W + S s, round-robin over PREFIX-<i>; each payload carries "sentAt" (ms), and the
+              R jobs/s for W + S s, round-robin over PREFIX-<i>; each payload carries "sentAt" (ms) and "jobId", and the
               first W s of jobs "warmUp": true (the producer's and the dispatcher's cold start, reported apart)
     """
 
@@ -72,8 +72,9 @@ case "fanout", "rate":
     }
     func job(channel: String, sentAt: Int64, warmUp: Bool = false) -> PushJob {
         var job = PushJob(id: UUID().uuidString.lowercased(), appId: app, target: .channel(channel))
+        // The job's id too, so the latency report can look up when the dispatcher started it (its job status).
         var payload: [String: JSONValue] = ["aps": .object(["alert": .object(["title": .string("Benchmark"), "body": .string("Hello")])]),
-                                            "sentAt": .number(Double(sentAt))]
+                                            "sentAt": .number(Double(sentAt)), "jobId": .string(job.id)]
         if warmUp { payload["warmUp"] = .bool(true) }
         job.alert = .object(payload)
         return job
