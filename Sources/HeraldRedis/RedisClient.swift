@@ -49,9 +49,9 @@ public final class RedisClient: Sendable {
     }
 
     /// Sends the commands together, in order, and returns one reply per command. In a cluster the commands of
-    /// each node go together, to every node at once, and one continuation waits for all the answers (a child task
-    /// per node cost more CPU than the round trip it saved). A pipeline holding `MULTI` goes whole to its
-    /// first key's node (a transaction runs on one node: its keys must share a slot).
+    /// each node go together, to every node at once, and one continuation waits for all the answers (no task per
+    /// node: one costs more CPU than the whole call). A pipeline holding `MULTI` goes whole to its first key's node
+    /// (a transaction runs on one node: its keys must share a slot).
     ///
     /// Error replies are returned in place as `RedisValue.error` so one failing command does not hide the others'
     /// replies; only connection failures throw, and `.unavailable` when Redis is not serving (`LOADING` after a
