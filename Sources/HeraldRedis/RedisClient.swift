@@ -96,10 +96,19 @@ public final class RedisClient: Sendable {
     /// Runs the script once per call, pipelined (`EVALSHA`; a call its node does not know the script for is sent
     /// again by itself with `EVAL`). Error replies come back in place, as with `pipeline(_:)`.
     public func run(_ script: RedisScript, calls: [(keys: [String], args: [String])]) async throws -> [RedisValue] {
-        var replies = try await pipeline(calls.map { ["EVALSHA", script.sha1, String($0.keys.count)] + $0.keys + $0.args })
+        try await pipeline(calls.map { script.call(keys: $0.keys, args: $0.args) }, running: script)
+    }
+
+    /// `pipeline(_:)` of commands among which are calls of `script` (`RedisScript.call`): a call its node does not
+    /// know the script for yet is sent again by itself with `EVAL`.
+    public func pipeline(_ commands: [[String]], running script: RedisScript) async throws -> [RedisValue] {
+        var replies = try await pipeline(commands)
         for index in replies.indices {
-            if case .error(let message) = replies[index], RedisError.fromReply(message).code == .noScript {
-                replies[index] = try await run(script, keys: calls[index].keys, args: calls[index].args)
+            let command = commands[index]
+            if case .error(let message) = replies[index], RedisError.fromReply(message).code == .noScript,
+               command.count >= 3, command[1] == script.sha1, let keyCount = Int(command[2]) {
+                replies[index] = try await run(script, keys: Array(command[3..<3 + keyCount]),
+                                               args: Array(command[(3 + keyCount)...]))
             }
         }
         return replies

@@ -11,6 +11,11 @@ public struct RedisScript: Sendable, Hashable {
         self.source = source
         self.sha1 = SHA1.hexDigest(Array(source.utf8))
     }
+
+    /// The `EVALSHA` command of one call, for `RedisClient.pipeline(_:running:)`.
+    public func call(keys: [String], args: [String]) -> [String] {
+        ["EVALSHA", sha1, String(keys.count)] + keys + args
+    }
 }
 
 /// SHA1 (FIPS 180-4), used only to name Lua scripts the way Redis does; not for security.
