@@ -1,8 +1,9 @@
 import HeraldRedis
 
-/// The Lua scripts of the subscription model. Each touches the keys of one device (its records and its index, one
-/// hash slot) and, on a standalone Redis only, the channel and expiry index entries of the subscription it writes:
-/// on a cluster those live in other slots and `SubscriptionStore` writes them in a step of their own.
+/// The Lua scripts of the subscription model. `upsert` and `removeSubscription` touch the keys of one device (its
+/// records and its index, one hash slot) and, on a standalone Redis only, the channel and expiry index entries of
+/// the subscription: on a cluster those live in other slots and `SubscriptionStore` writes them in steps of their
+/// own, with the scripts that touch one channel's keys.
 enum Scripts {
     /// KEYS: subscription, device index, then on a standalone Redis the channel index, the expiry index and the
     /// rate-limit counters.
@@ -40,16 +41,67 @@ enum Scripts {
         return {created, createdAt, count, ceilingCount}
         """)
 
-    /// KEYS: subscription, device index. ARGV: id, the subscription's `updatedMs` when it was read ("" when it was
-    /// missing).
-    /// Removes the subscription's record and its device index entry, unless it was written since it was read (an
-    /// upsert racing the removal wins). Returns 1 when the record went, else 0.
-    static let removeRecord = RedisScript(source: """
+    /// KEYS: subscription, device index, channel index, expiry index. ARGV: id, the subscription's `updatedMs` when
+    /// it was read ("" when it was missing), its expiry index member (`<id><token>`).
+    /// A removal on a standalone Redis, in one step: the record, its device index entry and its channel and expiry
+    /// index entries go together, unless the record was written since it was read (an upsert racing the removal
+    /// wins, and keeps all four). Returns 1 when the record went, else 0.
+    static let removeSubscription = RedisScript(source: """
         local seen = redis.call('HGET', KEYS[1], 'updatedMs') or ''
         if seen ~= ARGV[2] then return 0 end
         redis.call('SREM', KEYS[2], ARGV[1])
+        redis.call('HDEL', KEYS[3], ARGV[1])
+        redis.call('ZREM', KEYS[4], ARGV[3])
         if seen == '' then return 0 end
         redis.call('DEL', KEYS[1])
+        return 1
+        """)
+
+    /// KEYS: subscription, device index. ARGV: id, the subscription's `updatedMs` when it was read ("" when it was
+    /// missing).
+    /// A removal's last step on a cluster: the record and its device index entry, unless the record was written
+    /// since it was read. Returns 1 when the record went; {tokenType, environment, activityID, expiresAt,
+    /// updatedMs} of a record kept that way, whose channel entry the removal's first step may have taken and
+    /// must put back; else 0.
+    static let removeRecord = RedisScript(source: """
+        local seen = redis.call('HGET', KEYS[1], 'updatedMs') or ''
+        if seen ~= ARGV[2] then
+          if seen == '' then return 0 end
+          return redis.call('HMGET', KEYS[1], 'tokenType', 'environment', 'activityID', 'expiresAt', 'updatedMs')
+        end
+        redis.call('SREM', KEYS[2], ARGV[1])
+        if seen == '' then return 0 end
+        redis.call('DEL', KEYS[1])
+        return 1
+        """)
+
+    /// KEYS: a channel index, then the removal markers of its current ten minutes (`RedisKeys.channelRemovals`).
+    /// ARGV: id, the subscription's `updatedMs` as read ("" when the record was missing), the markers' lifetime
+    /// (seconds).
+    /// A removal's first step on a cluster: takes the channel index entry and, for a record that was read, marks
+    /// that version removed, so an upsert of the same version still on its way to the index (it wrote the record
+    /// before the removal read it) does not write an entry for the record the removal is about to delete.
+    static let unindexTarget = RedisScript(source: """
+        redis.call('HDEL', KEYS[1], ARGV[1])
+        if ARGV[2] ~= '' then
+          redis.call('HSET', KEYS[2], ARGV[1] .. ':' .. ARGV[2], '1')
+          redis.call('EXPIRE', KEYS[2], ARGV[3])
+        end
+        return 1
+        """)
+
+    /// KEYS: a channel index, then the removal markers of the ten minutes before, during and after now.
+    /// ARGV: id, the channel target (`ChannelTarget.encoded`), the subscription's `updatedMs`, "1" to write only
+    /// where the entry is missing.
+    /// An upsert's last step on a cluster (and a removal's putting back of an entry it took from a record written
+    /// since): writes the entry unless that version was marked removed. Returns 1 when written, else 0.
+    static let indexTarget = RedisScript(source: """
+        local marker = ARGV[1] .. ':' .. ARGV[3]
+        for i = 2, #KEYS do
+          if redis.call('HEXISTS', KEYS[i], marker) == 1 then return 0 end
+        end
+        if ARGV[4] == '1' then return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) end
+        redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
         return 1
         """)
 

@@ -8,11 +8,13 @@ import HeraldRuntime
 /// the channel index (which holds each subscription's push target, `ChannelTarget.encoded`, beside its id) and the
 /// expiry index live in other slots, so on a Redis Cluster an app spreads over every master (`RedisKeys`).
 ///
-/// Writes that span slots are ordered so that a crash between their steps never has a push go to a subscription
-/// that was removed: an upsert writes the record first and the channel index entry last; a removal takes the
-/// channel index entry first and the record last, and keeps a record written since it was read (an upsert racing
-/// the removal wins). A step a crash left undone is repaired by the next write of the same subscription. On a
-/// standalone Redis, where every key is on one server, an upsert is still one script and one round trip.
+/// On a standalone Redis, where every key is on one server, an upsert and a removal are each one script. On a
+/// cluster, writes that span slots are ordered so that a crash between their steps never has a push go to a
+/// subscription that was removed: an upsert writes the record first and the channel index entry last; a removal
+/// takes the channel index entry first and the record last. A removal keeps a record written since it read it (an
+/// upsert racing the removal wins), and upserts and removals that overlap end with a channel entry exactly when
+/// there is a record (see `remove`). A step a crash left undone is repaired by the next write of the same
+/// subscription.
 ///
 /// State per device is bounded (`maxPerDevice`), subscriptions end (`ttl` after their last upsert, swept by
 /// `expire`, skipped by readers meanwhile), and removals of many subscriptions go in batches of `batchSize`.
@@ -75,7 +77,7 @@ public struct SubscriptionStore: Sendable {
         async throws -> (result: Result, counts: (count: Int64, ceiling: Int64)) {
         let keys = RedisKeys(app: app)
         let id = RedisKeys.identifier(input.deviceToken, input.tokenType.rawValue, input.channel)
-        let stamp = Timestamp.rfc3339(now)
+        let stamp = Timestamp.rfc3339(now), updatedMs = String(Int64(now.timeIntervalSince1970 * 1000))
         let metadata = input.encodedMetadata.map { String(decoding: $0, as: UTF8.self) } ?? ""
         let expiresAt = ttl.map { Int64(now.timeIntervalSince1970) + $0.components.seconds }
         let target = ChannelTarget(deviceToken: input.deviceToken, tokenType: input.tokenType,
@@ -83,12 +85,11 @@ public struct SubscriptionStore: Sendable {
                                    expiresAt: expiresAt).encoded
         let member = id + input.deviceToken
         let record = keys.subscription(id, token: input.deviceToken), device = keys.device(input.deviceToken)
-        let channel = keys.channel(input.channel), expiry = keys.subscriptionExpiry(id: id)
         let isCluster = try await redis.isCluster()
         var counted: (count: Int64, ceiling: Int64) = (0, 0)
         var touched = [record, device]
         if !isCluster {
-            touched += [channel, expiry]
+            touched += [keys.channel(input.channel), keys.subscriptionExpiry(id: id)]
             if let window { touched += window.redisKeys }
         } else if let window {
             counted = try await RateLimiter.count(window, on: redis)
@@ -96,7 +97,7 @@ public struct SubscriptionStore: Sendable {
         }
         let reply = try await redis.run(Scripts.upsert, keys: touched,
             args: [id, input.channel, input.deviceToken, input.tokenType.rawValue, input.environment.rawValue,
-                   input.activityID ?? "", metadata, stamp, String(Int64(now.timeIntervalSince1970 * 1000)), target,
+                   input.activityID ?? "", metadata, stamp, updatedMs, target,
                    expiresAt.map(String.init) ?? "", String(maxPerDevice), member, isCluster ? "0" : "1"]
                 + (isCluster ? RateLimiter.Window.countingNothing : window?.scriptArguments ?? RateLimiter.Window.countingNothing))
         guard let parts = reply.array, parts.count == 4, let created = parts[0].int, let createdAt = parts[1].string,
@@ -107,10 +108,8 @@ public struct SubscriptionStore: Sendable {
         guard created >= 0 else { return (created == -2 ? .tooMany : .rateLimited, counted) }
         if isCluster {
             // Last, so a push never finds an entry whose record was not written.
-            try throwFirstErrorReply(await redis.pipeline([
-                ["HSET", channel, id, target],
-                expiresAt.map { ["ZADD", expiry, String($0), member] } ?? ["ZREM", expiry, member],
-            ]))
+            try await index(keys, [Indexed(id: id, token: input.deviceToken, channel: input.channel, target: target,
+                                           updatedMs: updatedMs, expiresAt: expiresAt)], onlyWhereMissing: false)
         }
         if let previous = input.previousToken, previous != input.deviceToken {
             _ = try await removeToken(app: app, deviceToken: previous, only: nil, tokenType: input.tokenType, keepAfterMs: nil)
@@ -281,12 +280,25 @@ public struct SubscriptionStore: Sendable {
         var updatedMs: String
     }
 
-    /// Removes subscriptions from the channel and expiry indexes first (from then on nothing is pushed to them),
-    /// then their records and device index entries, unless written since they were read. Returns how many
-    /// records went. The sweep passes `expiredBy` (UNIX seconds): then only index entries whose expiry has passed
-    /// go, so a subscription renewed after the sweep read it keeps being pushed to.
+    /// Removes subscriptions read as `doomed` from the channel and expiry indexes and their records and device
+    /// index entries, keeping those written since they were read. Returns how many records went. The sweep passes
+    /// `expiredBy` (UNIX seconds): on a cluster only index entries whose expiry has passed then go, so a
+    /// subscription renewed after the sweep read it keeps being pushed to.
+    ///
+    /// On a standalone Redis each removal is one script. On a cluster the index entries go first (from then on
+    /// nothing is pushed to the subscription), marking the version read as removed so that an upsert of it still
+    /// on its way to the channel index does not put its entry back; then the records; then a record written since
+    /// it was read gets back the channel entry the first step may have taken.
     func remove(_ keys: RedisKeys, _ doomed: [Removal], expiredBy now: Int64? = nil) async throws -> Int {
         guard !doomed.isEmpty else { return 0 }
+        guard try await redis.isCluster() else {
+            let replies = try await redis.run(Scripts.removeSubscription, calls: doomed.map {
+                ([keys.subscription($0.id, token: $0.token), keys.device($0.token), keys.channel($0.channel),
+                  keys.subscriptionExpiry(id: $0.id)], [$0.id, $0.updatedMs, $0.id + $0.token])
+            })
+            try throwFirstErrorReply(replies)
+            return replies.reduce(0) { $0 + Int($1.int ?? 0) }
+        }
         if let now {
             try throwFirstErrorReply(await redis.run(Scripts.unindexExpiredTarget, calls: doomed.map {
                 ([keys.channel($0.channel)], [$0.id, String(now)])
@@ -295,19 +307,66 @@ public struct SubscriptionStore: Sendable {
                 ([keys.subscriptionExpiry(id: $0.id)], [$0.id + $0.token, String(now)])
             }))
         } else {
+            let bucket = Int64(Date().timeIntervalSince1970) / RedisKeys.removalSpan
+            let lifetime = String(3 * RedisKeys.removalSpan)
             var unindex: [[String]] = []
             unindex.reserveCapacity(doomed.count * 2)
             for removal in doomed {
-                unindex.append(["HDEL", keys.channel(removal.channel), removal.id])
+                unindex.append(Scripts.unindexTarget.call(
+                    keys: [keys.channel(removal.channel), keys.channelRemovals(removal.channel, bucket: bucket)],
+                    args: [removal.id, removal.updatedMs, lifetime]))
                 unindex.append(["ZREM", keys.subscriptionExpiry(id: removal.id), removal.id + removal.token])
             }
-            try throwFirstErrorReply(await redis.pipeline(unindex))
+            try throwFirstErrorReply(await redis.pipeline(unindex, running: Scripts.unindexTarget))
         }
         let replies = try await redis.run(Scripts.removeRecord, calls: doomed.map {
             ([keys.subscription($0.id, token: $0.token), keys.device($0.token)], [$0.id, $0.updatedMs])
         })
         try throwFirstErrorReply(replies)
-        return replies.reduce(0) { $0 + Int($1.int ?? 0) }
+        var removed = 0, kept: [Indexed] = []
+        for (removal, reply) in zip(doomed, replies) {
+            if let count = reply.int { removed += Int(count) }
+            guard let fields = reply.array?.map(\.string), fields.count == 5,
+                  let tokenType = fields[0].flatMap(TokenType.init(rawValue:)),
+                  let environment = fields[1].flatMap(APNsEnvironment.init(rawValue:)),
+                  let updatedMs = fields[4] else { continue }
+            let expiresAt = fields[3].flatMap { Int64($0) }
+            let target = ChannelTarget(deviceToken: removal.token, tokenType: tokenType, environment: environment,
+                                       activityID: fields[2].flatMap { $0.isEmpty ? nil : $0 }, expiresAt: expiresAt)
+            kept.append(Indexed(id: removal.id, token: removal.token, channel: removal.channel, target: target.encoded,
+                                updatedMs: updatedMs, expiresAt: expiresAt))
+        }
+        try await index(keys, kept, onlyWhereMissing: true)
+        return removed
+    }
+
+    /// A subscription's channel and expiry index entries, as a cluster upsert writes them.
+    struct Indexed {
+        var id: String
+        var token: String
+        var channel: String
+        /// `ChannelTarget.encoded`.
+        var target: String
+        /// The record's `updatedMs`: the version a removal may have marked removed.
+        var updatedMs: String
+        var expiresAt: Int64?
+    }
+
+    /// Writes the channel index entries (`Scripts.indexTarget`: not of a version a removal marked; with
+    /// `onlyWhereMissing`, not over an entry a later upsert wrote) and the expiry index entries, in one pipeline.
+    func index(_ keys: RedisKeys, _ entries: [Indexed], onlyWhereMissing: Bool) async throws {
+        guard !entries.isEmpty else { return }
+        let bucket = Int64(Date().timeIntervalSince1970) / RedisKeys.removalSpan
+        var commands: [[String]] = []
+        commands.reserveCapacity(entries.count * 2)
+        for entry in entries {
+            commands.append(Scripts.indexTarget.call(
+                keys: [keys.channel(entry.channel)] + (bucket - 1...bucket + 1).map { keys.channelRemovals(entry.channel, bucket: $0) },
+                args: [entry.id, entry.target, entry.updatedMs, onlyWhereMissing ? "1" : "0"]))
+            let expiry = keys.subscriptionExpiry(id: entry.id), member = entry.id + entry.token
+            commands.append(entry.expiresAt.map { ["ZADD", expiry, String($0), member] } ?? ["ZREM", expiry, member])
+        }
+        try throwFirstErrorReply(await redis.pipeline(commands, running: Scripts.indexTarget))
     }
 
     /// One batch of a channel's subscribers, as much of each as a push needs: `HSCAN` of the channel index from

@@ -7,7 +7,8 @@ import HeraldStore
 import HeraldTestSupport
 import Testing
 
-private let onCluster = ProcessInfo.processInfo.environment["HERALD_TEST_REDIS_URL"]?.contains(",") == true
+/// Whether this pass of the suites runs against the test cluster.
+let onCluster = ProcessInfo.processInfo.environment["HERALD_TEST_REDIS_URL"]?.contains(",") == true
 
 /// The key layout's marker and the move from layout 1 (every key of an app under `{app}`), on a database of the
 /// standalone Redis of its own.
