@@ -1,3 +1,4 @@
+// Over 400 lines: one model (a subscription: upsert, list, the removals and the sweep, the fan-out read) whose cross-slot steps and their ordering rules must be read together.
 import Foundation
 import HeraldCore
 import HeraldRedis
