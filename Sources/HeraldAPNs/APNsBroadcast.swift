@@ -220,7 +220,7 @@ extension APNsClient {
             headers.add("apns-push-type", "liveactivity")
             headers.add("apns-priority", (broadcast.priority ?? .immediate).rawValue)
             if let expiration = broadcast.expirationSeconds { headers.add("apns-expiration", expiration) }
-            if let requestID = broadcast.requestID { headers.add("apns-request-id", requestID.uuidString.lowercased()) }
+            if let requestID = broadcast.requestID { headers.add("apns-request-id", requestID) }
             headers.add("content-length", broadcast.payload.count)
         }
     }

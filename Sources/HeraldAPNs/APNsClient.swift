@@ -277,7 +277,7 @@ public final class APNsClient: Sendable {
                 headers.add("apns-expiration", Int(max(0, expiration.timeIntervalSince1970.rounded(.down))))
             }
             if let collapseID = request.collapseID { headers.add("apns-collapse-id", collapseID) }
-            if let apnsID = request.apnsID { headers.add("apns-id", apnsID.uuidString.lowercased()) }
+            if let apnsID = request.apnsID { headers.add("apns-id", apnsID) }
             headers.add("content-length", request.payload.count)
         }
     }

@@ -122,22 +122,9 @@ public enum EventIntake {
         var bytes = SecureRandom.bytes(16)
         bytes[6] = bytes[6] & 0x0f | 0x40
         bytes[8] = bytes[8] & 0x3f | 0x80
-        let text = [UInt8](unsafeUninitializedCapacity: 36) { text, count in
-            count = 0
-            for (index, byte) in bytes.enumerated() {
-                if index == 4 || index == 6 || index == 8 || index == 10 {
-                    text[count] = UInt8(ascii: "-")
-                    count += 1
-                }
-                text[count] = hexDigits[Int(byte >> 4)]
-                text[count + 1] = hexDigits[Int(byte & 0x0f)]
-                count += 2
-            }
-        }
-        return String(decoding: text, as: UTF8.self)
+        return UUIDText.string(UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+                                           bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15])))
     }
-
-    private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
 
     private static func checkJobID(_ id: String, field: String) throws(ValidationError) {
         guard !id.isEmpty, id.utf8.count <= 128, id.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7f }) else {

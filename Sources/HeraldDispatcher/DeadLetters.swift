@@ -58,7 +58,7 @@ extension DeadLetter {
         pushType = push.pushType.rawValue
         payload = JSONValue(parsing: push.payload)
         (priority, expiration, collapseId) = (job.priority, job.expiration, job.collapseId)
-        apnsId = job.apnsID(token: push.token).uuidString.lowercased()
+        apnsId = UUIDText.string(job.apnsID(token: push.token))
         status = failure.status
         apnsUniqueId = failure.apnsUniqueID
         firstAttemptAt = Timestamp.rfc3339(failure.firstAttemptAt)

@@ -1,4 +1,5 @@
 import Foundation
+import HeraldRuntime
 
 /// Identifies a connection pool: one provider key talking to one endpoint (tokens must not be swapped on a
 /// connection, so keys never share connections).
@@ -61,6 +62,15 @@ struct HeaderBlock: Sendable {
                     buffer[index] |= 0x20
                 }
             }
+            finish(nameStart, name)
+        }
+
+        /// A UUID in lowercase, as APNs' ids are written.
+        mutating func add(_ name: StaticString, _ uuid: UUID) {
+            let nameStart = start(name)
+            reserve(UUIDText.count)
+            UUIDText.write(uuid, to: buffer, at: count)
+            count += UUIDText.count
             finish(nameStart, name)
         }
 
