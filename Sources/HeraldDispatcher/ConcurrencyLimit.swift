@@ -1,14 +1,12 @@
 import HeraldRuntime
 
-/// An async counting semaphore: at most `limit` slots held at once, waiters served in arrival order.
+/// An async counting semaphore: at most `limit` holders at once, waiters served in arrival order.
 ///
-/// A waiter may ask for several slots at once and gets them all together, so a sender that refills in groups
-/// keeps sending groups. `acquire` fails with `CancellationError` when the waiting task is cancelled, so a
-/// shutdown never hangs on a full limit.
+/// `acquire()` fails with `CancellationError` when the waiting task is cancelled, so a shutdown never hangs on
+/// a full limit.
 final class ConcurrencyLimit: Sendable {
     private struct Waiter {
         let id: UInt64
-        let count: Int
         let continuation: CheckedContinuation<Void, any Error>
     }
 
@@ -17,66 +15,36 @@ final class ConcurrencyLimit: Sendable {
         var waiters: [Waiter] = []
         var head = 0
         var nextID: UInt64 = 0
-
-        var nobodyWaits: Bool { head == waiters.count }
-
-        /// Hands free slots to the waiters at the head of the line that they now cover.
-        mutating func serve() -> [CheckedContinuation<Void, any Error>] {
-            var ready: [CheckedContinuation<Void, any Error>] = []
-            while head < waiters.count, waiters[head].count <= available {
-                available -= waiters[head].count
-                ready.append(waiters[head].continuation)
-                head += 1
-            }
-            if head == waiters.count {
-                waiters.removeAll(keepingCapacity: true)
-                head = 0
-            } else if head > 1024, head * 2 > waiters.count {
-                waiters.removeFirst(head)
-                head = 0
-            }
-            return ready
-        }
     }
 
-    let limit: Int
     private let state: Lock<State>
 
-    init(limit: Int) {
-        self.limit = max(1, limit)
-        state = Lock(State(available: self.limit))
-    }
+    init(limit: Int) { state = Lock(State(available: max(1, limit))) }
 
     /// Takes a slot if one is free and nobody is waiting for one; never suspends.
     func tryAcquire() -> Bool {
         state.withLock { s -> Bool in
-            guard s.available > 0, s.nobodyWaits else { return false }
+            guard s.available > 0, s.head == s.waiters.count else { return false }
             s.available -= 1
             return true
         }
     }
 
-    /// Waits for `count` slots (at most `limit`) and takes them together.
-    func acquire(_ count: Int = 1) async throws {
-        let count = min(max(1, count), limit)
-        let id = state.withLock { s -> UInt64? in
-            if s.available >= count, s.nobodyWaits {
-                s.available -= count
-                return nil
-            }
+    func acquire() async throws {
+        if tryAcquire() { return }
+        let id = state.withLock { s -> UInt64 in
             s.nextID += 1
             return s.nextID
         }
-        guard let id else { return }
         try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
                 let resumeNow: Bool? = state.withLock { s in
                     if Task.isCancelled { return false }
-                    if s.available >= count, s.nobodyWaits {
-                        s.available -= count
+                    if s.available > 0, s.head == s.waiters.count {
+                        s.available -= 1
                         return true
                     }
-                    s.waiters.append(Waiter(id: id, count: count, continuation: continuation))
+                    s.waiters.append(Waiter(id: id, continuation: continuation))
                     return nil
                 }
                 switch resumeNow {
@@ -86,24 +54,40 @@ final class ConcurrencyLimit: Sendable {
                 }
             }
         } onCancel: {
-            let (cancelled, ready) = state.withLock { s -> (CheckedContinuation<Void, any Error>?, [CheckedContinuation<Void, any Error>]) in
-                guard let index = s.waiters[s.head...].firstIndex(where: { $0.id == id }) else { return (nil, []) }
+            let cancelled: CheckedContinuation<Void, any Error>? = state.withLock { s in
+                guard let index = s.waiters[s.head...].firstIndex(where: { $0.id == id }) else { return nil }
                 let waiter = s.waiters.remove(at: index)
-                // A large request leaving the head may let smaller ones behind it through.
-                return (waiter.continuation, s.serve())
+                return waiter.continuation
             }
             cancelled?.resume(throwing: CancellationError())
-            for continuation in ready { continuation.resume() }
         }
     }
 
-    /// Returns `count` slots at once.
-    func release(count: Int = 1) {
+    /// Returns `count` slots at once (one lock when nobody waits).
+    func release(count: Int) {
         guard count > 0 else { return }
-        let ready = state.withLock { s in
-            s.available += count
-            return s.serve()
+        let handedOver: Int = state.withLock { s in
+            let waiting = s.waiters.count - s.head
+            if waiting == 0 { s.available += count }
+            return waiting == 0 ? count : 0
         }
-        for continuation in ready { continuation.resume() }
+        for _ in handedOver..<count { release() }
+    }
+
+    func release() {
+        let next: CheckedContinuation<Void, any Error>? = state.withLock { s in
+            if s.head < s.waiters.count {
+                let waiter = s.waiters[s.head]
+                s.head += 1
+                if s.head > 1024, s.head * 2 > s.waiters.count {
+                    s.waiters.removeFirst(s.head)
+                    s.head = 0
+                }
+                return waiter.continuation
+            }
+            s.available += 1
+            return nil
+        }
+        next?.resume()
     }
 }
