@@ -122,8 +122,7 @@ public enum EventIntake {
         var bytes = SecureRandom.bytes(16)
         bytes[6] = bytes[6] & 0x0f | 0x40
         bytes[8] = bytes[8] & 0x3f | 0x80
-        return UUIDText.string(UUID(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
-                                           bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15])))
+        return UUIDText.string(UUID(bytes: bytes))
     }
 
     private static func checkJobID(_ id: String, field: String) throws(ValidationError) {

@@ -30,3 +30,12 @@ public enum UUIDText {
 
     private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
 }
+
+extension UUID {
+    /// The UUID of the first 16 of `bytes` (a hash or random bytes whose version bits the caller has set).
+    public init(bytes: [UInt8]) {
+        precondition(bytes.count >= 16, "a UUID needs 16 bytes")
+        self.init(uuid: (bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+                         bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
+    }
+}
