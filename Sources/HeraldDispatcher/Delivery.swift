@@ -20,11 +20,19 @@ struct RetryBackoff: Sendable {
 }
 
 /// What a job's pushes share: the plan, where the job came from (for dead letters), and where each push is
-/// recorded as it settles (the job's status and, for a fan-out, its progress).
+/// recorded as it settles (the job's status and, for a fan-out, its progress), and the lane its pushes wait for
+/// slots in (a fan-out past one send waits behind small jobs).
 struct JobContext: Sendable {
     let plan: JobPlan
     let source: DeadLetter.Source
     let settled: SettledPushes
+    var lane: ConcurrencyLimit.Lane = .prompt
+
+    func waiting(in lane: ConcurrencyLimit.Lane) -> JobContext {
+        var context = self
+        context.lane = lane
+        return context
+    }
 }
 
 /// Sends one push through the APNs client and settles it: delivered, token removed, or dead-lettered after
@@ -116,7 +124,7 @@ struct Deliverer: Sendable {
         var attempt = previous
         while true {
             if !holding {
-                do { try await limit.acquire() } catch { return false }
+                do { try await limit.acquire(in: context.lane) } catch { return false }
                 holding = true
             }
             attempt += 1

@@ -61,13 +61,13 @@ public struct DispatcherConfiguration: Sendable {
     /// explicit `HERALD_JOB_SIGNATURES=unverified`.
     public var jobSigning: JobSigning = .unverified
     /// Batches of one fan-out being sent at once; with `batchSize` it bounds how far a fan-out runs ahead of its
-    /// saved progress. Nil: as many as fill `maxInFlightPushes` (at least 3), and no more (past it each push would
-    /// wait for a slot alone, and sends of one push cost more CPU than sends of a hundred). A fixed 3 capped one
-    /// job at 3 × 500 pushes ÷ APNs' round trip whatever the in-flight limit (37,500/s at best at 40 ms).
+    /// saved progress. Nil: twice as many as fill `maxInFlightPushes` (at least 3). A batch settles only when its
+    /// slowest push is answered, and the next one starts only then; the batches beyond the limit wait for slots
+    /// instead (behind jobs of one send), so answers are refilled a group at a time rather than a batch at a time.
     public var maxBatchesInFlightPerJob: Int?
 
     var batchesInFlightPerJob: Int {
-        maxBatchesInFlightPerJob ?? max(3, maxInFlightPushes / max(1, batchSize))
+        maxBatchesInFlightPerJob ?? max(3, 2 * maxInFlightPushes / max(1, batchSize))
     }
     /// How often expired subscriptions are swept out of Redis.
     public var subscriptionSweepInterval: Duration = .seconds(60)

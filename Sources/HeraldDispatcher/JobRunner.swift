@@ -177,6 +177,7 @@ struct JobRunner: Sendable {
             return await send(first.pushes, context: context)
         }
         context.settled.startRecording()
+        let context = context.waiting(in: .bulk)
         // A resumed batch sends only what its earlier run did not settle; the rest is forgotten with its cursor.
         let unsent = { (pushes: [Push]) -> [Push] in
             guard !saved.settled.isEmpty else { return pushes }
@@ -325,38 +326,23 @@ struct JobRunner: Sendable {
         case refused(StoreRefusal)
     }
 
-    /// Sends one batch, each push holding a slot of the shared limit while in flight. Pushes go to the APNs client
-    /// in groups of up to `pushesPerSend` of one environment (one task and one batch send per group instead of
-    /// per push); a group is sent early when the limit is full, so no slot is held by a push waiting for others.
+    /// Sends one batch, each push holding a slot of the shared limit while in flight. Slots are taken a group of
+    /// up to `pushesPerSend` at a time, and each group goes to the APNs client as one batch send per environment
+    /// (one task and one hand-over instead of one per push); a group waits for all its slots, which answers
+    /// free a group at a time, so the limit stays full of groups rather than of single pushes.
     private func send(_ pushes: [Push], context: JobContext) async -> Bool {
         await withTaskGroup(of: Bool.self) { group -> Bool in
-            var production: [Push] = []
-            var sandbox: [Push] = []
-            for push in pushes {
-                if !limit.tryAcquire() {
-                    for held in [production, sandbox] where !held.isEmpty {
-                        group.addTask { await deliverer.deliver(held, context: context) }
-                    }
-                    production.removeAll()
-                    sandbox.removeAll()
-                    do { try await limit.acquire() } catch { break }
+            var next = pushes.startIndex
+            while next < pushes.endIndex {
+                let count = min(Self.pushesPerSend, limit.limit, pushes.endIndex - next)
+                do { try await limit.acquire(count, in: context.lane) } catch { break }
+                let slice = pushes[next..<(next + count)]
+                next += count
+                let production = slice.filter { $0.environment == .production }
+                let sandbox = slice.filter { $0.environment != .production }
+                for held in [production, sandbox] where !held.isEmpty {
+                    group.addTask { await deliverer.deliver(held, context: context) }
                 }
-                if push.environment == .production {
-                    production.append(push)
-                    if production.count == Self.pushesPerSend {
-                        group.addTask { [production] in await deliverer.deliver(production, context: context) }
-                        production.removeAll()
-                    }
-                } else {
-                    sandbox.append(push)
-                    if sandbox.count == Self.pushesPerSend {
-                        group.addTask { [sandbox] in await deliverer.deliver(sandbox, context: context) }
-                        sandbox.removeAll()
-                    }
-                }
-            }
-            for held in [production, sandbox] where !held.isEmpty {
-                group.addTask { await deliverer.deliver(held, context: context) }
             }
             var all = !Task.isCancelled
             for await ok in group where !ok { all = false }

@@ -71,6 +71,71 @@ struct UnitTests {
         try await third.value
     }
 
+    @Test("a waiter for several slots gets them together, in arrival order; cancelling it lets the next one through")
+    func concurrencyLimitGroups() async throws {
+        let limit = ConcurrencyLimit(limit: 4)
+        try await limit.acquire(4)
+        let group = Task { try await limit.acquire(3) }
+        try await Task.sleep(for: .milliseconds(50))
+        let single = Lock(false)
+        let behind = Task {
+            try await limit.acquire()
+            single.withLock { $0 = true }
+        }
+        try await Task.sleep(for: .milliseconds(50))
+        limit.release(count: 2)
+        try await Task.sleep(for: .milliseconds(50))
+        #expect(!single.withLock { $0 }, "two free slots wait for the group of three that came first")
+        #expect(!limit.tryAcquire())
+        group.cancel()
+        await #expect(throws: CancellationError.self) { try await group.value }
+        try await behind.value
+        #expect(single.withLock { $0 })
+        // One slot is free, three are held: a group of three gets its slots when two more come back together.
+        let second = Task { try await limit.acquire(3) }
+        try await Task.sleep(for: .milliseconds(50))
+        limit.release(count: 2)
+        try await second.value
+        #expect(!limit.tryAcquire(), "all four are held again")
+        limit.release(count: 4)
+        try await limit.acquire(9) // more than the limit asks for all of it
+        #expect(!limit.tryAcquire())
+    }
+
+    @Test("the prompt lane is served before the bulk lane, whatever the order they came in")
+    func concurrencyLimitLanes() async throws {
+        let limit = ConcurrencyLimit(limit: 4)
+        try await limit.acquire(4, in: .bulk)
+        let order = Lock<[String]>([])
+        let bulk = Task {
+            try await limit.acquire(2, in: .bulk)
+            order.withLock { $0.append("bulk") }
+        }
+        try await Task.sleep(for: .milliseconds(50))
+        let prompt = Task {
+            try await limit.acquire(2, in: .prompt)
+            order.withLock { $0.append("prompt") }
+        }
+        try await Task.sleep(for: .milliseconds(50))
+        limit.release(count: 1)
+        try await Task.sleep(for: .milliseconds(50))
+        #expect(!limit.tryAcquire(in: .bulk), "a prompt waiter the free slot does not cover holds the bulk lane back")
+        limit.release(count: 1)
+        try await prompt.value
+        #expect(order.withLock { $0 } == ["prompt"], "the bulk waiter came first and still waits")
+        limit.release(count: 2)
+        try await bulk.value
+        #expect(order.withLock { $0 } == ["prompt", "bulk"])
+        // With a bulk waiter in line, a free slot still goes to a prompt caller at once.
+        let behind = Task { try await limit.acquire(3, in: .bulk) }
+        try await Task.sleep(for: .milliseconds(50))
+        limit.release(count: 1)
+        #expect(!limit.tryAcquire(in: .bulk))
+        #expect(limit.tryAcquire(in: .prompt))
+        behind.cancel()
+        await #expect(throws: CancellationError.self) { try await behind.value }
+    }
+
     @Test("backoff doubles per attempt within half and all of the ceiling, capped by the maximum")
     func backoff() {
         let backoff = RetryBackoff(initial: .milliseconds(100), maximum: .seconds(1))
