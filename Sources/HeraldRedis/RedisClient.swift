@@ -155,18 +155,21 @@ public final class RedisClient: Sendable {
             node = try topology.node(for: slot, on: route)
         }
         var asking = false
+        var trail: [String] = [] // the redirections met, for the error
         for attempt in 0..<Self.maxRedirects {
             // Nodes may disagree for a moment while a slot changes hands: past the second redirection, give the
             // cluster a few milliseconds more each time (at most 140 ms in all).
             if attempt >= 2 { try await Task.sleep(for: .milliseconds(20 * (attempt - 1))) }
             let reply = try await reply(to: encoder, from: node, asking: asking)
-            switch RedisCluster.Redirect(reply) {
-            case nil: return reply
+            guard let redirect = RedisCluster.Redirect(reply) else { return reply }
+            if case .error(let message) = reply { trail.append("\(node.configuration.description): \(message)") }
+            switch redirect {
             case .moved(let slot, let address): (node, asking) = (topology.moved(slot: slot, to: address), false)
             case .ask(_, let address): (node, asking) = (topology.node(at: address), true)
             }
         }
-        throw RedisError(.unavailable, "CLUSTERDOWN more than \(Self.maxRedirects) redirections for one command")
+        throw RedisError(.unavailable, "CLUSTERDOWN more than \(Self.maxRedirects) redirections for one command ("
+                         + trail.joined(separator: "; ") + ")")
     }
 
     /// A command without a key (`PING` for readiness, `SCRIPT`): the first master that answers, so one master
