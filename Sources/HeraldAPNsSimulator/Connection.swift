@@ -38,7 +38,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
     private let logger: Logger
     private var session: OpaquePointer?
     var streams: [Int32: StreamState] = [:]
-    private var delayed: [(due: ContinuousClock.Instant, answer: Answer)] = []
+    private var delayed = DueQueue<Answer>()
     private var outbound: [UInt8] = []
     /// Record lines of accepted pushes whose answers are not written yet (see `LineRecorder`).
     private var pendingRecords: [UInt8] = []
@@ -171,18 +171,13 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                 if stopNoticed == nil {
                     stopNoticed = now
                     // Shutting down: answer what is waiting now, then say goodbye.
-                    for entry in delayed { send(entry.answer) }
-                    delayed.removeAll()
+                    for answer in delayed.takeDue(at: nil) { send(answer) }
                     goaway(reason: "Shutdown")
                 } else if now - stopNoticed! > Self.shutdownDeadline {
                     return
                 }
             }
-            let due = delayed.prefix { $0.due <= now }.count
-            if due > 0 {
-                for entry in delayed[..<due] { send(entry.answer) }
-                delayed.removeFirst(due) // one shift for the batch: thousands wait under a configured delay
-            }
+            for answer in delayed.takeDue(at: now) { send(answer) }
             if goawayLastStreamID == nil, let rule = simulator.ruleBook.goaway(), handledCount >= rule.afterStreams {
                 goaway(reason: rule.reason)
             }
@@ -202,7 +197,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                 return
             }
 
-            let timeout = (delayed.first?.due ?? now + .milliseconds(100)).pollMilliseconds(cappedAt: .milliseconds(100))
+            let timeout = (delayed.firstDue ?? now + .milliseconds(100)).pollMilliseconds(cappedAt: .milliseconds(100))
             var poller = pollfd(fd: descriptor, events: Int16(POLLIN) | (pendingOutput ? Int16(POLLOUT) : 0), revents: 0)
             let ready = poll(&poller, 1, timeout)
             if ready < 0, errno != EINTR { return }
@@ -354,14 +349,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
     /// Sends `answer` now, or queues it in due order to be sent once `delay` has passed.
     private func schedule(_ answer: Answer, after delay: Duration) {
         guard delay > .zero else { return send(answer) }
-        let due = ContinuousClock.now + delay
-        // Binary search from the end's side: with one fixed delay every new answer goes last.
-        var low = 0, high = delayed.count
-        while low < high {
-            let middle = (low + high) / 2
-            if delayed[middle].due <= due { low = middle + 1 } else { high = middle }
-        }
-        delayed.insert((due, answer), at: low)
+        delayed.insert(answer, due: ContinuousClock.now + delay)
     }
 
     /// A channel management request or a broadcast: routed, authenticated, then checked by `BroadcastValidator`.
@@ -460,7 +448,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         let now = Date().timeIntervalSince1970
         var headers: [(String, String)] = [(":status", String(answer.status)),
                                            (answer.isChannelRequest ? "apns-request-id" : "apns-id", answer.apnsID)]
-        if simulator.configuration.development { headers.append(("apns-unique-id", UUID().uuidString.lowercased())) }
+        if simulator.configuration.development { headers.append(("apns-unique-id", RequestValidator.newAPNsID())) }
         headers += answer.headers
         var body = answer.body
         if body != nil {

@@ -208,20 +208,14 @@ enum RequestValidator {
         return true
     }
 
-    /// A fresh lowercase UUID for responses to requests without a (valid) `apns-id`.
+    /// A fresh lowercase (version 4) UUID: for responses to requests without a (valid) `apns-id`, and for
+    /// `apns-unique-id`.
     static func newAPNsID() -> String {
         // RAND_bytes rather than Foundation's UUID(), which opens /dev/urandom on every call here.
         var bytes = SecureRandom.bytes(16)
         bytes[6] = bytes[6] & 0x0F | 0x40
         bytes[8] = bytes[8] & 0x3F | 0x80
-        let hex = Array(Hex.encode(bytes).utf8)
-        var out = [UInt8]()
-        out.reserveCapacity(36)
-        for (index, c) in hex.enumerated() {
-            if [8, 12, 16, 20].contains(index) { out.append(UInt8(ascii: "-")) }
-            out.append(c)
-        }
-        return String(decoding: out, as: UTF8.self)
+        return UUIDText.string(UUID(bytes: bytes))
     }
 
     /// Payload rules per push type. APNs documents no reason for a malformed payload; the simulator answers

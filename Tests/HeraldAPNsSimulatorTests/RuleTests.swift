@@ -126,6 +126,30 @@ struct RuleTests {
         #expect(try harness.accepted().count == 20)
     }
 
+    @Test("delayed answers leave in due order, each once, across the queue's compactions")
+    func dueQueueOrder() {
+        var queue = DueQueue<Int>()
+        let start = ContinuousClock.now
+        // Due times out of order (a range of delays), more than the queue compacts at.
+        let dues = (0..<5_000).map { ($0 * 7_919) % 5_000 }
+        for (element, due) in dues.enumerated() { queue.insert(element, due: start + .milliseconds(due)) }
+        func due(_ element: Int) -> Int { element < 0 ? 2_500 : dues[element] }
+        var taken: [Int] = []
+        for step in stride(from: 0, to: 5_000, by: 250) {
+            let batch = Array(queue.takeDue(at: start + .milliseconds(step)))
+            #expect(batch.allSatisfy { due($0) <= step })
+            taken += batch
+            // Later arrivals go behind what is already due at the same time.
+            if step == 2_000 { queue.insert(-1, due: start + .milliseconds(2_500)) }
+        }
+        taken += queue.takeDue(at: nil)
+        #expect(queue.isEmpty && queue.firstDue == nil)
+        #expect(taken.count == 5_001 && Set(taken).count == 5_001)
+        let order = taken.map(due)
+        #expect(order == order.sorted())
+        #expect(taken.firstIndex(of: -1) == taken.lastIndex { $0 >= 0 && due($0) == 2_500 }.map { $0 + 1 })
+    }
+
     @Test("a delay longer than the client's timeout: the client gives up and nothing is recorded")
     func delayBeyondClientTimeout() async throws {
         let harness = try Harness()
