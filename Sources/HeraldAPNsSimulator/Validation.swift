@@ -109,8 +109,9 @@ enum RequestValidator {
 
     /// 400 DuplicateHeaders when a header field appears more than once.
     static func duplicates(_ request: IncomingRequest) -> APNsRejection? {
-        var seen = Set<String>()
-        for header in request.headers where !seen.insert(header.name).inserted {
+        // A request has a handful of headers: comparing pairs is cheaper than hashing them into a set.
+        let headers = request.headers
+        for index in headers.indices where headers[..<index].contains(where: { $0.name == headers[index].name }) {
             return APNsRejection(400, "DuplicateHeaders")
         }
         return nil
@@ -172,12 +173,20 @@ enum RequestValidator {
     /// no empty labels.
     static func isWellFormedTopic(_ topic: String) -> Bool {
         guard topic.utf8.count <= 255 else { return false }
-        let labels = topic.split(separator: ".", omittingEmptySubsequences: false)
-        guard labels.count >= 2, labels.allSatisfy({ !$0.isEmpty }) else { return false }
-        return topic.utf8.allSatisfy { c in
-            (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A)
-                || c == UInt8(ascii: ".") || c == UInt8(ascii: "-") || c == UInt8(ascii: "_")
+        // Two or more non-empty labels between dots; one pass, as this runs for every push.
+        var labels = 1, labelLength = 0
+        for c in topic.utf8 {
+            if c == UInt8(ascii: ".") {
+                guard labelLength > 0 else { return false }
+                labels += 1
+                labelLength = 0
+            } else {
+                guard (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A)
+                    || c == UInt8(ascii: "-") || c == UInt8(ascii: "_") else { return false }
+                labelLength += 1
+            }
         }
+        return labels >= 2 && labelLength > 0
     }
 
     /// The bundle id behind `topic` for `pushType`, or nil when the topic's suffix does not match the push type

@@ -126,6 +126,22 @@ struct RuleTests {
         #expect(try harness.accepted().count == 20)
     }
 
+    @Test("topics are two or more non-empty labels of letters, digits, - and _; a repeated header is refused")
+    func topicsAndDuplicateHeaders() {
+        for good in ["com.example.app", "a.b", "com.example-app_2.voip", String(repeating: "a.", count: 127) + "a"] {
+            #expect(RequestValidator.isWellFormedTopic(good), "\(good)")
+        }
+        for bad in ["", "com", ".com.example", "com.example.", "com..example", "com.exa mple", "com.ex/ample",
+                    "com.exämple", String(repeating: "a.", count: 128)] {
+            #expect(!RequestValidator.isWellFormedTopic(bad), "\(bad)")
+        }
+        var request = IncomingRequest()
+        request.headers = [("apns-topic", "a.b"), ("apns-push-type", "alert"), ("apns-priority", "10")]
+        #expect(RequestValidator.duplicates(request) == nil)
+        request.headers.append(("apns-push-type", "alert"))
+        #expect(RequestValidator.duplicates(request)?.reason == "DuplicateHeaders")
+    }
+
     @Test("delayed answers leave in due order, each once, across the queue's compactions")
     func dueQueueOrder() {
         var queue = DueQueue<Int>()
