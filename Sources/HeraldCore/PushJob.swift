@@ -200,7 +200,16 @@ public struct PushJob: Sendable, Equatable {
     /// (after a crash or rebalance), so a duplicate is recognisable in APNs' answers, logs and dead letters. A
     /// UUID (version 8, RFC 9562) from the SHA-256 of app, job id and token.
     public func apnsID(token: String) -> UUID {
-        var bytes = SHA256.hash("\(appId)\n\(id)\n\(token.lowercased())")
+        // One buffer, no intermediate strings: this runs for every push of a fan-out. Tokens are hex, so lowering
+        // ASCII letters is all `lowercased()` would do.
+        var input = [UInt8]()
+        input.reserveCapacity(appId.utf8.count + id.utf8.count + token.utf8.count + 2)
+        input += appId.utf8
+        input.append(UInt8(ascii: "\n"))
+        input += id.utf8
+        input.append(UInt8(ascii: "\n"))
+        for c in token.utf8 { input.append(c >= UInt8(ascii: "A") && c <= UInt8(ascii: "Z") ? c | 0x20 : c) }
+        var bytes = SHA256.hash(input)
         bytes[6] = bytes[6] & 0x0f | 0x80
         bytes[8] = bytes[8] & 0x3f | 0x80
         return UUID(bytes: bytes)
