@@ -72,9 +72,12 @@ case "fanout", "rate":
     }
     func job(channel: String, sentAt: Int64, warmUp: Bool = false) -> PushJob {
         var job = PushJob(id: UUID().uuidString.lowercased(), appId: app, target: .channel(channel))
-        // The job's id too, so the latency report can look up when the dispatcher started it (its job status).
+        // The fan-out's payload is the one bench-dispatcher gives h2load, so both send the simulator the same
+        // bytes. The latency run's carries the job's id too, for the report to look up when the dispatcher
+        // started it (its job status).
         var payload: [String: JSONValue] = ["aps": .object(["alert": .object(["title": .string("Benchmark"), "body": .string("Hello")])]),
-                                            "sentAt": .number(Double(sentAt)), "jobId": .string(job.id)]
+                                            "sentAt": .number(Double(sentAt))]
+        if command == "rate" { payload["jobId"] = .string(job.id) }
         if warmUp { payload["warmUp"] = .bool(true) }
         job.alert = .object(payload)
         return job
