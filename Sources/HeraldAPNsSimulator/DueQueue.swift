@@ -21,10 +21,12 @@ struct DueQueue<Element> {
     }
 
     /// Removes and returns the elements due at `now` (all of them with nil), in due order.
-    mutating func takeDue(at now: ContinuousClock.Instant?) -> ArraySlice<Element> {
+    mutating func takeDue(at now: ContinuousClock.Instant?) -> [Element] {
         var end = head
         while end < dues.count, now.map({ dues[end] <= $0 }) ?? true { end += 1 }
-        let taken = elements[head..<end]
+        // A copy of the few taken, not a slice: a slice would share the storage, and emptying it below would then
+        // allocate new storage of the whole capacity on every call.
+        let taken = Array(elements[head..<end])
         head = end
         if head == dues.count {
             dues.removeAll(keepingCapacity: true)
