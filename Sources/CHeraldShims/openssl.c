@@ -1,4 +1,16 @@
+// SHA256_Init/Update/Final are deprecated in OpenSSL 3 but are what hashing a few bytes needs: the one-shot
+// SHA256() looks the digest up by name (a lock and a table search) and allocates a context on every call.
+#define OPENSSL_SUPPRESS_DEPRECATED
 #include "herald_openssl.h"
+#include <openssl/sha.h>
+
+void herald_sha256(const void *data, size_t length, unsigned char digest[32]) {
+    SHA256_CTX context;
+    SHA256_Init(&context);
+    SHA256_Update(&context, data, length);
+    SHA256_Final(digest, &context);
+    OPENSSL_cleanse(&context, sizeof(context));
+}
 
 int herald_ssl_ctx_set_min_proto_version(SSL_CTX *ctx, int version) {
     return (int)SSL_CTX_set_min_proto_version(ctx, version);

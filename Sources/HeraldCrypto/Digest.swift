@@ -1,18 +1,23 @@
 import Foundation
 internal import COpenSSL
+internal import CHeraldShims
 
 /// SHA-256 through OpenSSL.
 public enum SHA256 {
     public static func hash(_ bytes: some Collection<UInt8>) -> [UInt8] {
-        var digest = [UInt8](repeating: 0, count: Int(SHA256_DIGEST_LENGTH))
-        let input = Array(bytes)
-        input.withUnsafeBufferPointer { buffer in
-            _ = COpenSSL.SHA256(buffer.baseAddress, buffer.count, &digest)
-        }
-        return digest
+        // Contiguous input (an array, a string's bytes) is hashed where it lies; anything else is copied first.
+        if let digest = bytes.withContiguousStorageIfAvailable({ hash($0) }) { return digest }
+        return Array(bytes).withUnsafeBufferPointer { hash($0) }
     }
 
-    public static func hash(_ string: String) -> [UInt8] { hash(Array(string.utf8)) }
+    private static func hash(_ buffer: UnsafeBufferPointer<UInt8>) -> [UInt8] {
+        [UInt8](unsafeUninitializedCapacity: Int(SHA256_DIGEST_LENGTH)) { digest, count in
+            herald_sha256(buffer.baseAddress, buffer.count, digest.baseAddress)
+            count = Int(SHA256_DIGEST_LENGTH)
+        }
+    }
+
+    public static func hash(_ string: String) -> [UInt8] { hash(string.utf8) }
 
     /// Lowercase hex of the digest, as stored in the apps file for API keys.
     public static func hex(_ string: String) -> String { Hex.encode(hash(string)) }

@@ -15,4 +15,6 @@ void herald_ssl_ctx_set_server_options(SSL_CTX *ctx);
 /// Server side: accept only clients that offer ALPN "h2" (others get a fatal no_application_protocol alert).
 /// A client that sends no ALPN extension at all is not seen by this callback: check SSL_get0_alpn_selected.
 void herald_ssl_ctx_require_alpn_h2(SSL_CTX *ctx);
+/// SHA-256 of `length` bytes into `digest`, on a context on the stack: no allocation, no lock.
+void herald_sha256(const void *data, size_t length, unsigned char digest[32]);
 #endif
