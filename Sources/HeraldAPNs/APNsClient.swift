@@ -134,9 +134,9 @@ public final class APNsClient: Sendable {
         var results = [Result<APNsResponse, APNsError>?](repeating: nil, count: requests.count)
         var valid: [Int] = []
         valid.reserveCapacity(requests.count)
-        for (index, request) in requests.enumerated() {
+        for index in requests.indices {
             do {
-                try request.validate()
+                try requests[index].validate()
                 valid.append(index)
             } catch {
                 metrics.pushes.labels("error", error.kind).increment()
@@ -147,13 +147,14 @@ public final class APNsClient: Sendable {
         do {
             guard !valid.isEmpty else { return results.map { $0! } }
             let token = try providerTokens.token(for: credentials)
-            let outcomes = try await perform(valid.map { requests[$0] }, token: token, credentials: credentials,
-                                             endpoint: endpoint)
-            var expired: [Int] = []
-            for (position, outcome) in zip(valid, outcomes) {
-                results[position] = outcome
-                if case .success(let response) = outcome, response.needsProviderTokenRefresh { expired.append(position) }
+            // All valid (the usual case): the requests as they are, not a copy of each.
+            let outcomes = try await perform(valid.count == requests.count ? requests : valid.map { requests[$0] },
+                                             token: token, credentials: credentials, endpoint: endpoint)
+            let expired = zip(valid, outcomes).compactMap { position, outcome -> Int? in
+                if case .success(let response) = outcome, response.needsProviderTokenRefresh { position } else { nil }
             }
+            if expired.isEmpty, valid.count == requests.count { return outcomes }
+            for (position, outcome) in zip(valid, outcomes) { results[position] = outcome }
             if !expired.isEmpty, let fresh = try providerTokens.token(afterRejecting: token, for: credentials) {
                 logger.info("APNs refused the provider token as expired; retrying with a fresh one",
                             ["apns.key_id": credentials.keyID, "apns.requests": String(expired.count)])
@@ -212,9 +213,9 @@ public final class APNsClient: Sendable {
         let deadline = started + requestTimeout
         let poolKey = PoolKey(teamID: credentials.teamID, keyID: credentials.keyID, endpoint: endpoint)
         let batch = BatchCompletion(count: requests.count)
-        let pending = requests.enumerated().map { index, request in
-            let pending = PendingRequest(headers: Self.headers(request, token: token.value, endpoint: endpoint),
-                                         body: request.payload, deadline: deadline, poolKey: poolKey)
+        let pending = requests.indices.map { index in
+            let pending = PendingRequest(headers: Self.headers(requests[index], token: token.value, endpoint: endpoint),
+                                         body: requests[index].payload, deadline: deadline, poolKey: poolKey)
             pending.completion = .batch(batch, index: index)
             return pending
         }

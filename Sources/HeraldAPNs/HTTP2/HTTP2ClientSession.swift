@@ -29,8 +29,9 @@ enum HTTP2StreamEnding: Equatable {
 /// `PendingRequest` (unretained: the connection keeps it alive until its stream closes or the session is gone).
 final class HTTP2ClientSession {
     private let session: OpaquePointer
-    /// The events' receiver (unowned: the connection owns this session).
-    fileprivate unowned let events: any HTTP2SessionEvents
+    /// The events' receiver. Not counted: the connection owns this session and outlives it, and a checked
+    /// reference cost a retain and a release on every header of every answer.
+    fileprivate unowned(unsafe) let events: any HTTP2SessionEvents
 
     /// A session that sends its SETTINGS (no server push) first; nil when nghttp2 cannot create one.
     init?(events: any HTTP2SessionEvents) {
@@ -114,9 +115,10 @@ final class HTTP2ClientSession {
         nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR.rawValue)
     }
 
-    fileprivate func request(_ stream: Int32) -> PendingRequest? {
+    /// Runs `body` with the stream's request, borrowed (the connection keeps it alive while its stream is open).
+    fileprivate func withRequest<Result>(_ stream: Int32, _ body: (PendingRequest) -> Result) -> Result? {
         guard let context = nghttp2_session_get_stream_user_data(session, stream) else { return nil }
-        return Unmanaged<PendingRequest>.fromOpaque(context).takeUnretainedValue()
+        return Unmanaged<PendingRequest>.fromOpaque(context)._withUnsafeGuaranteedRef(body)
     }
 
     fileprivate func frameReceived(_ frame: UnsafePointer<nghttp2_frame>) {
@@ -136,8 +138,8 @@ final class HTTP2ClientSession {
             }
             events.goawayReceived(lastStreamID: goaway.last_stream_id, errorCode: goaway.error_code, reason: reason)
         case NGHTTP2_HEADERS.rawValue, NGHTTP2_DATA.rawValue:
-            if header.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0, let request = request(header.stream_id) {
-                events.responseEnded(request)
+            if header.flags & UInt8(NGHTTP2_FLAG_END_STREAM.rawValue) != 0 {
+                withRequest(header.stream_id) { events.responseEnded($0) }
             }
         default:
             break
@@ -172,45 +174,54 @@ struct HTTP2SubmitError: Error {
 
 // Capture-less nghttp2 callbacks: the session's user data is the HTTP2ClientSession.
 
-private func clientSession(_ context: UnsafeMutableRawPointer?) -> HTTP2ClientSession {
-    Unmanaged<HTTP2ClientSession>.fromOpaque(context!).takeUnretainedValue()
+/// The session, borrowed for the callback (it outlives its nghttp2 session): no retain and release per call.
+private func withClientSession<Result>(_ context: UnsafeMutableRawPointer?,
+                                       _ body: (HTTP2ClientSession) -> Result) -> Result {
+    Unmanaged<HTTP2ClientSession>.fromOpaque(context!)._withUnsafeGuaranteedRef(body)
 }
 
 private func onFrameReceived(_ session: OpaquePointer?, _ frame: UnsafePointer<nghttp2_frame>?,
                              _ context: UnsafeMutableRawPointer?) -> Int32 {
-    if let frame { clientSession(context).frameReceived(frame) }
+    if let frame { withClientSession(context) { $0.frameReceived(frame) } }
     return 0
 }
 
 private func onHeader(_ session: OpaquePointer?, _ frame: UnsafePointer<nghttp2_frame>?, _ name: UnsafePointer<UInt8>?,
                       _ nameLength: Int, _ value: UnsafePointer<UInt8>?, _ valueLength: Int, _ flags: UInt8,
                       _ context: UnsafeMutableRawPointer?) -> Int32 {
-    let owner = clientSession(context)
-    guard let frame, let name, let value, let request = owner.request(frame.pointee.hd.stream_id) else { return 0 }
-    owner.events.headerReceived(request, name: UnsafeBufferPointer(start: name, count: nameLength),
-                                value: UnsafeBufferPointer(start: value, count: valueLength))
+    guard let frame, let name, let value else { return 0 }
+    withClientSession(context) { owner in
+        owner.withRequest(frame.pointee.hd.stream_id) { request in
+            owner.events.headerReceived(request, name: UnsafeBufferPointer(start: name, count: nameLength),
+                                        value: UnsafeBufferPointer(start: value, count: valueLength))
+        }
+    }
     return 0
 }
 
 private func onDataChunk(_ session: OpaquePointer?, _ flags: UInt8, _ stream: Int32, _ data: UnsafePointer<UInt8>?,
                          _ length: Int, _ context: UnsafeMutableRawPointer?) -> Int32 {
-    let owner = clientSession(context)
-    guard let data, let request = owner.request(stream) else { return 0 }
-    owner.events.dataReceived(request, data: UnsafeBufferPointer(start: data, count: length))
+    guard let data else { return 0 }
+    withClientSession(context) { owner in
+        owner.withRequest(stream) { request in
+            owner.events.dataReceived(request, data: UnsafeBufferPointer(start: data, count: length))
+        }
+    }
     return 0
 }
 
 private func onStreamClose(_ session: OpaquePointer?, _ stream: Int32, _ errorCode: UInt32,
                            _ context: UnsafeMutableRawPointer?) -> Int32 {
-    clientSession(context).streamClosed(stream, errorCode: errorCode)
+    withClientSession(context) { $0.streamClosed(stream, errorCode: errorCode) }
     return 0
 }
 
 private func readBodyCallback(_ session: OpaquePointer?, _ stream: Int32, _ buffer: UnsafeMutablePointer<UInt8>?, _ length: Int,
                               _ flags: UnsafeMutablePointer<UInt32>?, _ source: UnsafeMutablePointer<nghttp2_data_source>?,
                               _ context: UnsafeMutableRawPointer?) -> Int {
-    guard let buffer, let flags, let request = clientSession(context).request(stream) else {
-        return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue)
+    guard let buffer, let flags else { return Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue) }
+    let count = withClientSession(context) { owner in
+        owner.withRequest(stream) { HTTP2ClientSession.readBody($0, into: buffer, length: length, flags: flags) }
     }
-    return HTTP2ClientSession.readBody(request, into: buffer, length: length, flags: flags)
+    return count ?? Int(NGHTTP2_ERR_CALLBACK_FAILURE.rawValue)
 }

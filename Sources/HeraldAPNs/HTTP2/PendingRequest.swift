@@ -146,12 +146,14 @@ enum Completion {
 /// Collects the outcomes of one batch and resumes its caller once, when the last request is resolved: one task
 /// resumption per batch instead of one per push.
 final class BatchCompletion: @unchecked Sendable {  // @unchecked: `continuation` is set before the batch is posted to the loop; `complete` runs on the loop thread only (or on the caller's thread when the loop never received the batch).
-    private var results: [Result<RawResponse, any Error>?]
+    /// Every slot is overwritten before the caller sees them: the placeholder spares unwrapping (a copy of
+    /// every answer) at the end.
+    private var results: [Result<RawResponse, any Error>]
     private var remaining: Int
     var continuation: UnsafeContinuation<[Result<RawResponse, any Error>], Never>?
 
     init(count: Int) {
-        results = Array(repeating: nil, count: count)
+        results = Array(repeating: .failure(CancellationError()), count: count)
         remaining = count
     }
 
@@ -160,7 +162,9 @@ final class BatchCompletion: @unchecked Sendable {  // @unchecked: `continuation
         remaining -= 1
         guard remaining == 0, let continuation else { return }
         self.continuation = nil
-        continuation.resume(returning: results.map { $0! })
+        let answers = results
+        results = []
+        continuation.resume(returning: answers)
     }
 }
 
