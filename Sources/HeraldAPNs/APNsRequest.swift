@@ -104,24 +104,18 @@ public struct APNsRequest: Sendable {
         }
     }
 
-    @inline(__always)
     private static func isHexDigit(_ byte: UInt8) -> Bool {
-        switch byte {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "f"),
-             UInt8(ascii: "A")...UInt8(ascii: "F"): true
-        default: false
-        }
+        (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains(byte)
+            || (UInt8(ascii: "A")...UInt8(ascii: "F")).contains(byte)
     }
 
     /// Visible ASCII and spaces only: no CR/LF or other control bytes that could split a header.
-    @inline(__always)
     private static func isHeaderValue(_ value: String) -> Bool {
         allBytes(of: value) { $0 >= 0x20 && $0 != 0x7F }
     }
 
     /// Checks the UTF-8 bytes in place (this runs for every push; iterating `String.UTF8View` costs several times
-    /// more than a buffer). Inlined with its predicate: a call per byte cost more than the check.
-    @inline(__always)
+    /// more than a buffer).
     private static func allBytes(of text: String, satisfy predicate: (UInt8) -> Bool) -> Bool {
         if let result = text.utf8.withContiguousStorageIfAvailable({ $0.allSatisfy(predicate) }) { return result }
         return text.utf8.allSatisfy(predicate)
