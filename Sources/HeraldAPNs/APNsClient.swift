@@ -148,12 +148,13 @@ public final class APNsClient: Sendable {
             guard !valid.isEmpty else { return results.map { $0! } }
             let token = try providerTokens.token(for: credentials)
             // All valid (the usual case): the requests as they are, not a copy of each.
-            let outcomes = try await perform(valid.count == requests.count ? requests : valid.map { requests[$0] },
+            let allValid = valid.count == requests.count
+            let outcomes = try await perform(allValid ? requests : valid.map { requests[$0] },
                                              token: token, credentials: credentials, endpoint: endpoint)
             let expired = zip(valid, outcomes).compactMap { position, outcome -> Int? in
                 if case .success(let response) = outcome, response.needsProviderTokenRefresh { position } else { nil }
             }
-            if expired.isEmpty, valid.count == requests.count { return outcomes }
+            if allValid, expired.isEmpty { return outcomes }
             for (position, outcome) in zip(valid, outcomes) { results[position] = outcome }
             if !expired.isEmpty, let fresh = try providerTokens.token(afterRejecting: token, for: credentials) {
                 logger.info("APNs refused the provider token as expired; retrying with a fresh one",
