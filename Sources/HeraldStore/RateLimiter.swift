@@ -8,10 +8,11 @@ import HeraldRedis
 /// the key's app-wide ceiling (`appLimit`): one abusive device cannot lock the others out, and the whole
 /// population still has a bound.
 ///
-/// A credential's counters share its hash slot (`herald:{app:k:<credential>}:rl:…`), so one script counts both.
-/// On a standalone Redis a script that does a request's work counts it in the same call
-/// (`SubscriptionStore.upsert(app:_:counting:now:)`): one round trip, not two; on a cluster the counting comes
-/// first, in the credential's slot, and the work only within the limit.
+/// A credential's counter lives in its hash slot (`herald:{app:k:<credential>}:rl:…`), a device's in the device's
+/// (`herald:{app:d:<token>}:rl:…`). On a standalone Redis a script that does a request's work counts it in the same
+/// call (`SubscriptionStore.upsert(app:_:counting:now:)`): one round trip, not two. On a cluster a device's counter
+/// is counted by the script that writes the device's subscription, a credential's by a call of its own before the
+/// work, and a public key's app-wide ceiling by each process in batches (`CeilingTally`).
 public struct RateLimiter: Sendable {
     public struct Decision: Sendable, Equatable {
         public var allowed: Bool
@@ -34,9 +35,13 @@ public struct RateLimiter: Sendable {
     /// What one request counts in: its own counter, and for a device behind a public key the key's app-wide
     /// ceiling too. The ceiling is counted only when the request is within its own counter's limit, so requests a
     /// device has already been refused do not use up everyone's ceiling.
-    public struct Window: Sendable, Equatable {
+    public struct Window: Sendable {
         public var counter: Counter
         public var ceiling: Counter?
+        /// The window's number (UNIX seconds / window length).
+        public var number: Int
+        /// Where a cluster counts the ceiling.
+        let tally: CeilingTally
         /// The counters' lifetime: a little longer than the window, so they outlive it on any clock.
         public var ttlSeconds: Int
         /// Seconds from now until the window ends.
@@ -60,6 +65,28 @@ public struct RateLimiter: Sendable {
         /// The Redis keys the counting touches.
         public var redisKeys: [String] { [counter.redisKey] + (ceiling.map { [$0.redisKey] } ?? []) }
 
+        /// The window without its ceiling: what a cluster counts in Redis for each request.
+        var own: Window {
+            var own = self
+            own.ceiling = nil
+            return own
+        }
+
+        /// On a cluster: counts the request in the ceiling (`CeilingTally`); its count with this request, 0 when
+        /// the window has no ceiling, nil when the ceiling refuses (nothing counted).
+        func claimCeiling(on redis: RedisClient) async throws -> Int64? {
+            guard let ceiling else { return 0 }
+            return try await tally.claim(ceiling, window: number, ttlSeconds: ttlSeconds, redis: redis)
+        }
+
+        /// Takes back `claimCeiling`'s claim of a request its own counter refused.
+        func releaseCeiling() {
+            if let ceiling { tally.release(ceiling) }
+        }
+
+        /// The counts of a request the ceiling refused before its own counter was counted.
+        var ceilingRefusal: (count: Int64, ceiling: Int64) { (0, Int64(ceiling?.limit ?? 0) + 1) }
+
         /// The script arguments of a call that counts nothing.
         public static let countingNothing = ["", "0", "0", "", "0"]
 
@@ -76,6 +103,7 @@ public struct RateLimiter: Sendable {
     /// Requests per window of one public key across all its devices.
     public let appLimit: Int
     public let windowSeconds: Int
+    let tally = CeilingTally()
 
     public init(redis: RedisClient, limit: Int, appLimit: Int = 600_000, windowSeconds: Int = 60) {
         self.redis = redis
@@ -93,7 +121,7 @@ public struct RateLimiter: Sendable {
         let keys = RedisKeys(app: app)
         let own = Counter(redisKey: keys.rateLimit(key, device: device, window: window), limit: limit)
         let ceiling = device == nil ? nil : Counter(redisKey: keys.rateLimit(key, window: window), limit: appLimit)
-        return Window(counter: own, ceiling: ceiling, ttlSeconds: windowSeconds + 1,
+        return Window(counter: own, ceiling: ceiling, number: window, tally: tally, ttlSeconds: windowSeconds + 1,
                       resetSeconds: (window + 1) * windowSeconds - seconds)
     }
 
@@ -105,6 +133,23 @@ public struct RateLimiter: Sendable {
 
     /// Counts one request in `window`; returns the counters' values after it (`ceiling` 0 when not counted).
     static func count(_ window: Window, on redis: RedisClient) async throws -> (count: Int64, ceiling: Int64) {
+        guard window.ceiling != nil, try await redis.isCluster() else { return try await countInRedis(window, on: redis) }
+        guard let ceiling = try await window.claimCeiling(on: redis) else { return window.ceilingRefusal }
+        do {
+            let own = try await countInRedis(window.own, on: redis)
+            guard own.count <= window.counter.limit else {
+                window.releaseCeiling()
+                return own
+            }
+            return (own.count, ceiling)
+        } catch {
+            window.releaseCeiling()
+            throw error
+        }
+    }
+
+    /// Counts one request in every counter of `window` with one script: the counters must share a slot.
+    private static func countInRedis(_ window: Window, on redis: RedisClient) async throws -> (count: Int64, ceiling: Int64) {
         let reply = try await redis.run(Self.count, keys: window.redisKeys, args: window.scriptArguments)
         guard let counts = reply.array, counts.count == 2, let count = counts[0].int, let ceiling = counts[1].int else {
             throw StoreError.unexpectedReply("rate limit")

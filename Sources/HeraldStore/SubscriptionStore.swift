@@ -89,23 +89,41 @@ public struct SubscriptionStore: Sendable {
         let isCluster = try await redis.isCluster()
         var counted: (count: Int64, ceiling: Int64) = (0, 0)
         var touched = [record, device]
+        // What the script counts: everything on a standalone Redis; on a cluster a device's own counter (in the
+        // device's slot, its ceiling claimed here first) or nothing (a credential's counter, counted first).
+        var counting = window
         if !isCluster {
             touched += [keys.channel(input.channel), keys.subscriptionExpiry(id: id)]
             if let window { touched += window.redisKeys }
         } else if let window {
-            counted = try await RateLimiter.count(window, on: redis)
-            guard window.decision(count: counted.count, ceilingCount: counted.ceiling).allowed else { return (.rateLimited, counted) }
+            if RedisCluster.slot(of: window.counter.redisKey) == RedisCluster.slot(of: record) {
+                guard let ceiling = try await window.claimCeiling(on: redis) else { return (.rateLimited, window.ceilingRefusal) }
+                counted.ceiling = ceiling
+                counting = window.own
+                touched.append(window.counter.redisKey)
+            } else {
+                counted = try await RateLimiter.count(window, on: redis)
+                guard window.decision(count: counted.count, ceilingCount: counted.ceiling).allowed else { return (.rateLimited, counted) }
+                counting = nil
+            }
         }
-        let reply = try await redis.run(Scripts.upsert, keys: touched,
-            args: [id, input.channel, input.deviceToken, input.tokenType.rawValue, input.environment.rawValue,
-                   input.activityID ?? "", metadata, stamp, updatedMs, target,
-                   expiresAt.map(String.init) ?? "", String(maxPerDevice), member, isCluster ? "0" : "1"]
-                + (isCluster ? RateLimiter.Window.countingNothing : window?.scriptArguments ?? RateLimiter.Window.countingNothing))
+        let reply: RedisValue
+        do {
+            reply = try await redis.run(Scripts.upsert, keys: touched,
+                args: [id, input.channel, input.deviceToken, input.tokenType.rawValue, input.environment.rawValue,
+                       input.activityID ?? "", metadata, stamp, updatedMs, target,
+                       expiresAt.map(String.init) ?? "", String(maxPerDevice), member, isCluster ? "0" : "1"]
+                    + (counting?.scriptArguments ?? RateLimiter.Window.countingNothing))
+        } catch {
+            if isCluster, counting != nil { window?.releaseCeiling() }
+            throw error
+        }
         guard let parts = reply.array, parts.count == 4, let created = parts[0].int, let createdAt = parts[1].string,
               let count = parts[2].int, let ceiling = parts[3].int else {
             throw StoreError.unexpectedReply("upsert")
         }
-        if !isCluster { counted = (count, ceiling) }
+        if !isCluster { counted = (count, ceiling) } else if counting != nil { counted.count = count }
+        if isCluster, counting != nil, created == -1 { window?.releaseCeiling() }
         guard created >= 0 else { return (created == -2 ? .tooMany : .rateLimited, counted) }
         if isCluster {
             // Last, so a push never finds an entry whose record was not written.

@@ -544,6 +544,38 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await hit("c") == .init(allowed: false, limit: 3, remaining: 0, resetSeconds: 50))
     }
 
+    /// Two ingest processes (two limiters) under one public key's ceiling. A standalone Redis counts it in every
+    /// call. A cluster counts it in each process, which sends its counts 100 ms later and asks Redis for the total
+    /// when its last answer is older than that (`CeilingTally`): with the pauses here every count has been sent
+    /// before the other process goes on, so the two together admit exactly the limit, the second learning from
+    /// Redis what the first counted.
+    @Test func processesShareTheKeysCeiling() async throws {
+        let redis = try TestRedis()
+        let limiters = [RateLimiter(redis: redis.client, limit: 1_000, appLimit: 50),
+                        RateLimiter(redis: redis.client, limit: 1_000, appLimit: 50)]
+        let now = Date(timeIntervalSince1970: 1_800_000_010)
+        var device = 0
+        func admitted(_ process: Int, _ requests: Int) async throws -> Int {
+            var admitted = 0
+            for _ in 0..<requests {
+                device += 1
+                let limiter = limiters[process]
+                let window = limiter.window(for: "key:pub", device: "d\(device)", app: redis.app, now: now)
+                if try await limiter.hit(window).allowed { admitted += 1 }
+            }
+            try await Task.sleep(for: .milliseconds(300)) // the counts are sent, and the last answer is old
+            return admitted
+        }
+        #expect(try await admitted(0, 30) == 30)
+        #expect(try await admitted(1, 40) == 20)
+        #expect(try await admitted(0, 5) == 0)
+        #expect(try await admitted(1, 5) == 0)
+        if try await redis.client.isCluster() {
+            let counter = RedisKeys(app: redis.app).rateLimit("key:pub", window: 1_800_000_010 / 60)
+            #expect(try await redis.client.command(["GET", counter]).string == "50")
+        }
+    }
+
     @Test func anIdPublishesOnce() async throws {
         let redis = try TestRedis()
         let store = IdempotencyStore(redis: redis.client)
