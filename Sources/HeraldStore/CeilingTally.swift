@@ -83,7 +83,8 @@ final class CeilingTally: Sendable {
         return amount
     }
 
-    /// Sends what was counted every `interval` until nothing more is; stops when the window's entry is gone.
+    /// Sends what was counted every `interval` until nothing more is; stops when the window's entry is gone, or
+    /// when Redis does not answer (the next request's claim starts it again).
     private func sendLater(_ key: String, ttlSeconds: Int, redis: RedisClient) async {
         while true {
             try? await Task.sleep(for: interval)
@@ -97,7 +98,10 @@ final class CeilingTally: Sendable {
                 return take(&entry)
             }
             guard let amount else { return }
-            try? await send(amount, to: key, ttlSeconds: ttlSeconds, redis: redis) { _ in }
+            do { try await send(amount, to: key, ttlSeconds: ttlSeconds, redis: redis) { _ in } } catch {
+                entries.withLock { $0[key]?.sendScheduled = false }
+                return
+            }
         }
     }
 
