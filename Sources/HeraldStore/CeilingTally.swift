@@ -39,7 +39,7 @@ final class CeilingTally: Sendable {
 
     /// Counts one request in `ceiling` if it is within the limit and returns the ceiling's count with it; nil
     /// (nothing counted) when it is not.
-    func claim(_ ceiling: RateLimiter.Counter, window: Int, ttlSeconds: Int, redis: RedisClient) async throws -> Int64? {
+    func claim(_ ceiling: RateLimiter.Counter, window: Int, ttlSeconds: Int, redis: RedisClient) async -> Int64? {
         let key = ceiling.redisKey
         let ask: Int64? = entries.withLock { entries in
             var entry: Entry
@@ -52,7 +52,11 @@ final class CeilingTally: Sendable {
             entry.asking = true
             return take(&entry)
         }
-        if let ask { try await send(ask, to: key, ttlSeconds: ttlSeconds, redis: redis) { $0.asking = false } }
+        if let ask {
+            // Unanswered (the counter's node failing over), the request is decided on what is known: the ceiling
+            // bounds a whole app, and its node's failure should not refuse the devices whose own slots answer.
+            try? await send(ask, to: key, ttlSeconds: ttlSeconds, redis: redis) { $0.asking = false }
+        }
         let (count, schedule): (Int64?, Bool) = entries.withLock { entries in
             var entry = entries[key] ?? Entry(window: window)
             defer { entries[key] = entry }

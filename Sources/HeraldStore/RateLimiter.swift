@@ -74,9 +74,9 @@ public struct RateLimiter: Sendable {
 
         /// On a cluster: counts the request in the ceiling (`CeilingTally`); its count with this request, 0 when
         /// the window has no ceiling, nil when the ceiling refuses (nothing counted).
-        func claimCeiling(on redis: RedisClient) async throws -> Int64? {
+        func claimCeiling(on redis: RedisClient) async -> Int64? {
             guard let ceiling else { return 0 }
-            return try await tally.claim(ceiling, window: number, ttlSeconds: ttlSeconds, redis: redis)
+            return await tally.claim(ceiling, window: number, ttlSeconds: ttlSeconds, redis: redis)
         }
 
         /// Takes back `claimCeiling`'s claim of a request its own counter refused.
@@ -134,7 +134,7 @@ public struct RateLimiter: Sendable {
     /// Counts one request in `window`; returns the counters' values after it (`ceiling` 0 when not counted).
     static func count(_ window: Window, on redis: RedisClient) async throws -> (count: Int64, ceiling: Int64) {
         guard window.ceiling != nil, try await redis.isCluster() else { return try await countInRedis(window, on: redis) }
-        guard let ceiling = try await window.claimCeiling(on: redis) else { return window.ceilingRefusal }
+        guard let ceiling = await window.claimCeiling(on: redis) else { return window.ceilingRefusal }
         do {
             let own = try await countInRedis(window.own, on: redis)
             guard own.count <= window.counter.limit else {

@@ -97,7 +97,7 @@ public struct SubscriptionStore: Sendable {
             if let window { touched += window.redisKeys }
         } else if let window {
             if RedisCluster.slot(of: window.counter.redisKey) == RedisCluster.slot(of: record) {
-                guard let ceiling = try await window.claimCeiling(on: redis) else { return (.rateLimited, window.ceilingRefusal) }
+                guard let ceiling = await window.claimCeiling(on: redis) else { return (.rateLimited, window.ceilingRefusal) }
                 counted.ceiling = ceiling
                 counting = window.own
                 touched.append(window.counter.redisKey)
