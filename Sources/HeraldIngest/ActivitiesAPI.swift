@@ -30,7 +30,7 @@ struct ActivitiesAPI: Sendable {
         let input = try ActivityRegistrationInput(try request.jsonBody(), app: admission.app)
         let registration: ActivityRegistration, renewed: Bool
         switch try await store.register(app: admission.app.id, user: admission.principal.user, input,
-                                        counting: meter.window(device: input.pushToken)) {
+                                        counting: meter.window(device: input.pushToken, in: .activityToken)) {
         case .rateLimited(let decision):
             throw gate.refuse(meter, decision)
         case .stored(let stored, let wasRenewed, let decision):

@@ -66,9 +66,10 @@ struct Gatekeeper: Sendable {
             (self.limiter, self.principal, self.app) = (limiter, principal, app)
         }
 
-        /// The window to count the request in, for the device token it is about.
-        func window(device: String?) -> RateLimiter.Window {
-            limiter.window(for: principal.rateLimitKey, device: Gatekeeper.rateLimitDevice(principal, device), app: app)
+        /// The window to count the request in, for the device token it is about (its counter in `slot`).
+        func window(device: String?, in slot: RedisKeys.DeviceCounterSlot = .deviceToken) -> RateLimiter.Window {
+            limiter.window(for: principal.rateLimitKey, device: Gatekeeper.rateLimitDevice(principal, device), in: slot,
+                           app: app)
         }
 
         func record(_ decision: RateLimiter.Decision) { self.decision = decision }

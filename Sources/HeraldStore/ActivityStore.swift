@@ -75,13 +75,37 @@ public struct ActivityStore: Sendable {
         var counting = window, counted: (count: Int64, ceiling: Int64)?
         let isCluster = try await redis.isCluster()
         if isCluster {
+            // The token's script counts a device's window (in the token's slot, its ceiling claimed here first); a
+            // credential's window, in its own slot, is counted first.
+            var tokenCounting: RateLimiter.Window?
             if let window {
-                let counts = try await RateLimiter.count(window, on: redis)
-                guard window.decision(count: counts.count, ceilingCount: counts.ceiling).allowed else { return (nil, counts) }
-                (counting, counted) = (nil, counts)
+                if RedisCluster.slot(of: window.counter.redisKey) == RedisCluster.slot(of: token) {
+                    guard let ceiling = await window.claimCeiling(on: redis) else { return (nil, window.ceilingRefusal) }
+                    (tokenCounting, counted) = (window.own, (0, ceiling))
+                } else {
+                    let counts = try await RateLimiter.count(window, on: redis)
+                    guard window.decision(count: counts.count, ceilingCount: counts.ceiling).allowed else { return (nil, counts) }
+                    counted = counts
+                }
+                counting = nil
             }
-            try await redis.run(Scripts.registerToken, keys: [token],
-                                args: [member, expiry, String(nowMs), String(ttlMs), indexTTL])
+            let reply: RedisValue
+            do {
+                reply = try await redis.run(Scripts.registerToken, keys: [token] + (tokenCounting?.redisKeys ?? []),
+                    args: [member, expiry, String(nowMs), String(ttlMs), indexTTL]
+                        + (tokenCounting?.scriptArguments ?? RateLimiter.Window.countingNothing))
+            } catch {
+                if tokenCounting != nil { window?.releaseCeiling() }
+                throw error
+            }
+            guard let parts = reply.string?.split(separator: " "), parts.count == 2, let count = Int64(parts[1]) else {
+                throw StoreError.unexpectedReply("registerToken")
+            }
+            if tokenCounting != nil { counted?.count = count }
+            if parts[0] == "-" {
+                window?.releaseCeiling()
+                return (nil, counted ?? (count, 0))
+            }
         } else {
             touched.append(token)
             if let window { touched += window.redisKeys }
@@ -273,9 +297,14 @@ extension Scripts {
         return '+ ' .. count .. ' ' .. ceilingCount
         """)
 
-    /// KEYS: token index. ARGV: member (`<id><postIdHash>`), expiry (ms), now (ms), ttl (ms), index TTL (ms).
-    /// `register`'s token index step, by itself: on a cluster the token index is in another slot.
-    static let registerToken = RedisScript(source: """
+    /// KEYS: token index, then the rate-limit counter when it is in the token's slot. ARGV: member
+    /// (`<id><postIdHash>`), expiry (ms), now (ms), ttl (ms), index TTL (ms), then the rate-limit window's
+    /// `scriptArguments` (counter "" to count nothing).
+    /// `register`'s token index step, by itself: on a cluster the token index is in another slot. Returns
+    /// "+ <count>", or "- <count>" over the limit (nothing written).
+    static let registerToken = RedisScript(source: RateLimiter.countingLua(first: 6) + """
+
+        if refused then return '- ' .. count end
         local tok, ttl = KEYS[1], tonumber(ARGV[4])
         local left = redis.call('PTTL', tok)
         redis.call('ZADD', tok, ARGV[2], ARGV[1])
@@ -285,7 +314,7 @@ extension Scripts {
           redis.call('ZREMRANGEBYSCORE', tok, '-inf', ARGV[3])
           redis.call('PEXPIRE', tok, ARGV[5])
         end
-        return 1
+        return '+ ' .. count
         """)
 
     /// KEYS: post index. ARGV: the post's registration key prefix (`…:act:`).

@@ -14,7 +14,7 @@ import HeraldCrypto
 /// | `herald:{app:c:<channel>}:gone:<n>` | hash, 30 min | `<id>:<updatedMs>` of subscriptions a cluster removal took from the channel index in the n-th ten minutes |
 /// | `herald:{app:e:<n>}:subexp` | zset | `<id><token>` by expiry (UNIX seconds), for the sweep; n = the id's first byte mod 64 |
 /// | `herald:{app:k:<credential>}:rl:<window>` | counter, 61 s | fixed-window rate limit of one API key or OAuth subject |
-/// | `herald:{app:d:<token>}:rl:<credential>:<window>` | counter, 61 s | the same for one device behind a public key |
+/// | `herald:{app:d:<token>}:rl:<credential>:<window>` | counter, 61 s | the same for one device behind a public key (`a:` for a Live Activity push token) |
 /// | `herald:{app:p:<hash>}:act:<id>` | hash, TTL | one Live Activity registration, in its post's slot: createdAt, user, postIdHash, pushToken, environment, bundleId, lastSeenMs |
 /// | `herald:{app:p:<hash>}:post` | zset, TTL | registration ids of a post, scored by expiry (ms) |
 /// | `herald:{app:a:<token>}:acttok` | zset, TTL | `<id><postIdHash>` of a push token's registrations, scored by expiry (ms) |
@@ -53,11 +53,21 @@ public struct RedisKeys: Sendable {
     public func subscriptionExpiry(id: String) -> String {
         subscriptionExpiry(bucket: (Int(id.prefix(2), radix: 16) ?? 0) % Self.expiryBuckets)
     }
+    /// Whose slot a device's rate-limit counter lives in: the entity the request writes first, so that the script
+    /// writing it counts the request.
+    public enum DeviceCounterSlot: String, Sendable {
+        /// A subscription's device token (`d:`).
+        case deviceToken = "d:"
+        /// A Live Activity push token (`a:`).
+        case activityToken = "a:"
+    }
+
     /// A rate-limit counter of `credential` for `window`, in the credential's slot; with `device`, of that device
-    /// behind it, in the device's slot (where a subscription's script counts it).
-    public func rateLimit(_ credential: String, device: String? = nil, window: Int) -> String {
+    /// behind it, in `slot`.
+    public func rateLimit(_ credential: String, device: String? = nil, in slot: DeviceCounterSlot = .deviceToken,
+                          window: Int) -> String {
         guard let device else { return entity("k:", credential, "}:rl:" + String(window)) }
-        return entity("d:", device, "}:rl:" + credential + ":" + String(window))
+        return entity(slot.rawValue, device, "}:rl:" + credential + ":" + String(window))
     }
     public func registration(_ id: String, post: String) -> String { entity("p:", post, "}:act:" + id) }
     public func post(_ hash: String) -> String { entity("p:", hash, "}:post") }

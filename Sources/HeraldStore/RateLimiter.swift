@@ -113,13 +113,15 @@ public struct RateLimiter: Sendable {
     }
 
     /// The window of a request by `key` in `app` at `now`; `device` names the device when `key` is a public key
-    /// on a device endpoint ("-" when the request did not say which), nil for a credential of one caller.
-    /// Windows are aligned to multiples of the window length, so every instance agrees on when one ends.
-    public func window(for key: String, device: String? = nil, app: String, now: Date = Date()) -> Window {
+    /// on a device endpoint ("-" when the request did not say which), nil for a credential of one caller; its
+    /// counter lives in `slot`. Windows are aligned to multiples of the window length, so every instance agrees on
+    /// when one ends.
+    public func window(for key: String, device: String? = nil, in slot: RedisKeys.DeviceCounterSlot = .deviceToken,
+                       app: String, now: Date = Date()) -> Window {
         let seconds = Int(now.timeIntervalSince1970)
         let window = seconds / windowSeconds
         let keys = RedisKeys(app: app)
-        let own = Counter(redisKey: keys.rateLimit(key, device: device, window: window), limit: limit)
+        let own = Counter(redisKey: keys.rateLimit(key, device: device, in: slot, window: window), limit: limit)
         let ceiling = device == nil ? nil : Counter(redisKey: keys.rateLimit(key, window: window), limit: appLimit)
         return Window(counter: own, ceiling: ceiling, number: window, tally: tally, ttlSeconds: windowSeconds + 1,
                       resetSeconds: (window + 1) * windowSeconds - seconds)
