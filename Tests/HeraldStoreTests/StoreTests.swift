@@ -576,6 +576,18 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         }
     }
 
+    /// A ceiling whose counter's node does not answer (failing over): a cluster decides on what the process has
+    /// counted instead of refusing every device of the app, and still stops at the limit.
+    @Test func aCeilingWhoseNodeDoesNotAnswerIsDecidedOnWhatIsKnown() async throws {
+        let unanswered = RedisClient(configuration: RedisConfiguration(port: Int(try freePort()), poolSize: 1))
+        defer { Task { await unanswered.close() } }
+        let tally = CeilingTally()
+        let ceiling = RateLimiter.Counter(redisKey: "herald:{t:k:x}:rl:1", limit: 3)
+        var counts: [Int64?] = []
+        for _ in 0..<5 { counts.append(await tally.claim(ceiling, window: 1, ttlSeconds: 61, redis: unanswered)) }
+        #expect(counts == [1, 2, 3, nil, nil])
+    }
+
     @Test func anIdPublishesOnce() async throws {
         let redis = try TestRedis()
         let store = IdempotencyStore(redis: redis.client)
