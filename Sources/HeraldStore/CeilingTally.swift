@@ -119,7 +119,8 @@ final class CeilingTally: Sendable {
                 guard var entry = entries[key] else { return }
                 entry.sending -= amount
                 // A failed send goes again with the next: counted twice if Redis applied it, never lost.
-                if let total { (entry.known, entry.lastAnswer) = (total, .now) } else { entry.unsent += amount }
+                // An answer can overtake an earlier one: the counter only grows within its window.
+                if let total { (entry.known, entry.lastAnswer) = (max(entry.known, total), .now) } else { entry.unsent += amount }
                 done(&entry)
                 entries[key] = entry
             }

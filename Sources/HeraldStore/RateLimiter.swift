@@ -8,11 +8,12 @@ import HeraldRedis
 /// the key's app-wide ceiling (`appLimit`): one abusive device cannot lock the others out, and the whole
 /// population still has a bound.
 ///
-/// A credential's counter lives in its hash slot (`herald:{app:k:<credential>}:rl:…`), a device's in the device's
-/// (`herald:{app:d:<token>}:rl:…`). On a standalone Redis a script that does a request's work counts it in the same
-/// call (`SubscriptionStore.upsert(app:_:counting:now:)`): one round trip, not two. On a cluster a device's counter
-/// is counted by the script that writes the device's subscription, a credential's by a call of its own before the
-/// work, and a public key's app-wide ceiling by each process in batches (`CeilingTally`).
+/// A credential's counter lives in its hash slot (`herald:{app:k:<credential>}:rl:…`), a device's in the slot of
+/// the token its request writes (`herald:{app:d:<token>}:rl:…`, `a:` for a Live Activity push token). On a
+/// standalone Redis a script that does a request's work counts it in the same call
+/// (`SubscriptionStore.upsert(app:_:counting:now:)`): one round trip, not two. On a cluster a device's counter is
+/// counted by the script that writes its token's keys, a credential's by a call of its own before the work, and a
+/// public key's app-wide ceiling by each process in batches (`CeilingTally`).
 public struct RateLimiter: Sendable {
     public struct Decision: Sendable, Equatable {
         public var allowed: Bool
