@@ -75,37 +75,29 @@ public struct ActivityStore: Sendable {
         var counting = window, counted: (count: Int64, ceiling: Int64)?
         let isCluster = try await redis.isCluster()
         if isCluster {
-            // The token's script counts a device's window (in the token's slot, its ceiling claimed here first); a
-            // credential's window, in its own slot, is counted first.
-            var tokenCounting: RateLimiter.Window?
+            // The token's script counts what `split` leaves it.
+            var split: RateLimiter.SplitCount?
             if let window {
-                if RedisCluster.slot(of: window.counter.redisKey) == RedisCluster.slot(of: token) {
-                    guard let ceiling = await window.claimCeiling(on: redis) else { return (nil, window.ceilingRefusal) }
-                    (tokenCounting, counted) = (window.own, (0, ceiling))
-                } else {
-                    let counts = try await RateLimiter.count(window, on: redis)
-                    guard window.decision(count: counts.count, ceilingCount: counts.ceiling).allowed else { return (nil, counts) }
-                    counted = counts
-                }
+                let started = try await window.split(beside: token, on: redis)
+                guard !started.refused else { return (nil, started.counts) }
+                split = started
                 counting = nil
             }
             let reply: RedisValue
             do {
-                reply = try await redis.run(Scripts.registerToken, keys: [token] + (tokenCounting?.redisKeys ?? []),
+                reply = try await redis.run(Scripts.registerToken, keys: [token] + (split?.inScript?.redisKeys ?? []),
                     args: [member, expiry, String(nowMs), String(ttlMs), indexTTL]
-                        + (tokenCounting?.scriptArguments ?? RateLimiter.Window.countingNothing))
+                        + (split?.inScript?.scriptArguments ?? RateLimiter.Window.countingNothing))
             } catch {
-                if tokenCounting != nil { window?.releaseCeiling() }
+                split?.abandon()
                 throw error
             }
             guard let parts = reply.string?.split(separator: " "), parts.count == 2, let count = Int64(parts[1]) else {
                 throw StoreError.unexpectedReply("registerToken")
             }
-            if tokenCounting != nil { counted?.count = count }
-            if parts[0] == "-" {
-                window?.releaseCeiling()
-                return (nil, counted ?? (count, 0))
-            }
+            split?.settle(scriptCount: count, refused: parts[0] == "-")
+            counted = split?.counts
+            if parts[0] == "-" { return (nil, counted ?? (count, 0)) }
         } else {
             touched.append(token)
             if let window { touched += window.redisKeys }

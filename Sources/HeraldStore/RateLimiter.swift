@@ -96,6 +96,46 @@ public struct RateLimiter: Sendable {
             [counter.redisKey, String(counter.limit), String(ttlSeconds), ceiling?.redisKey ?? "",
              String(ceiling?.limit ?? 0)]
         }
+
+        /// On a cluster, starts counting a request whose first write is a script in `scriptKey`'s slot: that
+        /// script counts the own counter when it shares the slot (the ceiling claimed here first); otherwise a
+        /// call of its own counts the window now.
+        func split(beside scriptKey: String, on redis: RedisClient) async throws -> SplitCount {
+            guard RedisCluster.slot(of: counter.redisKey) == RedisCluster.slot(of: scriptKey) else {
+                let counts = try await RateLimiter.count(self, on: redis)
+                let allowed = decision(count: counts.count, ceilingCount: counts.ceiling).allowed
+                return SplitCount(window: self, inScript: nil, counts: counts, refused: !allowed)
+            }
+            guard let ceiling = await claimCeiling(on: redis) else {
+                return SplitCount(window: self, inScript: nil, counts: ceilingRefusal, refused: true)
+            }
+            return SplitCount(window: self, inScript: own, counts: (0, ceiling), refused: false)
+        }
+    }
+
+    /// A request's count on a cluster, split between the instance (the ceiling), a call of its own and the script
+    /// that does the request's first write (`Window.split`).
+    struct SplitCount {
+        let window: Window
+        /// What the script counts: the window's own counter, or nothing (nil).
+        let inScript: Window?
+        /// The counters' values after this request (with `inScript`'s count once `settle`d).
+        var counts: (count: Int64, ceiling: Int64)
+        /// Refused before the script: it must not run.
+        let refused: Bool
+
+        /// The script ran: its count of `inScript`, and whether that refused the request (then the ceiling's claim
+        /// is taken back).
+        mutating func settle(scriptCount: Int64, refused: Bool) {
+            guard inScript != nil else { return }
+            counts.count = scriptCount
+            if refused { window.releaseCeiling() }
+        }
+
+        /// The script failed: the ceiling's claim is taken back.
+        func abandon() {
+            if inScript != nil { window.releaseCeiling() }
+        }
     }
 
     let redis: RedisClient

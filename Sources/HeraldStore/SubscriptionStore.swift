@@ -87,26 +87,19 @@ public struct SubscriptionStore: Sendable {
         let member = id + input.deviceToken
         let record = keys.subscription(id, token: input.deviceToken), device = keys.device(input.deviceToken)
         let isCluster = try await redis.isCluster()
-        var counted: (count: Int64, ceiling: Int64) = (0, 0)
         var touched = [record, device]
-        // What the script counts: everything on a standalone Redis; on a cluster a device's own counter (in the
-        // device's slot, its ceiling claimed here first) or nothing (a credential's counter, counted first).
-        var counting = window
+        // What the script counts: everything on a standalone Redis; on a cluster what `split` leaves it.
+        var split: RateLimiter.SplitCount?
         if !isCluster {
             touched += [keys.channel(input.channel), keys.subscriptionExpiry(id: id)]
             if let window { touched += window.redisKeys }
         } else if let window {
-            if RedisCluster.slot(of: window.counter.redisKey) == RedisCluster.slot(of: record) {
-                guard let ceiling = await window.claimCeiling(on: redis) else { return (.rateLimited, window.ceilingRefusal) }
-                counted.ceiling = ceiling
-                counting = window.own
-                touched.append(window.counter.redisKey)
-            } else {
-                counted = try await RateLimiter.count(window, on: redis)
-                guard window.decision(count: counted.count, ceilingCount: counted.ceiling).allowed else { return (.rateLimited, counted) }
-                counting = nil
-            }
+            let started = try await window.split(beside: record, on: redis)
+            guard !started.refused else { return (.rateLimited, started.counts) }
+            if let inScript = started.inScript { touched += inScript.redisKeys }
+            split = started
         }
+        let counting = isCluster ? split?.inScript : window
         let reply: RedisValue
         do {
             reply = try await redis.run(Scripts.upsert, keys: touched,
@@ -115,15 +108,15 @@ public struct SubscriptionStore: Sendable {
                        expiresAt.map(String.init) ?? "", String(maxPerDevice), member, isCluster ? "0" : "1"]
                     + (counting?.scriptArguments ?? RateLimiter.Window.countingNothing))
         } catch {
-            if isCluster, counting != nil { window?.releaseCeiling() }
+            split?.abandon()
             throw error
         }
         guard let parts = reply.array, parts.count == 4, let created = parts[0].int, let createdAt = parts[1].string,
               let count = parts[2].int, let ceiling = parts[3].int else {
             throw StoreError.unexpectedReply("upsert")
         }
-        if !isCluster { counted = (count, ceiling) } else if counting != nil { counted.count = count }
-        if isCluster, counting != nil, created == -1 { window?.releaseCeiling() }
+        split?.settle(scriptCount: count, refused: created == -1)
+        let counted = split?.counts ?? (count, ceiling)
         guard created >= 0 else { return (created == -2 ? .tooMany : .rateLimited, counted) }
         if isCluster {
             // Last, so a push never finds an entry whose record was not written.
