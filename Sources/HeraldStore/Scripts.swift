@@ -104,6 +104,17 @@ enum Scripts {
         return 1
         """)
 
+    /// KEYS: subscription, expiry index. ARGV: its expiry index member (`<id><token>`), now (UNIX seconds).
+    /// The sweep's repair of a due expiry entry whose record it did not remove: gives the entry the record's later
+    /// expiry as its score (a renewal), or takes it (the record is gone, has no expiry, or cannot be removed),
+    /// deciding on the record as it is now, so an upsert since the sweep read it keeps its entry.
+    static let reindexExpiry = RedisScript(source: """
+        local expiresAt = tonumber(redis.call('HGET', KEYS[1], 'expiresAt') or '')
+        if not expiresAt or expiresAt <= tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[2], ARGV[1]) end
+        redis.call('ZADD', KEYS[2], expiresAt, ARGV[1])
+        return 0
+        """)
+
     /// KEYS: a channel index. ARGV: a subscription id, now (UNIX seconds).
     /// The sweep's removal of a channel index entry: only an entry whose expiry has passed goes, so a renewal
     /// written since the sweep read the record (a later expiry, or none) keeps its entry. Returns 1 when it went.

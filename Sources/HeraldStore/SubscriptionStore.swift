@@ -271,8 +271,8 @@ public struct SubscriptionStore: Sendable {
         ["ZRANGEBYSCORE", index, "-inf", String(now), "LIMIT", "0", String(batchSize)]
     }
 
-    /// Removes the subscriptions of one expiry index's due `members` (`<id><token>`) that have expired; drops
-    /// entries whose record is gone or has no expiry, and gives a renewed one its new expiry as its score.
+    /// Removes the subscriptions of one expiry index's due `members` (`<id><token>`) that have expired; an entry
+    /// whose record is gone, has no expiry or was renewed is repaired (`Scripts.reindexExpiry`).
     private func expire(_ members: [String], from index: String, keys: RedisKeys, now: Int64) async throws -> Int {
         // `<id><token>`: the id is 24 hex digits.
         let parsed = members.map { member in
@@ -281,24 +281,17 @@ public struct SubscriptionStore: Sendable {
         let records = try await redis.pipeline(parsed.map {
             ["HMGET", keys.subscription($0.id, token: $0.token), "channel", "updatedMs", "expiresAt"]
         })
-        var doomed: [Removal] = [], gone: [String] = [], renewed: [String] = []
+        var doomed: [Removal] = [], repaired: [(keys: [String], args: [String])] = []
         for (entry, record) in zip(parsed, records) {
-            guard let fields = record.array, fields.count == 3, let channel = fields[0].string,
-                  let updatedMs = fields[1].string else {
-                gone.append(entry.member)
-                continue
-            }
-            let expiresAt = fields[2].string ?? ""
-            if expiresAt.isEmpty {
-                gone.append(entry.member) // written since without an expiry (the TTL was turned off)
-            } else if let seconds = Int64(expiresAt), seconds > now {
-                renewed += [expiresAt, entry.member] // its score is its expiry again
-            } else {
+            let fields = record.array?.map(\.string)
+            if let fields, fields.count == 3, let channel = fields[0], let updatedMs = fields[1],
+               let expiresAt = fields[2].flatMap({ Int64($0) }), expiresAt <= now {
                 doomed.append(Removal(id: entry.id, token: entry.token, channel: channel, updatedMs: updatedMs))
+            } else {
+                repaired.append(([keys.subscription(entry.id, token: entry.token), index], [entry.member, String(now)]))
             }
         }
-        if !gone.isEmpty { try await redis.command(["ZREM", index] + gone) }
-        if !renewed.isEmpty { try await redis.command(["ZADD", index] + renewed) }
+        if !repaired.isEmpty { try throwFirstErrorReply(await redis.run(Scripts.reindexExpiry, calls: repaired)) }
         return try await remove(keys, doomed, expiredBy: now)
     }
 

@@ -389,6 +389,24 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await redis.appKeys() == [], "nothing left anywhere")
     }
 
+    /// Due expiry entries the sweep does not remove are repaired from their record: one whose record lives longer
+    /// gets its expiry back as the score, one whose record is gone goes, and the next sweep has nothing to do.
+    @Test func theSweepRepairsDueEntriesFromTheirRecord() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client, ttl: .seconds(100))
+        let keys = RedisKeys(app: redis.app)
+        let (living, gone) = (token(), token())
+        let stored = try await store.upsert(app: redis.app, try subscription("news", living)).subscription
+        let index = keys.subscriptionExpiry(token: living)
+        let expiry = try #require(try await redis.client.command(["ZSCORE", index, stored.id + living]).string)
+        _ = try await redis.client.command(["ZADD", index, "1000", stored.id + living])
+        _ = try await redis.client.command(["ZADD", keys.subscriptionExpiry(token: gone), "1000", stored.id + gone])
+        #expect(try await store.expire(app: redis.app) == 0)
+        #expect(try await redis.client.command(["ZSCORE", index, stored.id + living]).string == expiry)
+        #expect(try await redis.expiryEntries() == 1)
+        #expect(try await store.channelBatch(app: redis.app, channel: "news", cursor: "0").targets.map(\.deviceToken) == [living])
+    }
+
     @Test func theSweepKeepsASubscriptionWrittenSinceWithoutAnExpiry() async throws {
         let redis = try TestRedis()
         let store = SubscriptionStore(redis: redis.client, ttl: nil)
