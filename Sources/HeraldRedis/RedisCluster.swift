@@ -10,21 +10,6 @@ public enum RedisCluster {
         slot(ofKeyBytes: Array(key.utf8))
     }
 
-    /// A short hash tag of the slot's own (`s:<n>`, the smallest n whose tag hashes to `slot`), for a key that must
-    /// share a slot with keys of any tag: a slot's index of entries whose own keys live in that slot.
-    public static func tag(forSlot slot: Int) -> String { slotTags[slot] }
-
-    private static let slotTags: [String] = {
-        var tags = [String?](repeating: nil, count: slotCount), missing = slotCount, number = 0
-        while missing > 0 {
-            let tag = "s:" + String(number)
-            let hashed = slot(ofBytes: tag.utf8)
-            if tags[hashed] == nil { (tags[hashed], missing) = (tag, missing - 1) }
-            number += 1
-        }
-        return tags.map { $0! }
-    }()
-
     /// `slot(of:)` for a key of arbitrary bytes.
     static func slot(ofKeyBytes key: [UInt8]) -> Int {
         slot(ofBytes: hashTag(key) ?? key[...])

@@ -1,13 +1,10 @@
 import HeraldCrypto
-import HeraldRedis
 
 /// Redis key layout (version `RedisLayout.current`). Every key starts `herald:`. The hash tag of a key (the part in
 /// braces, which picks its Redis Cluster slot) names one entity, not the app, so an app's subscriptions and
-/// registrations spread over every master of a cluster: what one script touches shares one slot, and an operation
-/// that spans entities runs as ordered steps (see `SubscriptionStore` and `ActivityStore`). The expiry index is one
-/// key per slot, under a tag of the slot's own, so a subscription's expiry entry shares its record's slot. Keys of
-/// the app as a whole, and those that are small and short-lived (broadcast channels, idempotency markers, jobs),
-/// carry the app's tag `{app}`.
+/// registrations spread over every master of a cluster: what one script touches shares one tag, and an operation
+/// that spans entities runs as ordered steps (see `SubscriptionStore` and `ActivityStore`). Keys of the app as a whole, and those that are
+/// small and short-lived (broadcast channels, idempotency markers, jobs), carry the app's tag `{app}`.
 ///
 /// | key | type | what |
 /// | --- | --- | --- |
@@ -15,7 +12,7 @@ import HeraldRedis
 /// | `herald:{app:d:<token>}:dev` | set | ids of the token's subscriptions |
 /// | `herald:{app:c:<channel>}:ch` | hash | subscription id → what a push needs of it (`ChannelTarget.encoded`) |
 /// | `herald:{app:c:<channel>}:gone:<n>` | hash, 30 min | `<id>:<updatedMs>` of subscriptions a cluster removal took from the channel index in the n-th ten minutes |
-/// | `herald:{s:<n>}:<app>:subexp` | zset | `<id><token>` by expiry (UNIX seconds), for the sweep: one per slot, in the slot of the subscriptions' device keys (`RedisCluster.tag(forSlot:)`) |
+/// | `herald:{app:e:<n>}:subexp` | zset | `<id><token>` by expiry (UNIX seconds), for the sweep; n = the id's first byte mod 64 |
 /// | `herald:{app:k:<credential>}:rl:<window>` | counter, 61 s | fixed-window rate limit of one API key or OAuth subject |
 /// | `herald:{app:d:<token>}:rl:<credential>:<window>` | counter, 61 s | the same for one device behind a public key (`a:` for a Live Activity push token) |
 /// | `herald:{app:p:<hash>}:act:<id>` | hash, TTL | one Live Activity registration, in its post's slot: createdAt, user, postIdHash, pushToken, environment, bundleId, lastSeenMs |
@@ -49,14 +46,12 @@ public struct RedisKeys: Sendable {
     /// How long one key of removal markers collects them; each lives three spans, and an upsert looks in the span
     /// before and after its own too, so clocks of different pods may be up to a span apart.
     public static let removalSpan: Int64 = 600
-    /// The expiry index of the subscriptions whose device keys hash to `slot`: one per slot, so the script that
-    /// writes a subscription's record writes its expiry entry too.
-    public func subscriptionExpiry(slot: Int) -> String {
-        "herald:{" + RedisCluster.tag(forSlot: slot) + "}:" + app + ":subexp"
-    }
-    /// The expiry index in the slot of `token`'s device keys.
-    public func subscriptionExpiry(token: String) -> String {
-        subscriptionExpiry(slot: RedisCluster.slot(of: device(token)))
+    /// How many keys the expiry index is split into, so it spreads over a cluster's masters as evenly as the rest.
+    public static let expiryBuckets = 64
+    public func subscriptionExpiry(bucket: Int) -> String { entity("e:", String(bucket), "}:subexp") }
+    /// The expiry index holding subscription `id`: its first byte (two hex digits) modulo the bucket count.
+    public func subscriptionExpiry(id: String) -> String {
+        subscriptionExpiry(bucket: (Int(id.prefix(2), radix: 16) ?? 0) % Self.expiryBuckets)
     }
     /// Whose slot a device's rate-limit counter lives in: the entity the request writes first, so that the script
     /// writing it counts the request.

@@ -9,11 +9,9 @@ import HeraldRuntime
 /// - Layout 1 (before the marker): every key of an app under the app's hash tag `{app}`, so on a Redis Cluster
 ///   one app lived in one slot.
 /// - Layout 2: subscriptions and Live Activity registrations under the tags of their device, channel, post, push
-///   token and expiry bucket, spread over a cluster; the expiry index in 64 buckets (`herald:{<app>:e:<n>}:subexp`).
-/// - Layout 3: the expiry index one key per slot, in the slot of the subscriptions' device keys, so the script
-///   writing a record writes its expiry entry too.
+///   token and expiry bucket, spread over a cluster.
 public enum RedisLayout {
-    public static let current = 3
+    public static let current = 2
     public static let key = "herald:layout"
 
     /// The database's layout: the marker's version, or with no marker 1 when a subscription or registration of
@@ -68,16 +66,12 @@ public enum RedisLayout {
         public var registrations: [String: Int] = [:]
         /// Index keys of layout 1 deleted after the move (their entries are in this layout's indexes now).
         public var oldIndexes = 0
-        /// Entries of layout 2's expiry buckets moved to this layout's expiry indexes, by app.
-        public var expiryEntries: [String: Int] = [:]
-        public var total: Int {
-            subscriptions.values.reduce(0, +) + registrations.values.reduce(0, +) + expiryEntries.values.reduce(0, +)
-        }
+        public var total: Int { subscriptions.values.reduce(0, +) + registrations.values.reduce(0, +) }
     }
 
-    /// Moves a database of layout 1 or 2 to this layout, then marks it. Resumable and idempotent: each subscription,
-    /// registration and expiry entry is written in this layout, then its old keys go, so a run stopped anywhere is
-    /// finished by running it again. Run it with every service stopped (they refuse to start meanwhile). `progress` is called
+    /// Moves a database of layout 1 to this layout, then marks it. Resumable and idempotent: each subscription and
+    /// registration is written in this layout, then its old keys go, so a run stopped anywhere is finished by
+    /// running it again. Run it with every service stopped (they refuse to start meanwhile). `progress` is called
     /// every 1,000 records with the count so far. A dry run only counts.
     public static func migrate(_ redis: RedisClient, dryRun: Bool = false, batchSize: Int = 1000,
                                progress: (Int) -> Void = { _ in }) async throws -> Migration {
@@ -103,7 +97,6 @@ public enum RedisLayout {
             if moved / 1000 > before { progress(moved) }
             return true
         }
-        migration.expiryEntries = try await moveExpiryBuckets(redis, dryRun: dryRun, batchSize: batchSize)
         guard !dryRun else { return migration }
         // What is left of layout 1's indexes names only records that no longer exist.
         try await walkOldKeys(redis, batchSize: batchSize, kinds: ["dev:", "ch:", "post:", "acttok:", "subexp"]) { stale in
@@ -129,7 +122,7 @@ public enum RedisLayout {
                                    activityID: fields["activityID"].flatMap { $0.isEmpty ? nil : $0 }, expiresAt: expiresAt)
         var commands = [["HSET", keys.subscription(id, token: token)] + fields.flatMap { [$0.key, $0.value] },
                         ["SADD", keys.device(token), id], ["HSET", keys.channel(channel), id, target.encoded]]
-        if let expiresAt { commands.append(["ZADD", keys.subscriptionExpiry(token: token), String(expiresAt), id + token]) }
+        if let expiresAt { commands.append(["ZADD", keys.subscriptionExpiry(id: id), String(expiresAt), id + token]) }
         return commands + [["HDEL", oldPrefix + "ch:" + channel, id], ["ZREM", oldPrefix + "subexp", id],
                            ["SREM", oldPrefix + "dev:" + token, id], ["DEL", old.key]]
     }
@@ -149,51 +142,6 @@ public enum RedisLayout {
                 ["ZADD", tokenIndex, expiry, id + post], ["PEXPIRE", tokenIndex, indexTTL, "NX"],
                 ["PEXPIRE", tokenIndex, indexTTL, "GT"],
                 ["ZREM", oldPrefix + "post:" + post, id], ["ZREM", oldPrefix + "acttok:" + token, id], ["DEL", old.key]]
-    }
-
-    /// Moves the entries of layout 2's expiry buckets (`herald:{<app>:e:<n>}:subexp`, `<id><token>` by expiry) to
-    /// the expiry index of their token's slot, a batch at a time, each removed from its bucket once written (a
-    /// bucket goes with its last entry). Returns the entries moved (in a dry run, found), by app.
-    private static func moveExpiryBuckets(_ redis: RedisClient, dryRun: Bool, batchSize: Int) async throws -> [String: Int] {
-        var moved: [String: Int] = [:]
-        for master in try await redis.masters() {
-            var cursor = "0"
-            repeat {
-                let page = try await master.command(["SCAN", cursor, "MATCH", "herald:{*:e:*}:subexp", "COUNT", String(batchSize)])
-                guard let parts = page.array, parts.count == 2, let next = parts[0].string, let found = parts[1].strings else {
-                    throw LayoutError("unexpected reply to SCAN from \(master.address)")
-                }
-                cursor = next
-                for bucket in found {
-                    guard let app = layout2ExpiryBucketApp(bucket) else { continue }
-                    let keys = RedisKeys(app: app)
-                    var start = 0
-                    while true {
-                        let entries = try await redis.command(["ZRANGE", bucket, String(start), String(start + batchSize - 1), "WITHSCORES"])
-                        guard let flat = entries.strings, !flat.isEmpty, flat.count % 2 == 0 else { break }
-                        let pairs = stride(from: 0, to: flat.count, by: 2).map { (member: flat[$0], score: flat[$0 + 1]) }
-                        moved[keys.app, default: 0] += pairs.count
-                        if dryRun { start += batchSize; continue }
-                        // `<id><token>`: the id is 24 hex digits.
-                        try throwFirstErrorReply(await redis.pipeline(pairs.map {
-                            ["ZADD", keys.subscriptionExpiry(token: String($0.member.dropFirst(24))), $0.score, $0.member]
-                        }))
-                        try await redis.command(["ZREM", bucket] + pairs.map(\.member))
-                    }
-                }
-            } while cursor != "0"
-        }
-        return moved
-    }
-
-    /// The app of a layout-2 expiry bucket `herald:{<app>:e:<n>}:subexp`; nil for any other key.
-    private static func layout2ExpiryBucketApp(_ key: String) -> String? {
-        guard key.hasPrefix("herald:{"), key.hasSuffix("}:subexp") else { return nil }
-        let tag = key.dropFirst(8).dropLast(8)
-        guard let marker = tag.range(of: ":e:", options: .backwards), !tag.contains("}") else { return nil }
-        let number = tag[marker.upperBound...]
-        guard !number.isEmpty, number.allSatisfy({ $0.isASCII && $0.isNumber }) else { return nil }
-        return String(tag[..<marker.lowerBound])
     }
 
     /// A record of layout 1: a subscription (`herald:{app}:sub:<id>`) or a registration (`herald:{app}:act:<id>`).

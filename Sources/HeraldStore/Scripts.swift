@@ -1,16 +1,16 @@
 import HeraldRedis
 
-/// The Lua scripts of the subscription model. `upsert` and `removeRecord` touch the keys of one device's slot (its
-/// records, its index and their expiry entries) and `upsert` and `removeSubscription`, on a standalone Redis only,
-/// the subscription's channel index entry too: on a cluster that lives in another slot and `SubscriptionStore`
-/// writes it in a step of its own, with the scripts that touch one channel's keys.
+/// The Lua scripts of the subscription model. `upsert` and `removeSubscription` touch the keys of one device (its
+/// records and its index, one hash slot) and, on a standalone Redis only, the channel and expiry index entries of
+/// the subscription: on a cluster those live in other slots and `SubscriptionStore` writes them in steps of their
+/// own, with the scripts that touch one channel's keys.
 enum Scripts {
-    /// KEYS: subscription, device index, expiry index, then on a standalone Redis the channel index, then the
-    /// rate-limit counters the script counts.
+    /// KEYS: subscription, device index, then on a standalone Redis the channel index, the expiry index and the
+    /// rate-limit counters.
     /// ARGV: id, channel, token, tokenType, environment, activityID, metadata, now (RFC 3339), now (ms), channel
     /// target (`ChannelTarget.encoded`: the channel index's value for this subscription), expiresAt (UNIX seconds,
     /// "" for never), the most subscriptions a device may have, the expiry index's member (`<id><token>`), "1" to
-    /// write the channel index entry here ("0": the caller does, after), then the rate-limit window's
+    /// write the channel and expiry index entries here ("0": the caller does, after), then the rate-limit window's
     /// `scriptArguments` (counter "" to count nothing).
     /// Returns {created (0/1), createdAt, count, ceilingCount}; {-1, "", count, ceilingCount} when a count is over
     /// its limit and {-2, "", count, ceilingCount} when a new subscription would pass the device's cap, having
@@ -33,9 +33,11 @@ enum Scripts {
                    'tokenType', ARGV[4], 'environment', ARGV[5], 'activityID', ARGV[6], 'metadata', ARGV[7],
                    'updatedAt', ARGV[8], 'updatedMs', ARGV[9], 'expiresAt', expiresAt)
         redis.call('SADD', KEYS[2], id)
-        if expiresAt ~= '' then redis.call('ZADD', KEYS[3], expiresAt, ARGV[13]) else redis.call('ZREM', KEYS[3], ARGV[13]) end
-        -- Always rewritten: an update may change the environment, activityID or expiry a push needs.
-        if ARGV[14] == '1' then redis.call('HSET', KEYS[4], id, ARGV[10]) end
+        if ARGV[14] == '1' then
+          -- Always rewritten: an update may change the environment, activityID or expiry a push needs.
+          redis.call('HSET', KEYS[3], id, ARGV[10])
+          if expiresAt ~= '' then redis.call('ZADD', KEYS[4], expiresAt, ARGV[13]) else redis.call('ZREM', KEYS[4], ARGV[13]) end
+        end
         return {created, createdAt, count, ceilingCount}
         """)
 
@@ -55,10 +57,10 @@ enum Scripts {
         return 1
         """)
 
-    /// KEYS: subscription, device index, expiry index. ARGV: id, the subscription's `updatedMs` when it was read
-    /// ("" when it was missing), its expiry index member (`<id><token>`).
-    /// A removal's last step on a cluster: the record and its device and expiry index entries, unless the record
-    /// was written since it was read. Returns 1 when the record went; {tokenType, environment, activityID, expiresAt,
+    /// KEYS: subscription, device index. ARGV: id, the subscription's `updatedMs` when it was read ("" when it was
+    /// missing).
+    /// A removal's last step on a cluster: the record and its device index entry, unless the record was written
+    /// since it was read. Returns 1 when the record went; {tokenType, environment, activityID, expiresAt,
     /// updatedMs} of a record kept that way, whose channel entry the removal's first step may have taken and
     /// must put back; else 0.
     static let removeRecord = RedisScript(source: """
@@ -68,7 +70,6 @@ enum Scripts {
           return redis.call('HMGET', KEYS[1], 'tokenType', 'environment', 'activityID', 'expiresAt', 'updatedMs')
         end
         redis.call('SREM', KEYS[2], ARGV[1])
-        redis.call('ZREM', KEYS[3], ARGV[3])
         if seen == '' then return 0 end
         redis.call('DEL', KEYS[1])
         return 1
@@ -104,17 +105,6 @@ enum Scripts {
         return 1
         """)
 
-    /// KEYS: subscription, expiry index. ARGV: its expiry index member (`<id><token>`), now (UNIX seconds).
-    /// The sweep's repair of a due expiry entry whose record it did not remove: gives the entry the record's later
-    /// expiry as its score (a renewal), or takes it (the record is gone, has no expiry, or cannot be removed),
-    /// deciding on the record as it is now, so an upsert since the sweep read it keeps its entry.
-    static let reindexExpiry = RedisScript(source: """
-        local expiresAt = tonumber(redis.call('HGET', KEYS[1], 'expiresAt') or '')
-        if not expiresAt or expiresAt <= tonumber(ARGV[2]) then return redis.call('ZREM', KEYS[2], ARGV[1]) end
-        redis.call('ZADD', KEYS[2], expiresAt, ARGV[1])
-        return 0
-        """)
-
     /// KEYS: a channel index. ARGV: a subscription id, now (UNIX seconds).
     /// The sweep's removal of a channel index entry: only an entry whose expiry has passed goes, so a renewal
     /// written since the sweep read the record (a later expiry, or none) keeps its entry. Returns 1 when it went.
@@ -123,5 +113,14 @@ enum Scripts {
         local expiresAt = target and string.match(target, '^..~(%d+)~')
         if not expiresAt or tonumber(expiresAt) > tonumber(ARGV[2]) then return 0 end
         return redis.call('HDEL', KEYS[1], ARGV[1])
+        """)
+
+    /// KEYS: an expiry index bucket. ARGV: a member (`<id><token>`), now (UNIX seconds).
+    /// The sweep's removal of an expiry entry: only one whose score (the expiry) has passed goes. Returns 1 when
+    /// it went.
+    static let unindexExpiredEntry = RedisScript(source: """
+        local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+        if not score or tonumber(score) > tonumber(ARGV[2]) then return 0 end
+        return redis.call('ZREM', KEYS[1], ARGV[1])
         """)
 }

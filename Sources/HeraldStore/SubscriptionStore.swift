@@ -6,9 +6,8 @@ import HeraldRuntime
 
 /// Device subscriptions in Redis: upsert with rotation, list and removal for ingest; batched channel reads and
 /// token removal for the dispatcher. A subscription's record and its device's index share the device's hash slot;
-/// so does its expiry index entry (one index per slot). The channel index (which holds each subscription's push
-/// target, `ChannelTarget.encoded`, beside its id) lives in the channel's slot, so on a Redis Cluster an app spreads
-/// over every master (`RedisKeys`).
+/// the channel index (which holds each subscription's push target, `ChannelTarget.encoded`, beside its id) and the
+/// expiry index live in other slots, so on a Redis Cluster an app spreads over every master (`RedisKeys`).
 ///
 /// On a standalone Redis, where every key is on one server, an upsert and a removal are each one script. On a
 /// cluster, writes that span slots are ordered so that a crash between their steps never has a push go to a
@@ -74,8 +73,7 @@ public struct SubscriptionStore: Sendable {
         }
     }
 
-    /// Counts, writes the record and its expiry entry, then the channel index entry, then rotates the previous token
-    /// away.
+    /// Counts, writes the record, then the channel and expiry index entries, then rotates the previous token away.
     private func run(app: String, _ input: SubscriptionInput, counting window: RateLimiter.Window?, now: Date)
         async throws -> (result: Result, counts: (count: Int64, ceiling: Int64)) {
         let keys = RedisKeys(app: app)
@@ -89,11 +87,11 @@ public struct SubscriptionStore: Sendable {
         let member = id + input.deviceToken
         let record = keys.subscription(id, token: input.deviceToken), device = keys.device(input.deviceToken)
         let isCluster = try await redis.isCluster()
-        var touched = [record, device, keys.subscriptionExpiry(token: input.deviceToken)]
+        var touched = [record, device]
         // What the script counts: everything on a standalone Redis; on a cluster what `split` leaves it.
         var split: RateLimiter.SplitCount?
         if !isCluster {
-            touched.append(keys.channel(input.channel))
+            touched += [keys.channel(input.channel), keys.subscriptionExpiry(id: id)]
             if let window { touched += window.redisKeys }
         } else if let window {
             let started = try await window.split(beside: record, on: redis)
@@ -122,8 +120,8 @@ public struct SubscriptionStore: Sendable {
         guard created >= 0 else { return (created == -2 ? .tooMany : .rateLimited, counted) }
         if isCluster {
             // Last, so a push never finds an entry whose record was not written.
-            try await index(keys, [Indexed(id: id, channel: input.channel, target: target, updatedMs: updatedMs)],
-                            onlyWhereMissing: false)
+            try await index(keys, [Indexed(id: id, token: input.deviceToken, channel: input.channel, target: target,
+                                           updatedMs: updatedMs, expiresAt: expiresAt)], onlyWhereMissing: false)
         }
         if let previous = input.previousToken, previous != input.deviceToken {
             _ = try await removeToken(app: app, deviceToken: previous, only: nil, tokenType: input.tokenType, keepAfterMs: nil)
@@ -241,58 +239,48 @@ public struct SubscriptionStore: Sendable {
         return removed
     }
 
-    /// Removes the app's subscriptions whose expiry has passed, looking at every slot's expiry index (a pipeline of
-    /// `expiryIndexesPerCall` at a time) and removing a batch per call from each until none is left; returns how
-    /// many went.
+    /// Removes the app's subscriptions whose expiry has passed, a batch per call of each expiry index until none
+    /// is left; returns how many went.
     public func expire(app: String, now: Date = Date()) async throws -> Int {
         let keys = RedisKeys(app: app)
         let nowSeconds = Int64(now.timeIntervalSince1970)
         var removed = 0
-        for first in stride(from: 0, to: RedisCluster.slotCount, by: Self.expiryIndexesPerCall) {
-            let indexes = (first..<min(first + Self.expiryIndexesPerCall, RedisCluster.slotCount)).map(keys.subscriptionExpiry(slot:))
-            let due = try await redis.pipeline(indexes.map { dueEntries($0, nowSeconds) })
-            try throwFirstErrorReply(due)
-            for (index, reply) in zip(indexes, due) {
-                var members = reply.strings ?? []
-                while !members.isEmpty {
-                    removed += try await expire(members, from: index, keys: keys, now: nowSeconds)
-                    guard members.count == batchSize else { break }
-                    members = try await redis.command(dueEntries(index, nowSeconds)).strings ?? []
+        for bucket in 0..<RedisKeys.expiryBuckets {
+            let index = keys.subscriptionExpiry(bucket: bucket)
+            while true {
+                let members = try await redis.command(["ZRANGEBYSCORE", index, "-inf", String(nowSeconds), "LIMIT", "0",
+                                                       String(batchSize)]).strings ?? []
+                guard !members.isEmpty else { break }
+                // `<id><token>`: the id is 24 hex digits.
+                let parsed = members.map { member in
+                    (member: member, id: String(member.prefix(24)), token: String(member.dropFirst(24)))
                 }
+                let records = try await redis.pipeline(parsed.map {
+                    ["HMGET", keys.subscription($0.id, token: $0.token), "channel", "updatedMs", "expiresAt"]
+                })
+                var doomed: [Removal] = [], gone: [String] = [], renewed: [String] = []
+                for (entry, record) in zip(parsed, records) {
+                    guard let fields = record.array, fields.count == 3, let channel = fields[0].string,
+                          let updatedMs = fields[1].string else {
+                        gone.append(entry.member)
+                        continue
+                    }
+                    let expiresAt = fields[2].string ?? ""
+                    if expiresAt.isEmpty {
+                        gone.append(entry.member) // written since without an expiry (the TTL was turned off)
+                    } else if let seconds = Int64(expiresAt), seconds > nowSeconds {
+                        renewed += [expiresAt, entry.member] // its score is its expiry again
+                    } else {
+                        doomed.append(Removal(id: entry.id, token: entry.token, channel: channel, updatedMs: updatedMs))
+                    }
+                }
+                if !gone.isEmpty { try await redis.command(["ZREM", index] + gone) }
+                if !renewed.isEmpty { try await redis.command(["ZADD", index] + renewed) }
+                removed += try await remove(keys, doomed, expiredBy: nowSeconds)
+                if members.count < batchSize { break }
             }
         }
         return removed
-    }
-
-    /// Expiry indexes the sweep asks about in one pipeline: 16,384 of them (one per slot) in 16 round trips.
-    static let expiryIndexesPerCall = 1024
-
-    private func dueEntries(_ index: String, _ now: Int64) -> [String] {
-        ["ZRANGEBYSCORE", index, "-inf", String(now), "LIMIT", "0", String(batchSize)]
-    }
-
-    /// Removes the subscriptions of one expiry index's due `members` (`<id><token>`) that have expired; an entry
-    /// whose record is gone, has no expiry or was renewed is repaired (`Scripts.reindexExpiry`).
-    private func expire(_ members: [String], from index: String, keys: RedisKeys, now: Int64) async throws -> Int {
-        // `<id><token>`: the id is 24 hex digits.
-        let parsed = members.map { member in
-            (member: member, id: String(member.prefix(24)), token: String(member.dropFirst(24)))
-        }
-        let records = try await redis.pipeline(parsed.map {
-            ["HMGET", keys.subscription($0.id, token: $0.token), "channel", "updatedMs", "expiresAt"]
-        })
-        var doomed: [Removal] = [], repaired: [(keys: [String], args: [String])] = []
-        for (entry, record) in zip(parsed, records) {
-            let fields = record.array?.map(\.string)
-            if let fields, fields.count == 3, let channel = fields[0], let updatedMs = fields[1],
-               let expiresAt = fields[2].flatMap({ Int64($0) }), expiresAt <= now {
-                doomed.append(Removal(id: entry.id, token: entry.token, channel: channel, updatedMs: updatedMs))
-            } else {
-                repaired.append(([keys.subscription(entry.id, token: entry.token), index], [entry.member, String(now)]))
-            }
-        }
-        if !repaired.isEmpty { try throwFirstErrorReply(await redis.run(Scripts.reindexExpiry, calls: repaired)) }
-        return try await remove(keys, doomed, expiredBy: now)
     }
 
     /// A subscription to remove, as read.
@@ -318,7 +306,7 @@ public struct SubscriptionStore: Sendable {
         guard try await redis.isCluster() else {
             let replies = try await redis.run(Scripts.removeSubscription, calls: doomed.map {
                 ([keys.subscription($0.id, token: $0.token), keys.device($0.token), keys.channel($0.channel),
-                  keys.subscriptionExpiry(token: $0.token)], [$0.id, $0.updatedMs, $0.id + $0.token])
+                  keys.subscriptionExpiry(id: $0.id)], [$0.id, $0.updatedMs, $0.id + $0.token])
             })
             try throwFirstErrorReply(replies)
             return replies.reduce(0) { $0 + Int($1.int ?? 0) }
@@ -327,16 +315,24 @@ public struct SubscriptionStore: Sendable {
             try throwFirstErrorReply(await redis.run(Scripts.unindexExpiredTarget, calls: doomed.map {
                 ([keys.channel($0.channel)], [$0.id, String(now)])
             }))
+            try throwFirstErrorReply(await redis.run(Scripts.unindexExpiredEntry, calls: doomed.map {
+                ([keys.subscriptionExpiry(id: $0.id)], [$0.id + $0.token, String(now)])
+            }))
         } else {
             let bucket = Int64(Date().timeIntervalSince1970) / RedisKeys.removalSpan
             let lifetime = String(3 * RedisKeys.removalSpan)
-            try throwFirstErrorReply(await redis.run(Scripts.unindexTarget, calls: doomed.map {
-                ([keys.channel($0.channel), keys.channelRemovals($0.channel, bucket: bucket)], [$0.id, $0.updatedMs, lifetime])
-            }))
+            var unindex: [[String]] = []
+            unindex.reserveCapacity(doomed.count * 2)
+            for removal in doomed {
+                unindex.append(Scripts.unindexTarget.call(
+                    keys: [keys.channel(removal.channel), keys.channelRemovals(removal.channel, bucket: bucket)],
+                    args: [removal.id, removal.updatedMs, lifetime]))
+                unindex.append(["ZREM", keys.subscriptionExpiry(id: removal.id), removal.id + removal.token])
+            }
+            try throwFirstErrorReply(await redis.pipeline(unindex, running: Scripts.unindexTarget))
         }
         let replies = try await redis.run(Scripts.removeRecord, calls: doomed.map {
-            ([keys.subscription($0.id, token: $0.token), keys.device($0.token), keys.subscriptionExpiry(token: $0.token)],
-             [$0.id, $0.updatedMs, $0.id + $0.token])
+            ([keys.subscription($0.id, token: $0.token), keys.device($0.token)], [$0.id, $0.updatedMs])
         })
         try throwFirstErrorReply(replies)
         var removed = 0, kept: [Indexed] = []
@@ -349,34 +345,40 @@ public struct SubscriptionStore: Sendable {
             let expiresAt = fields[3].flatMap { Int64($0) }
             let target = ChannelTarget(deviceToken: removal.token, tokenType: tokenType, environment: environment,
                                        activityID: fields[2].flatMap { $0.isEmpty ? nil : $0 }, expiresAt: expiresAt)
-            kept.append(Indexed(id: removal.id, channel: removal.channel, target: target.encoded, updatedMs: updatedMs))
+            kept.append(Indexed(id: removal.id, token: removal.token, channel: removal.channel, target: target.encoded,
+                                updatedMs: updatedMs, expiresAt: expiresAt))
         }
         try await index(keys, kept, onlyWhereMissing: true)
         return removed
     }
 
-    /// A subscription's channel index entry, as a cluster upsert writes it.
+    /// A subscription's channel and expiry index entries, as a cluster upsert writes them.
     struct Indexed {
         var id: String
+        var token: String
         var channel: String
         /// `ChannelTarget.encoded`.
         var target: String
         /// The record's `updatedMs`: the version a removal may have marked removed.
         var updatedMs: String
+        var expiresAt: Int64?
     }
 
-    /// Writes the channel index entries (`Scripts.indexTarget`): not of a version a removal marked; with
-    /// `onlyWhereMissing`, not over an entry a later upsert wrote.
+    /// Writes the channel index entries (`Scripts.indexTarget`: not of a version a removal marked; with
+    /// `onlyWhereMissing`, not over an entry a later upsert wrote) and the expiry index entries, in one pipeline.
     func index(_ keys: RedisKeys, _ entries: [Indexed], onlyWhereMissing: Bool) async throws {
         guard !entries.isEmpty else { return }
         let bucket = Int64(Date().timeIntervalSince1970) / RedisKeys.removalSpan
-        let calls = entries.map { entry in
-            ([keys.channel(entry.channel)] + (bucket - 1...bucket + 1).map { keys.channelRemovals(entry.channel, bucket: $0) },
-             [entry.id, entry.target, entry.updatedMs, onlyWhereMissing ? "1" : "0"])
+        var commands: [[String]] = []
+        commands.reserveCapacity(entries.count * 2)
+        for entry in entries {
+            commands.append(Scripts.indexTarget.call(
+                keys: [keys.channel(entry.channel)] + (bucket - 1...bucket + 1).map { keys.channelRemovals(entry.channel, bucket: $0) },
+                args: [entry.id, entry.target, entry.updatedMs, onlyWhereMissing ? "1" : "0"]))
+            let expiry = keys.subscriptionExpiry(id: entry.id), member = entry.id + entry.token
+            commands.append(entry.expiresAt.map { ["ZADD", expiry, String($0), member] } ?? ["ZREM", expiry, member])
         }
-        // One entry (an upsert's) as a single call rather than a pipeline of one.
-        if calls.count == 1 { try await redis.run(Scripts.indexTarget, keys: calls[0].0, args: calls[0].1) }
-        else { try throwFirstErrorReply(await redis.run(Scripts.indexTarget, calls: calls)) }
+        try throwFirstErrorReply(await redis.pipeline(commands, running: Scripts.indexTarget))
     }
 
     /// One batch of a channel's subscribers, as much of each as a push needs: `HSCAN` of the channel index from

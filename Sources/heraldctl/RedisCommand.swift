@@ -19,14 +19,12 @@ enum RedisCommand {
             }
             let byApp = migration.subscriptions.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }
                 .joined(separator: ", ")
-            let counts = "\(migration.subscriptions.values.reduce(0, +)) subscriptions" + (byApp.isEmpty ? "" : " (\(byApp))")
-                + ", \(migration.registrations.values.reduce(0, +)) Live Activity registrations and "
-                + "\(migration.expiryEntries.values.reduce(0, +)) expiry entries"
             if dryRun {
-                print("dry run: would move \(counts) to layout \(RedisLayout.current); nothing was changed")
+                print("dry run: \(migration.total) subscriptions would move to layout \(RedisLayout.current)"
+                      + (byApp.isEmpty ? "" : " (\(byApp))") + "; nothing was changed")
             } else {
-                print("layout \(before.map(String.init) ?? "none") → \(RedisLayout.current): moved \(counts), "
-                      + "deleted \(migration.oldIndexes) old index keys")
+                print("layout \(before.map(String.init) ?? "none") → \(RedisLayout.current): \(migration.total) subscriptions moved"
+                      + (byApp.isEmpty ? "" : " (\(byApp))") + ", \(migration.oldIndexes) old index keys deleted")
             }
         } catch {
             await redis.close()

@@ -38,10 +38,10 @@ struct LayoutUpgradeTests {
 
         let environment = ["HERALD_REDIS_URL": redisURL]
         let dryRun = try await heraldctl(["redis", "migrate", "--dry-run"], environment: environment, directory: directory)
-        #expect(dryRun.status == 0 && dryRun.output.contains("would move 1 subscriptions"), "\(dryRun.output)")
+        #expect(dryRun.status == 0 && dryRun.output.contains("1 subscriptions would move"), "\(dryRun.output)")
         #expect(try await redis.command(["EXISTS", prefix + "sub:" + id]).int == 1, "the dry run changed nothing")
         let migrated = try await heraldctl(["redis", "migrate"], environment: environment, directory: directory)
-        #expect(migrated.status == 0 && migrated.output.contains("moved 1 subscriptions"), "\(migrated.output)")
+        #expect(migrated.status == 0 && migrated.output.contains("1 subscriptions moved"), "\(migrated.output)")
 
         let ingest = try IngestServer(apps: apps, redisURL: redisURL, topics: topics, directory: directory, name: "ingest")
         try await ingest.waitUntilReady()

@@ -122,47 +122,6 @@ struct RedisLayoutTests {
         #expect(try await layout1Keys().isEmpty)
     }
 
-    /// Subscriptions as layout 2 wrote them (their expiry entries in 64 buckets `herald:{<app>:e:<n>}:subexp`):
-    /// refused saying what to run, counted by a dry run, moved to the expiry index of each token's slot; then the
-    /// sweep removes them when they expire, and nothing of the buckets is left.
-    @Test func aLayout2DatabaseMigratesItsExpiryIndex() async throws {
-        let logger = Logger(label: "test", minimumLevel: .error)
-        let store = SubscriptionStore(redis: redis, ttl: .seconds(3600))
-        let keys = RedisKeys(app: app)
-        let devices = (0..<20).map { _ in token() }
-        var buckets: Set<String> = []
-        for device in devices {
-            let stored = try await store.upsert(app: app, try subscription("news", device)).subscription
-            let member = stored.id + device, index = keys.subscriptionExpiry(token: device)
-            let score = try #require(try await redis.command(["ZSCORE", index, member]).string)
-            let bucket = "herald:{\(app):e:\(Int(stored.id.prefix(2), radix: 16)! % 64)}:subexp"
-            try await redis.command(["ZREM", index, member])
-            try await redis.command(["ZADD", bucket, score, member])
-            buckets.insert(bucket)
-        }
-        try await redis.command(["SET", RedisLayout.key, "2"])
-        do {
-            try await RedisLayout.prepare(redis, logger: logger)
-            Issue.record("layout 2 was accepted")
-        } catch let error as LayoutError {
-            #expect(error.description.contains("heraldctl redis migrate"))
-        }
-
-        let dryRun = try await RedisLayout.migrate(redis, dryRun: true)
-        #expect(dryRun.expiryEntries == [app: 20] && dryRun.subscriptions.isEmpty)
-        #expect(try await RedisLayout.version(of: redis) == 2, "a dry run changes nothing")
-        #expect(try await store.expire(app: app, now: Date().addingTimeInterval(7200)) == 0, "no entry moved yet")
-
-        let migration = try await RedisLayout.migrate(redis, batchSize: 7)
-        #expect(migration.expiryEntries == [app: 20])
-        #expect(try await RedisLayout.version(of: redis) == RedisLayout.current)
-        for bucket in buckets { #expect(try await redis.command(["EXISTS", bucket]).int == 0, "\(bucket) is left") }
-        #expect(try await RedisLayout.migrate(redis).total == 0)
-        #expect(try await store.expire(app: app) == 0)
-        #expect(try await store.expire(app: app, now: Date().addingTimeInterval(7200)) == 20)
-        #expect(try await store.list(app: app, deviceToken: devices[0]).subscriptions.isEmpty)
-    }
-
     /// One subscription as layout 1's upsert script wrote it: the record, the channel index, the device index and
     /// the expiry index, all under `{app}`.
     private func writeLayout1(_ device: String, _ channel: String, id: String, expiresAt: Int64?) async throws {

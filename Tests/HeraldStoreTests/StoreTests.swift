@@ -21,8 +21,7 @@ struct TestRedis {
     func appKeys() async throws -> [String] {
         var keys: [String] = []
         for master in try await client.masters() {
-            let own = try await master.command(["KEYS", "herald:{" + app + "[:}]*"]).strings ?? []
-            for key in own + (try await master.command(["KEYS", expiryPattern]).strings ?? []) {
+            for key in try await master.command(["KEYS", "herald:{" + app + "[:}]*"]).strings ?? [] {
                 guard key.contains("}:gone:") else { keys.append(key); continue }
                 let ttl = try await client.command(["TTL", key]).int ?? -1
                 #expect(ttl > 0 && ttl <= 3 * RedisKeys.removalSpan, "\(key) expires")
@@ -31,16 +30,12 @@ struct TestRedis {
         return keys.sorted()
     }
 
-    /// The app's expiry indexes (`RedisKeys.subscriptionExpiry(slot:)`), as a `KEYS` pattern.
-    var expiryPattern: String { "herald:{s:*}:" + app + ":subexp" }
-
-    /// Entries of the app's subscription expiry index, over every slot's.
+    /// Entries of the app's subscription expiry index, over all its buckets.
     func expiryEntries() async throws -> Int {
+        let keys = RedisKeys(app: app)
         var total = 0
-        for master in try await client.masters() {
-            for key in try await master.command(["KEYS", expiryPattern]).strings ?? [] {
-                total += Int(try await master.command(["ZCARD", key]).int ?? 0)
-            }
+        for bucket in 0..<RedisKeys.expiryBuckets {
+            total += Int(try await client.command(["ZCARD", keys.subscriptionExpiry(bucket: bucket)]).int ?? 0)
         }
         return total
     }
@@ -389,31 +384,13 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await redis.appKeys() == [], "nothing left anywhere")
     }
 
-    /// Due expiry entries the sweep does not remove are repaired from their record: one whose record lives longer
-    /// gets its expiry back as the score, one whose record is gone goes, and the next sweep has nothing to do.
-    @Test func theSweepRepairsDueEntriesFromTheirRecord() async throws {
-        let redis = try TestRedis()
-        let store = SubscriptionStore(redis: redis.client, ttl: .seconds(100))
-        let keys = RedisKeys(app: redis.app)
-        let (living, gone) = (token(), token())
-        let stored = try await store.upsert(app: redis.app, try subscription("news", living)).subscription
-        let index = keys.subscriptionExpiry(token: living)
-        let expiry = try #require(try await redis.client.command(["ZSCORE", index, stored.id + living]).string)
-        _ = try await redis.client.command(["ZADD", index, "1000", stored.id + living])
-        _ = try await redis.client.command(["ZADD", keys.subscriptionExpiry(token: gone), "1000", stored.id + gone])
-        #expect(try await store.expire(app: redis.app) == 0)
-        #expect(try await redis.client.command(["ZSCORE", index, stored.id + living]).string == expiry)
-        #expect(try await redis.expiryEntries() == 1)
-        #expect(try await store.channelBatch(app: redis.app, channel: "news", cursor: "0").targets.map(\.deviceToken) == [living])
-    }
-
     @Test func theSweepKeepsASubscriptionWrittenSinceWithoutAnExpiry() async throws {
         let redis = try TestRedis()
         let store = SubscriptionStore(redis: redis.client, ttl: nil)
         let device = token()
         let stored = try await store.upsert(app: redis.app, try subscription("news", device)).subscription
         // An expiry entry from when the TTL was on, which a crash kept the upsert from removing.
-        _ = try await redis.client.command(["ZADD", RedisKeys(app: redis.app).subscriptionExpiry(token: device), "1000",
+        _ = try await redis.client.command(["ZADD", RedisKeys(app: redis.app).subscriptionExpiry(id: stored.id), "1000",
                                             stored.id + device])
         #expect(try await store.expire(app: redis.app) == 0)
         #expect(try await store.list(app: redis.app, deviceToken: device).subscriptions.map(\.id) == [stored.id])
@@ -475,16 +452,18 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let keys = RedisKeys(app: redis.app)
         let device = token()
         let stored = try await store.upsert(app: redis.app, try subscription("news", device)).subscription
-        let updatedMs = try #require(try await redis.client.command(
-            ["HGET", keys.subscription(stored.id, token: device), "updatedMs"]).string)
-        // The upsert's last step, not arrived yet: its channel entry is taken out by hand and kept.
+        let record = try #require(try await redis.client.command(
+            ["HMGET", keys.subscription(stored.id, token: device), "updatedMs", "expiresAt"]).array?.map(\.string))
+        // The upsert's last step, not arrived yet: its entries are taken out by hand and kept.
         let entry = try #require(try await redis.client.command(["HGET", keys.channel("news"), stored.id]).string)
         _ = try await redis.client.command(["HDEL", keys.channel("news"), stored.id])
+        _ = try await redis.client.command(["ZREM", keys.subscriptionExpiry(id: stored.id), stored.id + device])
         // An unsubscribe reads the record and removes it.
         #expect(try await store.remove(app: redis.app, SubscriptionRemoval(json(
             #"{"deviceToken": "\#(device)", "channel": "news", "tokenType": "alert"}"#))) == 1)
         // Then the upsert's last step arrives.
-        let late = SubscriptionStore.Indexed(id: stored.id, channel: "news", target: entry, updatedMs: updatedMs)
+        let late = SubscriptionStore.Indexed(id: stored.id, token: device, channel: "news", target: entry,
+                                             updatedMs: try #require(record[0]), expiresAt: record[1].flatMap { Int64($0) })
         try await store.index(keys, [late], onlyWhereMissing: false)
         #expect(try await redis.client.command(["HLEN", keys.channel("news")]).int == 0, "no entry without its record")
         #expect(try await store.list(app: redis.app, deviceToken: device).subscriptions.isEmpty)
