@@ -274,7 +274,12 @@ public struct SubscriptionStore: Sendable {
                         doomed.append(Removal(id: entry.id, token: entry.token, channel: channel, updatedMs: updatedMs))
                     }
                 }
-                if !gone.isEmpty { try await redis.command(["ZREM", index] + gone) }
+                // Only while still due: an upsert since the read gave the entry a later expiry, and keeps it.
+                if !gone.isEmpty {
+                    try throwFirstErrorReply(await redis.run(Scripts.unindexExpiredEntry, calls: gone.map {
+                        ([index], [$0, String(nowSeconds)])
+                    }))
+                }
                 if !renewed.isEmpty { try await redis.command(["ZADD", index] + renewed) }
                 removed += try await remove(keys, doomed, expiredBy: nowSeconds)
                 if members.count < batchSize { break }
