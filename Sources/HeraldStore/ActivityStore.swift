@@ -72,16 +72,17 @@ public struct ActivityStore: Sendable {
         let token = keys.activityToken(input.pushToken), member = id + input.postIDHash
         let expiry = String(nowMs + ttlMs), indexTTL = String(ttlMs + ttlMs / 60)
         var touched = [keys.registration(id, post: input.postIDHash), keys.post(input.postIDHash)]
-        var counting = window, counted: (count: Int64, ceiling: Int64)?
+        var counted: (count: Int64, ceiling: Int64)?
         let isCluster = try await redis.isCluster()
+        // What the post's script counts: everything on a standalone Redis; on a cluster nothing (the token's
+        // script counts what `split` leaves it).
+        let counting = isCluster ? nil : window
         if isCluster {
-            // The token's script counts what `split` leaves it.
             var split: RateLimiter.SplitCount?
             if let window {
                 let started = try await window.split(beside: token, on: redis)
                 guard !started.refused else { return (nil, started.counts) }
                 split = started
-                counting = nil
             }
             let reply: RedisValue
             do {
