@@ -118,8 +118,7 @@ public final class APNsSimulator: Sendable {
             boundManagePort.store(ListeningSocket.port(of: manageFD!), ordering: .releasing)
         }
         liveThreads.add(1, ordering: .acquiringAndReleasing)
-        let thread = Thread { [self, manageFD] in acceptLoop(fd, manageFD: manageFD) }
-        thread.name = "apns-sim-accept"
+        let thread = Thread.named("sim-accept") { [self, manageFD] in acceptLoop(fd, manageFD: manageFD) }
         thread.start()
         var fields = ["sim.addr": HostPort(host: configuration.listen.host, port: self.port).description,
                       "sim.keys": "\(configuration.providerKeys.count)", "sim.rules": "\(ruleBook.rules.count)"]
@@ -194,12 +193,11 @@ public final class APNsSimulator: Sendable {
         openConnections.add(1, ordering: .relaxed)
         liveThreads.add(1, ordering: .acquiringAndReleasing)
         let connection = SimulatorConnection(descriptor: client, id: id, simulator: self, isManagement: isManagement)
-        let thread = Thread {
+        let thread = Thread.named("sim-conn-\(id)") {
             connection.run()
             self.openConnections.subtract(1, ordering: .relaxed)
             self.liveThreads.subtract(1, ordering: .acquiringAndReleasing)
         }
-        thread.name = "apns-sim-conn-\(id)"
         thread.start()
     }
 

@@ -19,7 +19,7 @@ final class ProducerInstance: Sendable {
     let client: RDKafkaClient
     let thread: OwnedThread
     /// Metadata requests block for up to their timeout (a gone broker): never on the delivery-report thread.
-    let metadataThread = OwnedThread(name: "kafka-producer-metadata")
+    let metadataThread = OwnedThread(name: "kafka-metadata")
     /// Counts instances, so a late delivery report cannot retire the instance that replaced its own.
     let generation: Int
 
@@ -28,7 +28,7 @@ final class ProducerInstance: Sendable {
         self.client = client
         self.generation = generation
         // Serves delivery reports and error callbacks; rd_kafka_yield cuts a poll short when a job arrives.
-        thread = OwnedThread(name: "kafka-producer-poll", idle: { _ = rd_kafka_poll(client.handle, 100) },
+        thread = OwnedThread(name: "kafka-poll", idle: { _ = rd_kafka_poll(client.handle, 100) },
                              wake: { rd_kafka_yield(client.handle) })
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import HeraldRuntime
 
 /// A thread this library owns, for librdkafka calls that block (polls, flushes, commits, metadata, admin).
 ///
@@ -18,8 +19,7 @@ final class OwnedThread: @unchecked Sendable { // jobs/stopRequested/exited are 
     init(name: String, idle: (@Sendable () -> Void)? = nil, wake: (@Sendable () -> Void)? = nil) {
         self.idle = idle
         self.wake = wake
-        let thread = Thread { [self] in loop() }
-        thread.name = name
+        let thread = Thread.named(name) { [self] in loop() }
         self.thread = thread
         thread.start()
     }

@@ -35,8 +35,7 @@ final class RedisNode: Sendable {
                                   maxQueuedCommands: configuration.maxQueuedCommands)
         for index in 0..<configuration.poolSize {
             let worker = RedisWorker(index: index, configuration: configuration, queue: queue, logger: logger)
-            let thread = Thread { worker.run() }
-            thread.name = "herald-redis-\(index)"
+            let thread = Thread.named("herald-redis-\(index)") { worker.run() }
             thread.start()
         }
     }

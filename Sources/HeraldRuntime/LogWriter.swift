@@ -39,8 +39,7 @@ public final class LogWriter: Sendable {
         self.capacity = capacity
         self.interval = interval
         state.withLock { $0.pending.reserveCapacity(min(capacity, 64 << 10)) }
-        let thread = Thread { [self] in drain() }
-        thread.name = "herald-log"
+        let thread = Thread.named("herald-log") { [self] in drain() }
         thread.start()
     }
 

@@ -44,8 +44,7 @@ final class EventLoop: @unchecked Sendable {  // @unchecked: `handlers` and the 
             throw APNsError(.invalidConfiguration, "cannot create epoll/eventfd: errno \(errno)")
         }
         _ = herald_epoll_add_readable(epollFD, wakeFD)
-        let thread = Thread { [self] in run() }
-        thread.name = name
+        let thread = Thread.named(name) { [self] in run() }
         thread.start()
     }
 

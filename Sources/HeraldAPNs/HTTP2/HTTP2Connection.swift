@@ -70,10 +70,10 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     func start() {
         let host = core.configuration.addressOverrides[endpoint.host.lowercased()] ?? endpoint.host
         let port = endpoint.port, loop = core.loop
-        Thread.detachNewThread { [self] in
+        Thread.named("apns-resolve") { [self] in
             let result = SocketConnector.resolve(host: host, port: port)
             loop.execute { self.connect(result) }
-        }
+        }.start()
     }
 
     private func connect(_ resolution: Result<[SocketAddress], APNsError>) {

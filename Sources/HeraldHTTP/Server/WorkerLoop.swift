@@ -87,8 +87,7 @@ final class WorkerLoop: TaskExecutor, ThreadEventLoop, @unchecked Sendable {
         self.wakeFD = wakeFD
         listenFD = descriptor
         accepting = true
-        let thread = Thread { [self] in loop() }
-        thread.name = name
+        let thread = Thread.named(name) { [self] in loop() }
         thread.start()
     }
 

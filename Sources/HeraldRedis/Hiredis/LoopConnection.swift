@@ -193,11 +193,10 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
         phase = .resolving
         let expected = generation
         let (host, port) = (configuration.host, configuration.port)
-        let resolver = Thread { [self] in
+        let resolver = Thread.named("redis-resolve") { [self] in
             let addresses = SocketAddress.resolve(host, port: port, numericOnly: false) ?? []
             loop.execute { [self] in resolved(addresses, generation: expected) }
         }
-        resolver.name = "herald-redis-resolve"
         resolver.start()
     }
 
