@@ -1,13 +1,12 @@
 import Foundation
 import HeraldRuntime
-import Synchronization
 import Testing
 
 /// `Thread.named` gives the kernel the name, which `top -H`, `ps -L` and `perf` show.
 @Suite struct NamedThreadTests {
     @Test(arguments: [("herald-apns", "herald-apns"), ("kafka-producer-metadata", "kafka-producer-")])
     func theKernelKnowsTheThreadByItsName(name: String, shown: String) async throws {
-        let seen = Mutex<String?>(nil)
+        let seen = Lock<String?>(nil)
         let done = DispatchSemaphore(value: 0)
         Thread.named(name) {
             let comm = try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)
