@@ -100,7 +100,8 @@ public struct APNsConfiguration: Sendable {
     public var addressOverrides: [String: String] = [:]
     /// Connections kept open per (provider key, endpoint).
     public var connectionsPerEndpoint = 2
-    /// Delay between opening successive connections of one pool (Apple dislikes bursts of connects).
+    /// Longest delay between opening successive connections of one pool; each opens as soon as the one before
+    /// is ready, so connects never come in bursts (Apple treats rapid connects as an attack).
     public var connectionStagger: Duration = .milliseconds(500)
     /// Time for one request, queueing included; on expiry its stream is reset and it fails as `.timeout`.
     public var requestTimeout: Duration = .seconds(10)

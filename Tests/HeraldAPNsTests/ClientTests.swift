@@ -177,6 +177,20 @@ import Testing
         server.kill()
     }
 
+    @Test func poolConnectsOneAfterAnotherWithoutWaitingOutTheStagger() async throws {
+        let server = try NGHTTPServer(port: 20314, options: ["--echo-upload"])
+        var configuration = Fixtures.configuration(port: 20314)
+        configuration.connectionsPerEndpoint = 3
+        configuration.connectionStagger = .seconds(60)
+        let client = try APNsClient(configuration: configuration, logger: Fixtures.logger, metrics: MetricsRegistry())
+        let response = try await client.send(Fixtures.request(), credentials: Fixtures.credentials, environment: .production)
+        #expect(response.status == 200)
+        // Each connection opens when the one before is ready: all three well before the first stagger is due.
+        #expect(await eventually { await client.connections().filter { $0.state == "ready" }.count == 3 })
+        await client.shutdown()
+        server.kill()
+    }
+
     @Test func serverKilledMidFlightFailsEveryPendingRequestAsRetriable() async throws {
         let server = try NGHTTPServer(port: 20305, tokens: [Fixtures.token])
         let client = try APNsClient(configuration: Fixtures.configuration(port: 20305), logger: Fixtures.logger,
