@@ -145,11 +145,13 @@ do {
                                         total: options.count, concurrency: options.concurrency, batch: options.batch)
     let cpuPerPush = (cpuSeconds() - cpuBefore) * 1e6 / Double(options.count)
     let rssEnd = residentMiB()
+    // Shows both tools had the same streams on the wire: h2load's -m, the client's peak per connection.
+    let peakStreams = await client.connections().map { String($0.peakActiveStreams) }.joined(separator: ",")
     await client.shutdown()
     print(String(format: "herald-bench-apns: warmup=10000 in %.2fs; pushes=%d seconds=%.3f rate=%.0f/s failures=%d "
-                 + "cpu_us_per_push=%.1f rss_after_10k_mib=%.1f rss_after_%d_mib=%.1f",
+                 + "cpu_us_per_push=%.1f peak_streams_per_connection=%@ rss_after_10k_mib=%.1f rss_after_%d_mib=%.1f",
                  warmSeconds, options.count, seconds, Double(options.count) / seconds, failures + warmFailures,
-                 cpuPerPush,
+                 cpuPerPush, peakStreams,
                  rssWarm, 10_000 + options.count, rssEnd))
 } catch {
     CommandLineTool.exitWithConfigurationError("herald-bench-apns", error)
