@@ -85,6 +85,12 @@ wrk_measure() { # lua url
   echo "$rps $p99 ${errors:-0}"
 }
 
+cpu_ticks() { # pid…: the user + system CPU time these processes have used so far, in clock ticks
+    local sum=0 pid
+    for pid in "$@"; do sum=$((sum + $(awk '{ print $14 + $15 }' "/proc/$pid/stat"))); done
+    echo "$sum"
+}
+
 mean() { awk '{ s = 0; for (i = 1; i <= NF; i++) s += $i; printf "%.2f", s / NF }' <<<"$1"; }
 
 # Warms both servers up for a second, then measures them in ABBA order (nginx, herald, herald, nginx), so a
