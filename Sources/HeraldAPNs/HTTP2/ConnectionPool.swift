@@ -133,7 +133,7 @@ final class ConnectionPool {
         logger.info("APNs connection ready", ["apns.connection": String(connection.id),
                                               "apns.max_concurrent_streams": String(connection.remoteMaximumStreams)])
         // The next connection opens now rather than when its stagger is due: connects stay one at a time, and a
-        // new pool reaches full width within a few handshakes, not within most of a one-second fan-out.
+        // new pool reaches full width within a few handshakes.
         if !core.isShuttingDown, let next = slots.firstIndex(where: { !$0.opened }) { open(next) }
         needsDispatch()
     }
