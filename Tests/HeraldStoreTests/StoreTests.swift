@@ -642,6 +642,32 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await store.read(app: redis.app, jobID: "other") == nil)
     }
 
+    @Test("a write of thousands of settled pushes marks each once: counted once however often it is written")
+    func marksLargeWritesOncePerPush() async throws {
+        let redis = try TestRedis()
+        let store = JobStatusStore(redis: redis.client)
+        let job = PushJob(id: "job-" + SecureRandom.hex(4), appId: redis.app, target: .channel("big"))
+        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 1, offset: 9)
+        func pushes(_ outcome: SettledPush.Outcome, _ range: Range<Int>, retries: Int = 0) -> [SettledPush] {
+            range.map { SettledPush(token: "\(outcome.rawValue)\($0)", outcome: outcome, retries: retries) }
+        }
+        // More than one HSET's worth of delivered pushes, interleaved with the other outcomes and retried ones.
+        let first = pushes(.delivered, 0..<2_500) + pushes(.tokenRemoved, 0..<1_200) + pushes(.deadLettered, 0..<3)
+            + pushes(.delivered, 2_500..<2_502, retries: 2)
+        try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: .seconds(60),
+                                pushes: first.shuffled())
+        // Half of it again (a write whose reply was lost) with new ones.
+        let second = Array(first.prefix(1_800)) + pushes(.delivered, 5_000..<5_010) + pushes(.tokenRemoved, 1_200..<1_201, retries: 1)
+        try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: .seconds(60),
+                                pushes: second.shuffled())
+        let status = try #require(try await store.read(app: redis.app, jobID: job.id))
+        var expected = JobStatus.Counts()
+        (expected.delivered, expected.tokensRemoved, expected.deadLettered, expected.retried) = (2_512, 1_201, 3, 5)
+        #expect(status.counts == expected)
+        #expect(try await redis.client.command(["HLEN", progress]).int == 2_512 + 1_201 + 3)
+        #expect(try await redis.client.command(["HGET", progress, "s:r7"]).string == "r")
+    }
+
     @Test("a job without a progress record writes its tally once, with its ending")
     func tallyWithTheEnding() async throws {
         let redis = try TestRedis()
