@@ -679,10 +679,12 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let finish = JobStatusStore.Finish(origin: .init(job), startedAt: "2026-12-02T10:00:00Z",
                                            finishedAt: "2026-12-02T10:00:01Z")
         try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: nil,
-                                pushes: [SettledPush(token: "dd", outcome: .deadLettered, retries: 2)], tally: tally,
+                                pushes: [SettledPush(token: "dd", outcome: .deadLettered, retries: 2),
+                                         SettledPush(token: "ee", outcome: .deadLettered, retries: 0),
+                                         SettledPush(token: "ff", outcome: .delivered, retries: 0)], tally: tally,
                                 finish: finish)
         let done = try #require(try await store.read(app: redis.app, jobID: job.id))
-        #expect(done.state == .done && done.counts.delivered == 3 && done.counts.deadLettered == 1 && done.counts.retried == 2)
+        #expect(done.state == .done && done.counts.delivered == 4 && done.counts.deadLettered == 2 && done.counts.retried == 2)
         #expect(done.acceptedAt == job.createdAt && done.target?["kind"]?.stringValue == "channel")
         #expect(try await redis.client.command(["EXISTS", progress]).int == 0, "no progress record")
         let ttl = try await redis.client.command(["TTL", RedisKeys(app: redis.app).jobStatus(job.id)]).int ?? 0
