@@ -208,11 +208,12 @@ public struct JobStatusStore: Sendable {
           local last = i + 2 * tonumber(ARGV[group]) - 1
           if last >= i then
             local outcome = ARGV[i + 1]
-            if not marking then counts[outcome] = counts[outcome] + (last - i + 1) / 2 end
-            while marking and i <= last do
-              local stop = math.min(last, i + 1999)
-              counts[outcome] = counts[outcome] + redis.call('HSET', progress, unpack(ARGV, i, stop))
-              i = stop + 1
+            if marking then
+              for first = i, last, 2000 do
+                counts[outcome] = counts[outcome] + redis.call('HSET', progress, unpack(ARGV, first, math.min(last, first + 1999)))
+              end
+            else
+              counts[outcome] = counts[outcome] + (last - i + 1) / 2
             end
           end
           i = last + 1
