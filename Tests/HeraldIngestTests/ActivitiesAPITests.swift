@@ -478,23 +478,6 @@ private func hmacSHA256(_ message: String, keyPEM: String) throws -> String {
     return try runTool("python3", ["-c", script, keyPEM], input: Data(message.utf8))
 }
 
-/// Validates JSON documents against the schema at `pointer` (a JSON pointer into schemas/openapi.yaml).
-private func validateAgainstOpenAPI(_ documents: [[UInt8]], pointer: String) throws {
-    let path = TestEnvironment.repositoryRoot.appendingPathComponent("schemas/openapi.yaml").path
-    let script = """
-        import json, sys, yaml, jsonschema
-        document = yaml.safe_load(open(sys.argv[1]))
-        schema = dict(document, **{"$ref": sys.argv[2]})
-        v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-        for n, line in enumerate(sys.stdin):
-            errors = sorted(v.iter_errors(json.loads(line)), key=str)
-            if errors: sys.exit(f"document {n}: " + errors[0].message)
-        """
-    var input = Data()
-    for document in documents { input.append(contentsOf: document + [0x0a]) }
-    _ = try runTool("python3", ["-c", script, path, pointer], input: input)
-}
-
 extension ActivitiesAPITests {
     /// The JSON pointer of the registration operation's `status` response body schema.
     static func responseSchema(_ status: Int) -> String {

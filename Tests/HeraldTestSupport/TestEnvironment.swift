@@ -68,3 +68,20 @@ public func validateAgainstSchema(_ documents: [[UInt8]], schema: String) throws
     for document in documents { input.append(contentsOf: document + [0x0a]) }
     _ = try runTool("python3", ["-c", script, schemaPath], input: input)
 }
+
+/// Validates JSON documents against the schema at `pointer` (a JSON pointer into schemas/openapi.yaml).
+public func validateAgainstOpenAPI(_ documents: [[UInt8]], pointer: String) throws {
+    let path = TestEnvironment.repositoryRoot.appendingPathComponent("schemas/openapi.yaml").path
+    let script = """
+        import json, sys, yaml, jsonschema
+        document = yaml.safe_load(open(sys.argv[1]))
+        schema = dict(document, **{"$ref": sys.argv[2]})
+        v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        for n, line in enumerate(sys.stdin):
+            errors = sorted(v.iter_errors(json.loads(line)), key=str)
+            if errors: sys.exit(f"document {n}: " + errors[0].message)
+        """
+    var input = Data()
+    for document in documents { input.append(contentsOf: document + [0x0a]) }
+    _ = try runTool("python3", ["-c", script, path, pointer], input: input)
+}
