@@ -50,7 +50,7 @@ public func runTool(_ tool: String, _ arguments: [String], input: Data? = nil) t
 /// Validates JSON documents (one per element) against a schema in schemas/ with Python's jsonschema.
 public func validateAgainstSchema(_ documents: [[UInt8]], schema: String) throws {
     let schemaPath = TestEnvironment.repositoryRoot.appendingPathComponent("schemas/\(schema)").path
-    let script = """
+    try validate(documents, arguments: [schemaPath], validator: """
         import glob, json, os, sys, jsonschema, referencing
         schema = json.load(open(sys.argv[1]))
         jsonschema.Draft202012Validator.check_schema(schema)
@@ -60,28 +60,30 @@ public func validateAgainstSchema(_ documents: [[UInt8]], schema: String) throws
             (r["$id"], referencing.Resource.from_contents(r)) for r in resources)
         v = jsonschema.Draft202012Validator(schema, registry=registry,
                                             format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-        for n, line in enumerate(sys.stdin):
-            errors = sorted(v.iter_errors(json.loads(line)), key=str)
-            if errors: sys.exit(f"document {n}: " + errors[0].message)
-        """
-    var input = Data()
-    for document in documents { input.append(contentsOf: document + [0x0a]) }
-    _ = try runTool("python3", ["-c", script, schemaPath], input: input)
+        """)
 }
 
 /// Validates JSON documents against the schema at `pointer` (a JSON pointer into schemas/openapi.yaml).
 public func validateAgainstOpenAPI(_ documents: [[UInt8]], pointer: String) throws {
     let path = TestEnvironment.repositoryRoot.appendingPathComponent("schemas/openapi.yaml").path
-    let script = """
+    try validate(documents, arguments: [path, pointer], validator: """
         import json, sys, yaml, jsonschema
         document = yaml.safe_load(open(sys.argv[1]))
         schema = dict(document, **{"$ref": sys.argv[2]})
         v = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+        """)
+}
+
+/// Runs `validator` (Python that sets `v`, a jsonschema validator) over the documents, one per line of its input;
+/// throws with the first error of the first document that has one.
+private func validate(_ documents: [[UInt8]], arguments: [String], validator: String) throws {
+    let script = validator + """
+
         for n, line in enumerate(sys.stdin):
             errors = sorted(v.iter_errors(json.loads(line)), key=str)
             if errors: sys.exit(f"document {n}: " + errors[0].message)
         """
     var input = Data()
     for document in documents { input.append(contentsOf: document + [0x0a]) }
-    _ = try runTool("python3", ["-c", script, path, pointer], input: input)
+    _ = try runTool("python3", ["-c", script] + arguments, input: input)
 }
