@@ -58,10 +58,13 @@ final class KeyHandle: @unchecked Sendable {  // @unchecked: the key is immutabl
     }
 
     private var curveName: String? {
-        var name = [CChar](repeating: 0, count: 64)
+        var name = [UInt8](repeating: 0, count: 64)
         var length = 0
-        guard EVP_PKEY_get_group_name(pointer, &name, name.count, &length) == 1 else { return nil }
-        return String(cString: name)
+        let found = name.withUnsafeMutableBufferPointer { buffer in
+            buffer.withMemoryRebound(to: CChar.self) { EVP_PKEY_get_group_name(pointer, $0.baseAddress, $0.count, &length) }
+        }
+        guard found == 1, length < name.count else { return nil }
+        return String(decoding: name[..<length], as: UTF8.self)
     }
 }
 
