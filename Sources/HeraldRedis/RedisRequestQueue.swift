@@ -135,7 +135,7 @@ final class RedisRequestQueue: Sendable {
     /// Blocks worker `index` until there is work, then returns a batch; `nil` once closed and drained.
     func nextBatch(worker index: Int) -> [RedisRequest]? {
         while true {
-            enum Step { case batch([RedisRequest]), wait, stop([CheckedContinuation<Void, Never>]) }
+            enum Step { case batch([RedisRequest], wake: Int?), wait, stop([CheckedContinuation<Void, Never>]) }
             let step: Step = state.withLock { state in
                 if !state.requests.isEmpty {
                     var taken = 0
@@ -149,11 +149,12 @@ final class RedisRequestQueue: Sendable {
                     if taken == state.requests.count {
                         var batch: [RedisRequest] = []
                         swap(&batch, &state.requests)
-                        return .batch(batch)
+                        return .batch(batch, wake: nil)
                     }
                     let batch = Array(state.requests[..<taken])
                     state.requests.removeFirst(taken)
-                    return .batch(batch)
+                    // What is left would otherwise wait for this worker: `enqueue` wakes one only into an empty queue.
+                    return .batch(batch, wake: state.idleWorkers.popLast())
                 }
                 if state.isClosed {
                     state.runningWorkers -= 1
@@ -165,7 +166,9 @@ final class RedisRequestQueue: Sendable {
                 return .wait
             }
             switch step {
-            case .batch(let batch): return batch
+            case .batch(let batch, let wake):
+                if let wake { wakeups[wake].signal() }
+                return batch
             case .wait: wakeups[index].wait()
             case .stop(let waiters):
                 for waiter in waiters { waiter.resume() }
