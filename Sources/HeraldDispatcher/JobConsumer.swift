@@ -113,21 +113,41 @@ final class JobConsumer: Service {
     private func fetchOnce(_ fetch: inout FetchState) async throws -> Phase {
         let room = configuration.maxInFlightJobs - book.inFlight
         book.beginPoll()
+        // Still full, the poll is for the group's sake (rebalances, membership) and asks for one record.
         var records = try await poll(maxRecords: max(1, room), fetch: fetch)
         if let gap = configuration.injectedOffsetGap { records = fetch.leaveOut(gap, from: records) }
         let revoked = book.endPoll()
         fetch.received(records.count)
         // Records of a partition revoked during this poll belong to the old assignment: whoever owns the
         // partition now reads them again from the committed offset.
-        for record in records where !revoked.contains(KafkaTopicPartition(topic: record.topic, partition: record.partition)) {
-            dispatch(record)
+        records.removeAll { revoked.contains(KafkaTopicPartition(topic: $0.topic, partition: $0.partition)) }
+        if room <= 0, await handBack(records) {
+            fetch.heldBack()
+            return .full
         }
+        for record in records { dispatch(record) }
         try await rereadMissing()
         if fetch.checkDue(now: .now), let recovery = fetch.recovery,
            let stalled = fetch.stalled(try await consumer.progress(), now: .now) {
             return .replacing(stalled: stalled, fetchWait: recovery.replacementFetchWait(after: fetch.wait))
         }
         return book.inFlight >= configuration.maxInFlightJobs ? .full : .fetching
+    }
+
+    /// With no room for them, moves the partitions of `records` back to them, to be read again later, so the jobs
+    /// in flight stay within `maxInFlightJobs`. False when the consumer refused (logged): they run, over the limit.
+    private func handBack(_ records: [KafkaRecord]) async -> Bool {
+        guard !records.isEmpty else { return true }
+        do {
+            try await consumer.seek(records.map {
+                KafkaTopicPartitionOffset(topic: $0.topic, partition: $0.partition, offset: $0.offset)
+            })
+            return true
+        } catch {
+            logger.warning("cannot hand a record back while the dispatcher is full; running it over the limit",
+                           ["error": "\(error)"])
+            return false
+        }
     }
 
     /// Seeks partitions whose fetches skipped offsets back to the oldest one missing, so the records left out
@@ -268,6 +288,10 @@ private struct FetchState {
         receivedByConsumer += count
         watchdog?.recordsArrived()
     }
+
+    /// The fetch loop holds positions back while full: they did not move because it did not take records, so
+    /// the watchdog starts its readings again.
+    mutating func heldBack() { watchdog?.forgetReadings() }
 
     /// True once a second when stall recovery is on.
     mutating func checkDue(now: ContinuousClock.Instant) -> Bool {

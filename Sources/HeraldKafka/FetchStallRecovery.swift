@@ -62,6 +62,9 @@ public struct FetchWatchdog: Sendable {
     /// The consumer received records.
     public mutating func recordsArrived() { replacedAt = nil }
 
+    /// Forgets the positions read so far: the caller held them back on purpose (it had no room for records).
+    public mutating func forgetReadings() { unmoved = [:] }
+
     /// True when a consumer that replaced a stalled one has received nothing for twice the stall timeout. Its
     /// positions and the broker's watermarks stay unknown while no fetch returns records, so `stalled` cannot
     /// judge it.

@@ -526,4 +526,34 @@ struct DeliveryTests {
         #expect(push[path: "payload", "k"] == .array([.number(1), .number(2)]))
         await harness.stop()
     }
+
+    @Test("with maxInFlightJobs running and APNs slow to answer, no job starts beyond the limit; every job is delivered once there is room")
+    func inFlightJobsStayWithinTheLimit() async throws {
+        let harness = try await DispatcherHarness.start { $0.maxInFlightJobs = 2 }
+        let app = harness.apps.apps[0]
+        try harness.simulators.production.setRules([.delay(tokenPrefix: "5e0d", milliseconds: 1_000)])
+        var tokens: [String] = []
+        for index in 0..<8 {
+            let channel = "slow-\(index)-\(SecureRandom.hex(4))", token = deviceToken("5e0d")
+            tokens.append(token)
+            try await harness.subscribe(app, channel: channel, token: token)
+            var job = PushJob(id: "slow-\(index)-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+            job.alert = .object(["aps": .object(["alert": .string("hello")])])
+            try await harness.produce(job)
+        }
+        // The full loop keeps polling (every 200 ms) to stay in the group; what it gets must wait in the broker.
+        var most = 0.0
+        let watched = ContinuousClock.now
+        while ContinuousClock.now - watched < .seconds(3) {
+            most = max(most, harness.metric("herald_dispatcher_in_flight_jobs") ?? 0)
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(most == 2)
+        try await eventually("every job settled", timeout: .seconds(30)) {
+            harness.metric("herald_dispatcher_jobs_completed_total") == 8
+        }
+        #expect(Set(harness.simulators.accepted().compactMap { $0["token"]?.stringValue }) == Set(tokens))
+        #expect(harness.simulators.accepted().count == 8)
+        await harness.stop()
+    }
 }
