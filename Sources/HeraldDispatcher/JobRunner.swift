@@ -194,7 +194,7 @@ struct JobRunner: Sendable {
             var nextToLaunch = 0
             var nextToSettle = 0
             var settled: [Int: Bool] = [:]
-            var settledTokens: [String] = [] // of the settled batches past the saved cursor
+            var settledTokens: [Int: [String]] = [:] // by batch number: settled batches past the saved cursor
             var savedUpTo = 0 // batches before this one are recorded (or their save was attempted)
             var saving = false
             var toSave: Int?
@@ -217,8 +217,9 @@ struct JobRunner: Sendable {
             }
             func startSave(upTo count: Int) {
                 let position = cursors[count - 1]
-                let covered = settledTokens
-                settledTokens = []
+                // Only the batches this cursor covers: a later batch's marks must stay until a cursor passes it.
+                let covered = settledTokens.filter { $0.key < count }.flatMap(\.value)
+                settledTokens = settledTokens.filter { $0.key >= count }
                 saving = true
                 group.addTask {
                     do { try await context.settled.advance(cursor: position, covering: covered) } catch {
@@ -263,7 +264,7 @@ struct JobRunner: Sendable {
                     let before = nextToSettle
                     while settled[nextToSettle] == true {
                         settled[nextToSettle] = nil
-                        settledTokens += tokens.removeValue(forKey: nextToSettle) ?? []
+                        settledTokens[nextToSettle] = tokens.removeValue(forKey: nextToSettle) ?? []
                         nextToSettle += 1
                     }
                     // Everything before this cursor is settled; only worth recording when more remains.
