@@ -116,11 +116,14 @@ final class JobConsumer: Service {
         // Still full, the poll is for the group's sake (rebalances, membership) and asks for one record.
         var records = try await poll(maxRecords: max(1, room), fetch: fetch)
         if let gap = configuration.injectedOffsetGap { records = fetch.leaveOut(gap, from: records) }
-        let revoked = book.endPoll()
+        let (revoked, reassigned) = book.endPoll()
         fetch.received(records.count)
-        // Records of a partition revoked during this poll belong to the old assignment: whoever owns the
-        // partition now reads them again from the committed offset.
+        // Records of a partition revoked during this poll are dropped with the old assignment's: whoever owns the
+        // partition now reads them again from the committed offset. When that is this member, its new fetch may
+        // have returned some of them already, so it reads the partition again from there too.
+        let dropped = Set(records.map { KafkaTopicPartition(topic: $0.topic, partition: $0.partition) }).intersection(revoked)
         records.removeAll { revoked.contains(KafkaTopicPartition(topic: $0.topic, partition: $0.partition)) }
+        try await rewindToCommitted(dropped.intersection(reassigned))
         if room <= 0, await handBack(records) {
             fetch.heldBack()
             return .full
@@ -132,6 +135,20 @@ final class JobConsumer: Service {
             return .replacing(stalled: stalled, fetchWait: recovery.replacementFetchWait(after: fetch.wait))
         }
         return book.inFlight >= configuration.maxInFlightJobs ? .full : .fetching
+    }
+
+    /// Moves these partitions back to the group's committed offsets (the beginning where none is committed, as
+    /// `auto.offset.reset` would).
+    private func rewindToCommitted(_ partitions: Set<KafkaTopicPartition>) async throws {
+        guard !partitions.isEmpty else { return }
+        let positions = try await consumer.committed(Array(partitions)).map { position in
+            var position = position
+            if position.offset < 0 { position.offset = KafkaTopicPartitionOffset.beginning }
+            return position
+        }
+        logger.warning("records fetched across a rebalance were dropped; reading them again from the committed offsets",
+                       ["kafka.partitions": positions.map { "\($0.partition)@\($0.offset)" }.joined(separator: ",")])
+        try await consumer.seek(positions)
     }
 
     /// With no room for them, moves the partitions of `records` back to them, to be read again later, so the jobs

@@ -26,6 +26,8 @@ final class PartitionBook: Sendable {
         var joined = false
         /// Partitions revoked since `beginPoll()`.
         var revokedDuringPoll: Set<KafkaTopicPartition> = []
+        /// Partitions newly assigned since `beginPoll()`.
+        var assignedDuringPoll: Set<KafkaTopicPartition> = []
     }
 
     private let state = Lock(State())
@@ -41,10 +43,20 @@ final class PartitionBook: Sendable {
     /// The consumer leaves the group (shutdown, or replaced after a stall): not joined until the next assignment.
     func leaving() { state.withLock { $0.joined = false } }
 
-    func beginPoll() { state.withLock { $0.revokedDuringPoll = [] } }
+    func beginPoll() {
+        state.withLock { s in
+            s.revokedDuringPoll = []
+            s.assignedDuringPoll = []
+        }
+    }
 
-    /// The partitions revoked during the poll that just ended.
-    func endPoll() -> Set<KafkaTopicPartition> { state.withLock { $0.revokedDuringPoll } }
+    /// The partitions revoked during the poll that just ended, and those of them assigned to this member again
+    /// by a later rebalance of the same poll (assigned still).
+    func endPoll() -> (revoked: Set<KafkaTopicPartition>, reassigned: Set<KafkaTopicPartition>) {
+        state.withLock { s in
+            (s.revokedDuringPoll, s.revokedDuringPoll.intersection(s.assignedDuringPoll).filter { s.tracks[$0] != nil })
+        }
+    }
 
     /// Runs on the consumer's thread during `poll`: must not wait on the consumer.
     func rebalance(_ event: KafkaRebalanceEvent) {
@@ -55,6 +67,7 @@ final class PartitionBook: Sendable {
                 for partition in partitions where s.tracks[partition] == nil {
                     s.generation += 1
                     s.tracks[partition] = Track(generation: s.generation)
+                    s.assignedDuringPoll.insert(partition)
                 }
                 metrics.partitionsAssigned.set(Int64(s.tracks.count))
             }

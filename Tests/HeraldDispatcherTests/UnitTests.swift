@@ -2,6 +2,7 @@ import Foundation
 @testable import HeraldDispatcher
 import HeraldCore
 import HeraldCrypto
+import HeraldKafka
 import HeraldRuntime
 @testable import HeraldStore
 import HeraldTestSupport
@@ -51,6 +52,26 @@ struct UnitTests {
         for offset: Int64 in [7, 8, 10, 11] { offsets.settle(offset) }
         #expect(offsets.commitPosition == 13)
         #expect(offsets.receive(13) == .start)
+    }
+
+    @Test("a partition revoked and assigned again within one poll is reported for a re-read; one revoked for good, or assigned and then revoked, is not")
+    func rebalancesWithinOnePoll() {
+        let book = PartitionBook(metrics: DispatcherMetrics(MetricsRegistry()))
+        let (p0, p1, p2) = (KafkaTopicPartition(topic: "jobs", partition: 0), KafkaTopicPartition(topic: "jobs", partition: 1),
+                            KafkaTopicPartition(topic: "jobs", partition: 2))
+        book.rebalance(.assigned([p0, p1]))
+        book.beginPoll()
+        // Eager rebalancing: everything is revoked, then the new assignment arrives; then another round takes p2.
+        book.rebalance(.revoked([p0, p1]))
+        book.rebalance(.assigned([p0, p2]))
+        book.rebalance(.revoked([p0, p2]))
+        book.rebalance(.assigned([p0]))
+        let poll = book.endPoll()
+        #expect(poll.revoked == [p0, p1, p2])
+        #expect(poll.reassigned == [p0], "p1 went to another member; p2 came and went within the poll")
+        book.beginPoll()
+        let quiet = book.endPoll()
+        #expect(quiet.revoked.isEmpty && quiet.reassigned.isEmpty)
     }
 
     @Test("the concurrency limit admits at most its size, in order, and a cancelled waiter leaves the queue")
