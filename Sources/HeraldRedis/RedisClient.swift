@@ -161,7 +161,8 @@ public final class RedisClient: Sendable {
             // cluster a few milliseconds more each time (at most 140 ms in all).
             if attempt >= 2 { try await Task.sleep(for: .milliseconds(20 * (attempt - 1))) }
             let reply = try await reply(to: encoder, from: node, asking: asking)
-            guard let redirect = RedisCluster.Redirect(reply) else { return reply }
+            guard case .error = reply, let redirect = RedisCluster.Redirect(
+                reply, asked: RedisAddress(host: node.configuration.host, port: node.configuration.port)) else { return reply }
             if case .error(let message) = reply { trail.append("\(node.configuration.description): \(message)") }
             switch redirect {
             case .moved(let slot, let address): (node, asking) = (topology.moved(slot: slot, to: address), false)
@@ -203,10 +204,12 @@ public final class RedisClient: Sendable {
         guard count > 0 else { return [] }
         let route = try await topology.route()
         if case .standalone(let node) = route {
-            // One node, no redirections: the replies come back in the commands' order.
+            // One node: the replies come back in the commands' order. While a single seed is still being asked
+            // whether it is a cluster, it is called as a standalone Redis and may redirect some of them.
             var encoder = RESPEncoder(capacity: count * 32)
             for index in 0..<count { encode(&encoder, index) }
-            return try throwingUnavailability(await many(encoder, on: node))
+            let replies = try throwingUnavailability(await many(encoder, on: node))
+            return try await followingRedirections(replies, isTransaction: isTransaction, slot: slot, encode: encode)
         }
         // Which commands go to which cluster node, in order.
         let isTransaction = isTransaction()
@@ -234,13 +237,19 @@ public final class RedisClient: Sendable {
             for (index, reply) in zip(group.indices, nodeReplies) { replies[index] = reply }
         }
         replies = try throwingUnavailability(replies)
-        // A command whose slot moved (or is moving) is sent again by itself, where the redirection says.
-        if !isTransaction {
-            for index in replies.indices where RedisCluster.Redirect(replies[index]) != nil {
-                var encoder = RESPEncoder()
-                encode(&encoder, index)
-                replies[index] = try await send(encoder) { slot(index) }
-            }
+        return try await followingRedirections(replies, isTransaction: { isTransaction }, slot: slot, encode: encode)
+    }
+
+    /// A command whose slot moved (or is moving) is sent again by itself, where the redirection says (not in a
+    /// transaction, which fails whole).
+    private func followingRedirections(_ replies: [RedisValue], isTransaction: () -> Bool, slot: (Int) -> Int?,
+                                       encode: (inout RESPEncoder, Int) -> Void) async throws -> [RedisValue] {
+        guard replies.contains(where: { RedisCluster.Redirect($0) != nil }), !isTransaction() else { return replies }
+        var replies = replies
+        for index in replies.indices where RedisCluster.Redirect(replies[index]) != nil {
+            var encoder = RESPEncoder()
+            encode(&encoder, index)
+            replies[index] = try await send(encoder) { slot(index) }
         }
         return replies
     }

@@ -83,7 +83,9 @@ public enum RedisCluster {
         case ask(slot: Int, to: RedisAddress)
 
         /// From an error reply, `MOVED 3999 127.0.0.1:6381` or `ASK 3999 127.0.0.1:6381`; nil for other replies.
-        init?(_ reply: RedisValue) {
+        /// A node that does not know its own address (`cluster-preferred-endpoint-type unknown-endpoint`, or no
+        /// hostname) names none: `MOVED 3999 :6381`, `?:6381`; the host is then `asked`'s, as in `CLUSTER SLOTS`.
+        init?(_ reply: RedisValue, asked: RedisAddress? = nil) {
             guard case .error(let message) = reply, message.hasPrefix("MOVED ") || message.hasPrefix("ASK ") else {
                 return nil
             }
@@ -92,7 +94,7 @@ public enum RedisCluster {
                   let port = Int(words[2][words[2].index(after: colon)...]) else { return nil }
             var host = words[2][..<colon]
             if host.hasPrefix("["), host.hasSuffix("]") { host = host.dropFirst().dropLast() }
-            let address = RedisAddress(host: String(host), port: port)
+            let address = RedisAddress(host: host.isEmpty || host == "?" ? asked?.host ?? "" : String(host), port: port)
             self = words[0] == "MOVED" ? .moved(slot: slot, to: address) : .ask(slot: slot, to: address)
         }
     }

@@ -32,6 +32,22 @@ import Testing
         await client.close()
     }
 
+    /// A client with one seed calls it as a standalone Redis until it has answered whether it is a cluster: a
+    /// pipeline in that moment has its commands for other nodes redirected, and follows them.
+    @Test func aPipelineBeforeTheSeedHasAnsweredFollowsItsRedirections() async throws {
+        let seed = try firstSeedPort()
+        let client = RedisClient(configuration: try RedisConfiguration(url: "redis://127.0.0.1:\(seed)"))
+        let prefix = freshPrefix()
+        let keys = (0..<30).map { "\(prefix)\($0)" } // spread over the three masters
+        let replies = try await client.pipeline(keys.map { ["SET", $0, "v-" + $0, "EX", "60"] }) // the client's first call
+        #expect(replies == Array(repeating: .status("OK"), count: keys.count))
+        let reader = try clusterClient()
+        for key in keys { #expect(try await reader.command(["GET", key]).string == "v-" + key) }
+        #expect(try await client.isCluster())
+        await reader.close()
+        await client.close()
+    }
+
     @Test func pipelineAcrossNodesAnswersInOrder() async throws {
         let client = try clusterClient()
         let prefix = freshPrefix()

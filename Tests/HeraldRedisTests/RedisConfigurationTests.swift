@@ -129,4 +129,17 @@ import Testing
         #expect(RedisError(.timeout, "slow").isConnectionFailure)
         #expect(!RedisError(.server, "ERR").isConnectionFailure)
     }
+
+    @Test func redirectionsNameTheNodeOrLeaveItsHostToTheAskedOne() {
+        let asked = RedisAddress(host: "10.0.0.7", port: 6379)
+        #expect(RedisCluster.Redirect(.error("MOVED 3999 127.0.0.1:6381"), asked: asked)
+                == .moved(slot: 3999, to: RedisAddress(host: "127.0.0.1", port: 6381)))
+        #expect(RedisCluster.Redirect(.error("ASK 12 [::1]:7000"), asked: asked) == .ask(slot: 12, to: RedisAddress(host: "::1", port: 7000)))
+        // cluster-preferred-endpoint-type unknown-endpoint, or a node without a hostname: the port only.
+        #expect(RedisCluster.Redirect(.error("MOVED 3999 :6381"), asked: asked)
+                == .moved(slot: 3999, to: RedisAddress(host: "10.0.0.7", port: 6381)))
+        #expect(RedisCluster.Redirect(.error("ASK 3999 ?:6381"), asked: asked) == .ask(slot: 3999, to: RedisAddress(host: "10.0.0.7", port: 6381)))
+        #expect(RedisCluster.Redirect(.error("ERR MOVED"), asked: asked) == nil)
+        #expect(RedisCluster.Redirect(.status("MOVED 1 a:1"), asked: asked) == nil)
+    }
 }
