@@ -62,6 +62,20 @@ struct HTTPWireTests {
         }
     }
 
+    /// RFC 9112 §2.2: a blank line after a body is ignored, even when a read ends between its CR and its LF.
+    @Test func aBlankLineSplitBetweenReadsBeforeTheNextRequestIsIgnored() async throws {
+        try await withServer(router()) { port in
+            let statuses = try await onThread {
+                let client = try RawHTTPClient(port: port)
+                try client.send("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello\r")
+                let first = try client.readResponse().status // answered with only the CR left in the buffer
+                try client.send("\nGET /n/3 HTTP/1.1\r\nHost: x\r\n\r\n")
+                return [first, try client.readResponse().status]
+            }
+            #expect(statuses == [201, 200])
+        }
+    }
+
     @Test func http10ClosesUnlessKeepAliveIsAsked() async throws {
         try await withServer(router()) { port in
             let (closed, kept, keptHeader, second) = try await onThread {

@@ -96,7 +96,8 @@ public enum HTTPRequestParser {
         var index = start
         while index < bytes.count, bytes[index] != space {
             guard isToken(bytes[index]) else {
-                return bytes[index] == cr && index > start ? nil : .bad("malformed request line")
+                // A CR ending a method, or the buffer: the first half of a blank line whose LF has not arrived.
+                return bytes[index] == cr && (index > start || index + 1 == bytes.count) ? nil : .bad("malformed request line")
             }
             index += 1
         }
