@@ -43,6 +43,7 @@ int herald_epoll_wait(int epoll_fd, int *fds, unsigned *events, int capacity, in
         if (ready[index].events & (EPOLLIN | EPOLLRDHUP)) bits |= HERALD_EPOLL_READABLE;
         if (ready[index].events & EPOLLOUT) bits |= HERALD_EPOLL_WRITABLE;
         if (ready[index].events & (EPOLLERR | EPOLLHUP)) bits |= HERALD_EPOLL_FAILED;
+        if (ready[index].events & EPOLLRDHUP) bits |= HERALD_EPOLL_PEER_CLOSED;
         fds[index] = ready[index].data.fd;
         events[index] = bits;
     }

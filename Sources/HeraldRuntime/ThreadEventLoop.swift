@@ -9,6 +9,8 @@ public struct DescriptorEvents: OptionSet, Sendable, Hashable {
     public static let writable = DescriptorEvents(rawValue: 2)
     /// An error or hang-up (reported only; never asked for).
     public static let failed = DescriptorEvents(rawValue: 4)
+    /// The peer shut down its sending side: everything it sent is in the socket (reported only).
+    public static let peerClosed = DescriptorEvents(rawValue: 8)
 }
 
 /// Something a `ThreadEventLoop` drives on its thread: a non-blocking connection, typically, owned by code that runs

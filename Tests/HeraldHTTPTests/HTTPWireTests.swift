@@ -76,6 +76,23 @@ struct HTTPWireTests {
         }
     }
 
+    /// A client that sends its last request and shuts its side at once (one readiness edge for both) is answered,
+    /// then closed, not kept until the read timeout (30 s).
+    @Test func aClientThatShutsItsSideIsAnsweredThenClosed() async throws {
+        try await withServer(router()) { port in
+            for _ in 0..<5 {
+                let (status, closed) = try await onThread {
+                    let client = try RawHTTPClient(port: port, timeout: 2)
+                    try client.send("GET /n/3 HTTP/1.1\r\nHost: x\r\n\r\n")
+                    client.shutdownWrite()
+                    return (try client.readResponse().status, client.isClosedByServer())
+                }
+                #expect(status == 200)
+                #expect(closed, "still open 2 s after the answer")
+            }
+        }
+    }
+
     @Test func http10ClosesUnlessKeepAliveIsAsked() async throws {
         try await withServer(router()) { port in
             let (closed, kept, keptHeader, second) = try await onThread {

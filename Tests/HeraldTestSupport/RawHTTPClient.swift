@@ -67,6 +67,9 @@ public final class RawHTTPClient {
         }
     }
 
+    /// Shuts down the sending side (a FIN): the client has nothing more to send and still reads.
+    public func shutdownWrite() { _ = Foundation.shutdown(fd, Int32(SHUT_WR)) }
+
     /// Sends a request with `Content-Length` (when there is a body) and reads the response.
     public func request(_ method: String, _ path: String, headers: [String: String] = [:], body: String? = nil) throws -> Response {
         var head = "\(method) \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\n"

@@ -26,6 +26,8 @@ enum {
     HERALD_EPOLL_WRITABLE = 2,
     /// An error or hang-up on the descriptor (reported only, never requested).
     HERALD_EPOLL_FAILED = 4,
+    /// The peer shut down its sending side (EPOLLRDHUP, reported only): what it sent is all in the socket.
+    HERALD_EPOLL_PEER_CLOSED = 8,
 };
 
 /// Adds `fd` to the epoll set (`add` != 0) or changes its interest, level-triggered, to the HERALD_EPOLL_READABLE /

@@ -47,6 +47,8 @@ final class HTTPConnection {
     var end = 0
     /// Edge-triggered: the socket may hold bytes not yet read (an edge came and no short read since).
     var readable = true
+    /// The peer shut down its sending side (reported with the edge of its last bytes).
+    var peerClosed = false
     var output: [UInt8] = []
     var outputOffset = 0
     /// Close (or linger) once the output is written.
@@ -143,6 +145,7 @@ extension WorkerLoop {
 
     func connectionReady(_ connection: HTTPConnection, events: DescriptorEvents) {
         if events.contains(.readable) || events.contains(.failed) { connection.readable = true }
+        if events.contains(.peerClosed) { connection.peerClosed = true }
         if events.contains(.writable), !connection.output.isEmpty {
             flush(connection)
         }
@@ -183,7 +186,8 @@ extension WorkerLoop {
         if count > 0 {
             connection.end += count
             connection.lastActivity = now
-            if count < space { connection.readable = false }
+            // After the peer's FIN no edge comes again: read on until the end of stream closes the connection.
+            if count < space, !connection.peerClosed { connection.readable = false }
             return true
         }
         if count < 0, errno == EAGAIN || errno == EWOULDBLOCK {
