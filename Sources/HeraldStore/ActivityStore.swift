@@ -152,6 +152,7 @@ public struct ActivityStore: Sendable {
         guard !ids.isEmpty else { return [] }
         let keys = RedisKeys(app: app)
         let hashes = try await redis.pipeline(ids.map { ["HGETALL", keys.registration($0, post: postIDHash)] })
+        try throwFirstErrorReply(hashes)
         return zip(ids, hashes).compactMap { id, hash in hash.fieldValues.flatMap { Self.decode(id: id, $0) } }
     }
 
@@ -164,6 +165,7 @@ public struct ActivityStore: Sendable {
         let replies = try await redis.pipeline(ids.map {
             ["HMGET", keys.registration($0, post: postIDHash), "pushToken", "environment", "bundleId"]
         })
+        try throwFirstErrorReply(replies) // an error is no gone registration: its push must not be skipped
         return replies.compactMap { reply in
             guard let fields = reply.array, fields.count == 3, let token = fields[0].string,
                   let environment = fields[1].string.flatMap(APNsEnvironment.init(rawValue:)),

@@ -185,6 +185,7 @@ public struct SubscriptionStore: Sendable {
             let records = try await redis.pipeline(ids.map {
                 ["HMGET", keys.subscription($0, token: deviceToken), "channel", "updatedMs", "tokenType"]
             })
+            try throwFirstErrorReply(records) // an error is no missing record: its index entry stays
             var doomed: [Removal] = [], stale: [String] = []
             for (id, record) in zip(ids, records) {
                 guard let fields = record.array, fields.count == 3, let channel = fields[0].string,
@@ -258,6 +259,7 @@ public struct SubscriptionStore: Sendable {
                 let records = try await redis.pipeline(parsed.map {
                     ["HMGET", keys.subscription($0.id, token: $0.token), "channel", "updatedMs", "expiresAt"]
                 })
+                try throwFirstErrorReply(records)
                 var doomed: [Removal] = [], gone: [String] = [], renewed: [String] = []
                 for (entry, record) in zip(parsed, records) {
                     guard let fields = record.array, fields.count == 3, let channel = fields[0].string,
@@ -421,6 +423,7 @@ public struct SubscriptionStore: Sendable {
         guard !ids.isEmpty else { return [] }
         let nowSeconds = Int64(now.timeIntervalSince1970)
         let replies = try await redis.pipeline(ids.map { ["HGETALL", keys.subscription($0, token: token)] })
+        try throwFirstErrorReply(replies)
         return replies.compactMap { reply in
             guard let fields = reply.fieldValues,
                   (fields["expiresAt"].flatMap { Int64($0) } ?? .max) > nowSeconds else { return nil }

@@ -137,6 +137,22 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await store.list(app: redis.app, deviceToken: device).subscriptions.isEmpty)
     }
 
+    /// A record Redis answers with an error (WRONGTYPE: the key holds a string) is not taken for a missing one:
+    /// removing the token fails, as the dispatcher's data refusals do, and the device index keeps its entry.
+    @Test func aRecordRedisCannotReadStopsARemovalInsteadOfDroppingItsIndexEntry() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client, ttl: nil)
+        let device = token()
+        let created = try await store.upsert(app: redis.app, try subscription("a", device)).subscription
+        let keys = RedisKeys(app: redis.app)
+        let record = keys.subscription(created.id, token: device)
+        try await redis.client.command(["DEL", record])
+        try await redis.client.command(["SET", record, "not a hash"])
+        await #expect(throws: RedisError.self) { try await store.removeInvalidToken(app: redis.app, deviceToken: device) }
+        #expect(try await redis.client.command(["SISMEMBER", keys.device(device), created.id]).int == 1)
+        for key in [record, keys.device(device), keys.channel("a")] { try await redis.client.command(["DEL", key]) }
+    }
+
     @Test func invalidTokenRemovalKeepsSubscriptionsRenewedAfterTheTimestamp() async throws {
         let redis = try TestRedis()
         let store = SubscriptionStore(redis: redis.client, ttl: nil)
