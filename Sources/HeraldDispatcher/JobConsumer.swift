@@ -121,8 +121,15 @@ final class JobConsumer: Service {
         // Records of a partition revoked during this poll are dropped with the old assignment's: whoever owns the
         // partition now reads them again from the committed offset. When that is this member, its new fetch may
         // have returned some of them already, so it reads the partition again from there too.
-        let dropped = Set(records.map { KafkaTopicPartition(topic: $0.topic, partition: $0.partition) }).intersection(revoked)
-        records.removeAll { revoked.contains(KafkaTopicPartition(topic: $0.topic, partition: $0.partition)) }
+        var dropped: Set<KafkaTopicPartition> = []
+        if !revoked.isEmpty {
+            records.removeAll { record in
+                let partition = KafkaTopicPartition(topic: record.topic, partition: record.partition)
+                guard revoked.contains(partition) else { return false }
+                dropped.insert(partition)
+                return true
+            }
+        }
         try await rewindToCommitted(dropped.intersection(reassigned))
         if room <= 0, await handBack(records) {
             fetch.heldBack()

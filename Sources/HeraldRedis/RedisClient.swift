@@ -161,9 +161,9 @@ public final class RedisClient: Sendable {
             // cluster a few milliseconds more each time (at most 140 ms in all).
             if attempt >= 2 { try await Task.sleep(for: .milliseconds(20 * (attempt - 1))) }
             let reply = try await reply(to: encoder, from: node, asking: asking)
-            guard case .error = reply, let redirect = RedisCluster.Redirect(
+            guard case .error(let message) = reply, let redirect = RedisCluster.Redirect(
                 reply, asked: RedisAddress(host: node.configuration.host, port: node.configuration.port)) else { return reply }
-            if case .error(let message) = reply { trail.append("\(node.configuration.description): \(message)") }
+            trail.append("\(node.configuration.description): \(message)")
             switch redirect {
             case .moved(let slot, let address): (node, asking) = (topology.moved(slot: slot, to: address), false)
             case .ask(_, let address): (node, asking) = (topology.node(at: address), true)
