@@ -5,16 +5,17 @@ import HeraldRuntime
 ///
 /// With one server every call goes to it; in a cluster (found by asking the seeds on the first call, see
 /// `RedisTopology`) each command goes to the master serving its key's slot, a pipeline is split by node and its
-/// replies put back in order, a `MOVED` reply is followed (and refreshes the map) and an `ASK` reply is followed
-/// once with `ASKING`. Each server is a `RedisNode`: a pool of connection threads plus one non-blocking connection
-/// per event loop, with the deadlines, reconnection and error kinds described there.
+/// replies put back in order, a `MOVED` reply is followed (and refreshes the map; a pipeline's commands that moved
+/// are sent again as a pipeline) and an `ASK` reply is followed once with `ASKING`. Each server is a `RedisNode`:
+/// a pool of connection threads plus one non-blocking connection per event loop, with the deadlines, reconnection
+/// and error kinds described there.
 ///
 /// A call that fails with a connection error may or may not have been executed by Redis. Cancelling the calling
 /// task does not withdraw a queued call; its deadline bounds the wait. Blocking commands (`BLPOP`) hold a pooled
 /// connection for their whole wait: give them a client of their own (and never call them on an event loop).
 public final class RedisClient: Sendable {
     public let configuration: RedisConfiguration
-    private let topology: RedisTopology
+    let topology: RedisTopology
     /// Redirections one call follows before it gives up (a cluster resharding under it).
     private static let maxRedirects = 5
 
@@ -147,30 +148,43 @@ public final class RedisClient: Sendable {
     /// One command to its node, following redirections. `slot` is only asked in a cluster.
     private func send(_ encoder: RESPEncoder, slot: () -> Int?) async throws -> RedisValue {
         let route = try await topology.route()
-        var node: RedisNode
         switch route {
-        case .standalone(let only): node = only
+        case .standalone(let node): return try await send(encoder, to: node, asking: false, redirections: 0)
         case .cluster:
             guard let slot = slot() else { return try await anyMaster(encoder, on: route) }
-            node = try topology.node(for: slot, on: route)
+            return try await send(encoder, to: try topology.node(for: slot, on: route), asking: false, redirections: 0)
         }
-        var asking = false
+    }
+
+    /// One command to `node`, following its redirections up to `maxRedirects` counting the `redirections` already
+    /// met by the call.
+    private func send(_ encoder: RESPEncoder, to node: RedisNode, asking: Bool,
+                      redirections: Int) async throws -> RedisValue {
+        var (node, asking) = (node, asking)
         var trail: [String] = [] // the redirections met, for the error
-        for attempt in 0..<Self.maxRedirects {
-            // Nodes may disagree for a moment while a slot changes hands: past the second redirection, give the
-            // cluster a few milliseconds more each time (at most 140 ms in all).
-            if attempt >= 2 { try await Task.sleep(for: .milliseconds(20 * (attempt - 1))) }
+        for attempt in redirections..<Self.maxRedirects {
+            try await pauseBeforeRedirection(attempt)
             let reply = try await reply(to: encoder, from: node, asking: asking)
-            guard case .error(let message) = reply, let redirect = RedisCluster.Redirect(
-                reply, asked: RedisAddress(host: node.configuration.host, port: node.configuration.port)) else { return reply }
+            guard case .error(let message) = reply, let redirect = RedisCluster.Redirect(reply, asked: node.address)
+            else { return reply }
             trail.append("\(node.configuration.description): \(message)")
             switch redirect {
-            case .moved(let slot, let address): (node, asking) = (topology.moved(slot: slot, to: address), false)
-            case .ask(_, let address): (node, asking) = (topology.node(at: address), true)
+            case .moved(let slot, let address): (node, asking) = (try topology.moved(slot: slot, to: address), false)
+            case .ask(_, let address): (node, asking) = (try topology.node(at: address), true)
             }
         }
-        throw RedisError(.unavailable, "CLUSTERDOWN more than \(Self.maxRedirects) redirections for one command ("
-                         + trail.joined(separator: "; ") + ")")
+        throw tooManyRedirections(trail)
+    }
+
+    /// Nodes may disagree for a moment while a slot changes hands: past the second redirection, give the cluster a
+    /// few milliseconds more each time (at most 140 ms in all).
+    private func pauseBeforeRedirection(_ attempt: Int) async throws {
+        if attempt >= 2 { try await Task.sleep(for: .milliseconds(20 * (attempt - 1))) }
+    }
+
+    private func tooManyRedirections(_ trail: [String]) -> RedisError {
+        RedisError(.unavailable, "CLUSTERDOWN more than \(Self.maxRedirects) redirections for one command"
+                   + (trail.isEmpty ? "" : " (" + trail.joined(separator: "; ") + ")"))
     }
 
     /// A command without a key (`PING` for readiness, `SCRIPT`): the first master that answers, so one master
@@ -202,56 +216,79 @@ public final class RedisClient: Sendable {
     private func pipeline(_ count: Int, slot: (Int) -> Int?, isTransaction: () -> Bool,
                           encode: (inout RESPEncoder, Int) -> Void) async throws -> [RedisValue] {
         guard count > 0 else { return [] }
-        let route = try await topology.route()
-        if case .standalone(let node) = route {
-            // One node: the replies come back in the commands' order. While a single seed is still being asked
-            // whether it is a cluster, it is called as a standalone Redis and may redirect some of them.
-            var encoder = RESPEncoder(capacity: count * 32)
-            for index in 0..<count { encode(&encoder, index) }
-            let replies = try throwingUnavailability(await many(encoder, on: node))
-            return try await followingRedirections(replies, isTransaction: isTransaction, slot: slot, encode: encode)
+        var (replies, nodes) = try await sendByNode(Array(0..<count), slot: slot, isTransaction: isTransaction,
+                                                    encode: encode)
+        // A transaction fails whole; other commands whose slot moved (or is moving) are sent again where the
+        // redirections say: those that moved together, as a pipeline again; those asked elsewhere one by one.
+        guard replies.contains(where: { RedisCluster.Redirect($0) != nil }), !isTransaction() else { return replies }
+        for attempt in 0..<Self.maxRedirects - 1 {
+            var moved: [Int] = []
+            for index in replies.indices {
+                switch RedisCluster.Redirect(replies[index], asked: nodes[index].address) {
+                case .moved(let slot, let address)?:
+                    _ = try topology.moved(slot: slot, to: address)
+                    moved.append(index)
+                case .ask(_, let address)?:
+                    var encoder = RESPEncoder()
+                    encode(&encoder, index)
+                    replies[index] = try await send(encoder, to: try topology.node(at: address), asking: true,
+                                                    redirections: attempt + 1)
+                case nil: break
+                }
+            }
+            guard !moved.isEmpty else { return replies }
+            try await pauseBeforeRedirection(attempt + 1)
+            let (again, againNodes) = try await sendByNode(moved, slot: slot, isTransaction: { false }, encode: encode)
+            for (position, index) in moved.enumerated() {
+                (replies[index], nodes[index]) = (again[position], againNodes[position])
+            }
         }
-        // Which commands go to which cluster node, in order.
-        let isTransaction = isTransaction()
-        var groups: [(node: RedisNode, indices: [Int])] = []
-        if isTransaction {
-            let first = (0..<count).lazy.compactMap(slot).first
-            groups = [(try topology.node(for: first, on: route), Array(0..<count))]
-        } else {
-            for index in 0..<count {
+        if let index = replies.firstIndex(where: { RedisCluster.Redirect($0) != nil }),
+           case .error(let message) = replies[index] {
+            throw tooManyRedirections(["\(nodes[index].configuration.description): \(message)"])
+        }
+        return replies
+    }
+
+    /// Sends the commands at `indices`, each node's together, to every node at once; returns, by position in
+    /// `indices`, each reply and the node that gave it. A transaction goes whole to its first key's node (a
+    /// transaction runs on one node: its keys must share a slot). While a single seed is still being asked whether
+    /// it is a cluster, it is called as a standalone Redis and may redirect some of them.
+    private func sendByNode(_ indices: [Int], slot: (Int) -> Int?, isTransaction: () -> Bool,
+                      encode: (inout RESPEncoder, Int) -> Void) async throws -> ([RedisValue], [RedisNode]) {
+        let route = try await topology.route()
+        var groups: [(node: RedisNode, positions: [Int])] = []
+        switch route {
+        case .standalone(let node): groups = [(node, Array(indices.indices))]
+        case .cluster where isTransaction():
+            groups = [(try topology.node(for: indices.lazy.compactMap(slot).first, on: route), Array(indices.indices))]
+        case .cluster:
+            for (position, index) in indices.enumerated() {
                 let node = try topology.node(for: slot(index), on: route)
                 if let group = groups.firstIndex(where: { $0.node === node }) {
-                    groups[group].indices.append(index)
+                    groups[group].positions.append(position)
                 } else {
-                    groups.append((node, [index]))
+                    groups.append((node, [position]))
                 }
             }
         }
-        var replies = [RedisValue](repeating: .null, count: count)
         let batches = groups.map { group in
-            var encoder = RESPEncoder(capacity: group.indices.count * 32)
-            for index in group.indices { encode(&encoder, index) }
+            var encoder = RESPEncoder(capacity: group.positions.count * 32)
+            for position in group.positions { encode(&encoder, indices[position]) }
             return (group.node, encoder)
         }
+        if groups.count == 1 {
+            return (try throwingUnavailability(await many(batches[0].1, on: batches[0].0)),
+                    Array(repeating: groups[0].node, count: indices.count))
+        }
+        var replies = [RedisValue](repeating: .null, count: indices.count)
+        var nodes = [RedisNode](repeating: groups[0].node, count: indices.count)
         for (group, nodeReplies) in zip(groups, try await many(batches)) {
-            for (index, reply) in zip(group.indices, nodeReplies) { replies[index] = reply }
+            for (position, reply) in zip(group.positions, nodeReplies) {
+                (replies[position], nodes[position]) = (reply, group.node)
+            }
         }
-        replies = try throwingUnavailability(replies)
-        return try await followingRedirections(replies, isTransaction: { isTransaction }, slot: slot, encode: encode)
-    }
-
-    /// A command whose slot moved (or is moving) is sent again by itself, where the redirection says (not in a
-    /// transaction, which fails whole).
-    private func followingRedirections(_ replies: [RedisValue], isTransaction: () -> Bool, slot: (Int) -> Int?,
-                                       encode: (inout RESPEncoder, Int) -> Void) async throws -> [RedisValue] {
-        guard replies.contains(where: { RedisCluster.Redirect($0) != nil }), !isTransaction() else { return replies }
-        var replies = replies
-        for index in replies.indices where RedisCluster.Redirect(replies[index]) != nil {
-            var encoder = RESPEncoder()
-            encode(&encoder, index)
-            replies[index] = try await send(encoder) { slot(index) }
-        }
-        return replies
+        return (try throwingUnavailability(replies), nodes)
     }
 
     /// The replies, unless Redis answered that it is not serving (`LOADING`…), which answers every command alike.
@@ -272,7 +309,6 @@ public final class RedisClient: Sendable {
 
     /// Each node's commands, sent to every node at once (no task per node), and each node's replies in order.
     private func many(_ batches: [(node: RedisNode, encoder: RESPEncoder)]) async throws -> [[RedisValue]] {
-        if batches.count == 1 { return [try await many(batches[0].encoder, on: batches[0].node)] }
         do {
             return try await withCheckedThrowingContinuation { continuation in
                 let gather = RedisGather(parts: batches.count, continuation: continuation)

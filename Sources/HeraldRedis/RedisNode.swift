@@ -56,6 +56,8 @@ final class RedisNode: Sendable {
         await queue.waitUntilStopped()
     }
 
+    var address: RedisAddress { RedisAddress(host: configuration.host, port: configuration.port) }
+
     /// Sends one encoded command and returns its reply.
     func single(_ encoder: RESPEncoder) async throws -> RedisValue {
         let deadline = ContinuousClock.now + configuration.commandTimeout

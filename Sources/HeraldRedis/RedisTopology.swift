@@ -17,7 +17,9 @@ final class RedisTopology: Sendable {
 
     private struct State {
         var mode = Mode.unknown
-        /// One node per address, made on first use and kept (a failed master may come back as a replica).
+        /// One node per address, made on first use. A new slot map drops the nodes it no longer names (but the
+        /// seeds): a node serves the calls that already hold it and stops its threads once the last one is done, so
+        /// masters replaced under new addresses (pods rescheduled) do not pile up.
         var nodes: [RedisAddress: RedisNode] = [:]
         /// The seeds being asked whether they are a cluster.
         var detection: Task<Void, Never>?
@@ -61,7 +63,7 @@ final class RedisTopology: Sendable {
                 case .unknown:
                     startDetection(&state)
                     if !settled, configuration.seeds.count == 1 {
-                        return (.standalone(nodeLocked(configuration.seeds[0], &state)), nil)
+                        return (.standalone(try nodeLocked(configuration.seeds[0], &state)), nil)
                     }
                     if let detection = state.detection { return (nil, detection) }
                     throw state.detectionError ?? RedisError(.connection, "no seed answered")
@@ -115,11 +117,13 @@ final class RedisTopology: Sendable {
     }
 
     /// The node at `address`, made on first use.
-    func node(at address: RedisAddress) -> RedisNode {
-        state.withLock { state in nodeLocked(address, &state) }
+    func node(at address: RedisAddress) throws(RedisError) -> RedisNode {
+        try state.withLock { state throws(RedisError) in try nodeLocked(address, &state) }
     }
 
-    private func nodeLocked(_ address: RedisAddress, _ state: inout State) -> RedisNode {
+    /// Once the client is closed no node is made: one made by a call still under way would never be closed.
+    private func nodeLocked(_ address: RedisAddress, _ state: inout State) throws(RedisError) -> RedisNode {
+        if state.isClosed { throw RedisError(.closed, "the client is closed") }
         if let node = state.nodes[address] { return node }
         let node = RedisNode(configuration: configuration.node(address), logger: logger)
         state.nodes[address] = node
@@ -128,15 +132,15 @@ final class RedisTopology: Sendable {
 
     /// A node answered `MOVED slot address`: the slot is served there from now on (a standalone seed that answers
     /// so is in a cluster after all), and the whole map is refreshed in the background.
-    func moved(slot: Int, to address: RedisAddress) -> RedisNode {
-        let node = state.withLock { state in
-            let node = nodeLocked(address, &state)
+    func moved(slot: Int, to address: RedisAddress) throws(RedisError) -> RedisNode {
+        let node = try state.withLock { state throws(RedisError) in
+            let node = try nodeLocked(address, &state)
             switch state.mode {
             case .cluster(var slots):
                 slots[slot] = node
                 state.mode = .cluster(slots)
             case .standalone, .unknown:
-                let seed = nodeLocked(configuration.seeds[0], &state)
+                let seed = try nodeLocked(configuration.seeds[0], &state)
                 var slots = [RedisNode?](repeating: seed, count: RedisCluster.slotCount)
                 slots[slot] = node
                 state.mode = .cluster(slots)
@@ -171,7 +175,7 @@ final class RedisTopology: Sendable {
     private func detect() async throws {
         var lastError = RedisError(.connection, "no seed to ask")
         for seed in configuration.seeds {
-            let node = node(at: seed)
+            let node = try node(at: seed)
             let reply: RedisValue
             do { reply = try await node.single(Self.slotsCommand) } catch let error as RedisError where error.isConnectionFailure {
                 lastError = error
@@ -182,7 +186,7 @@ final class RedisTopology: Sendable {
                 // Cluster support disabled, or an ACL without `cluster|slots`: one server (a cluster behind such
                 // an ACL is found by its first MOVED, which may have come first).
                 let isFirst = state.withLock { state in
-                    guard case .unknown = state.mode else { return false }
+                    guard case .unknown = state.mode, !state.isClosed else { return false }
                     state.mode = .standalone(node)
                     return true
                 }
@@ -206,19 +210,21 @@ final class RedisTopology: Sendable {
     }()
 
     private func install(_ ranges: [(ClosedRange<Int>, RedisAddress)]) {
-        let (changed, masters) = state.withLock { state in
+        let installed = state.withLock { state -> (changed: Bool, masters: [String])? in
             var slots = [RedisNode?](repeating: nil, count: RedisCluster.slotCount)
             for (range, address) in ranges {
-                let node = nodeLocked(address, &state)
+                guard let node = try? nodeLocked(address, &state) else { return nil }
                 for slot in range { slots[slot] = node }
             }
             let before: [RedisNode?]
             if case .cluster(let old) = state.mode { before = old } else { before = [] }
             state.mode = .cluster(slots)
+            let named = Set(ranges.map(\.1)).union(configuration.seeds)
+            state.nodes = state.nodes.filter { named.contains($0.key) }
             let changed = before.count != slots.count || zip(before, slots).contains { $0 !== $1 }
             return (changed, Set(ranges.map(\.1.description)).sorted())
         }
-        if changed {
+        if let (changed, masters) = installed, changed {
             logger.info("redis cluster map", ["redis.masters": masters.joined(separator: ","),
                                               "redis.ranges": "\(ranges.count)"])
         }
@@ -255,7 +261,7 @@ final class RedisTopology: Sendable {
             return order
         }
         for address in candidates {
-            guard let reply = try? await node(at: address).single(Self.slotsCommand),
+            guard let node = try? node(at: address), let reply = try? await node.single(Self.slotsCommand),
                   let ranges = RedisCluster.slotRanges(reply, asked: address), !ranges.isEmpty else { continue }
             install(ranges)
             return

@@ -1,5 +1,5 @@
 import Foundation
-import HeraldRedis
+@testable import HeraldRedis
 import HeraldTestSupport
 import Testing
 
@@ -121,25 +121,22 @@ import Testing
         let masters = try await clusterMasters()
         let source = try #require(masters.first { $0.serves(slot) })
         let target = try #require(masters.first { $0.id != source.id })
-        func admin(_ port: Int, _ arguments: String...) async throws -> String {
-            try await runTool(["redis-cli", "-p", String(port)] + arguments).output
-        }
-        _ = try await admin(target.port, "CLUSTER", "SETSLOT", String(slot), "IMPORTING", source.id)
-        _ = try await admin(source.port, "CLUSTER", "SETSLOT", String(slot), "MIGRATING", target.id)
-        _ = try await admin(source.port, "MIGRATE", "127.0.0.1", String(target.port), key, "0", "5000")
+        _ = try await clusterAdmin(target.port, "CLUSTER", "SETSLOT", String(slot), "IMPORTING", source.id)
+        _ = try await clusterAdmin(source.port, "CLUSTER", "SETSLOT", String(slot), "MIGRATING", target.id)
+        _ = try await clusterAdmin(source.port, "MIGRATE", "127.0.0.1", String(target.port), key, "0", "5000")
         var failure: (any Error)?
         do {
             #expect(try await client.command(["GET", key]).string == "here", "ASK followed")
-            for master in masters { _ = try await admin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", target.id) }
+            for master in masters { _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", target.id) }
             #expect(try await client.command(["GET", key]).string == "here", "MOVED followed")
             let moved = try await client.pipeline([["GET", key], ["SET", key, "again"], ["GET", key]])
             #expect(moved == [.bulk(Array("here".utf8)), .status("OK"), .bulk(Array("again".utf8))])
         } catch { failure = error }
         // Back where it was, for the other tests.
-        _ = try await admin(source.port, "CLUSTER", "SETSLOT", String(slot), "IMPORTING", target.id)
-        _ = try await admin(target.port, "CLUSTER", "SETSLOT", String(slot), "MIGRATING", source.id)
-        _ = try await admin(target.port, "MIGRATE", "127.0.0.1", String(source.port), key, "0", "5000")
-        for master in masters { _ = try await admin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", source.id) }
+        _ = try await clusterAdmin(source.port, "CLUSTER", "SETSLOT", String(slot), "IMPORTING", target.id)
+        _ = try await clusterAdmin(target.port, "CLUSTER", "SETSLOT", String(slot), "MIGRATING", source.id)
+        _ = try await clusterAdmin(target.port, "MIGRATE", "127.0.0.1", String(source.port), key, "0", "5000")
+        for master in masters { _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", source.id) }
         // Until every node agrees again, the next test could meet the slot half moved.
         try await eventually("every node names the slot's master again", timeout: .seconds(10)) {
             for port in try await clusterNodePorts() {
@@ -150,6 +147,71 @@ import Testing
         }
         if let failure { throw failure }
         #expect(try await client.command(["GET", key]).string == "again")
+        try await client.command(["DEL", key])
+        await client.close()
+    }
+
+    /// A pipeline whose slot moved to another master under the client is answered `MOVED` command by command, and
+    /// sent again to the new master as a pipeline: a few reads there, not one round trip per command.
+    @Test func aPipelineWhoseSlotMovedIsSentAgainTogether() async throws {
+        let client = try clusterClient()
+        #expect(try await client.isCluster()) // the map as it is now
+        let masters = try await clusterMasters()
+        // A slot holding no key: it can change hands without migrating any.
+        var found: (tag: String, slot: Int, source: ClusterMaster)?
+        for _ in 0..<50 where found == nil {
+            let tag = "{\(freshPrefix())}"
+            let slot = RedisCluster.slot(of: tag)
+            let source = try #require(masters.first { $0.serves(slot) })
+            let count = try await clusterAdmin(source.port, "CLUSTER", "COUNTKEYSINSLOT", String(slot))
+            if count.trimmingCharacters(in: .whitespacesAndNewlines) == "0" { found = (tag, slot, source) }
+        }
+        let (tag, slot, source) = try #require(found)
+        let target = try #require(masters.first { $0.id != source.id })
+        for master in [target] + masters.filter({ $0.id != target.id }) {
+            _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", target.id)
+        }
+        let keys = (0..<300).map { "\(tag):\($0)" }
+        let readsBefore = try await readsProcessed(by: target.port)
+        var failure: (any Error)?
+        do {
+            let replies = try await client.pipeline(keys.map { ["SET", $0, "v-" + $0, "EX", "60"] })
+            #expect(replies == Array(repeating: .status("OK"), count: keys.count))
+            let reads = try await readsProcessed(by: target.port) - readsBefore
+            #expect(reads < 60, "\(reads) reads on the new master for \(keys.count) redirected commands")
+            let stored = try await runTool(["redis-cli", "-p", String(target.port), "CLUSTER", "COUNTKEYSINSLOT", String(slot)])
+            #expect(stored.output.trimmingCharacters(in: .whitespacesAndNewlines) == "300")
+            try await client.pipeline(keys.map { ["DEL", $0] })
+        } catch { failure = error }
+        for master in [source] + masters.filter({ $0.id != source.id }) {
+            _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", source.id)
+        }
+        try await eventually("every node names the slot's master again", timeout: .seconds(10)) {
+            for port in try await clusterNodePorts() {
+                guard try await clusterMasters(asSeenBy: port).first(where: { $0.serves(slot) })?.id == source.id else { return false }
+            }
+            return true
+        }
+        if let failure { throw failure }
+        await client.close()
+    }
+
+    /// A slot map that no longer names a node drops it (a master rescheduled under a new address), so nodes and
+    /// their threads do not pile up; the seeds stay.
+    @Test func aNodeTheMapNoLongerNamesIsDropped() async throws {
+        let client = try clusterClient()
+        #expect(try await client.isCluster())
+        let known = Set(client.topology.nodes.map(\.address))
+        let gone = RedisAddress(host: "127.0.0.1", port: try closedPort())
+        let key = try #require((0...).lazy.map { "\(freshPrefix())\($0)" }.first { RedisCluster.slot(of: $0) == 42 })
+        _ = try client.topology.moved(slot: 42, to: gone) // as a master answers `MOVED 42 …` during a failover
+        #expect(client.topology.nodes.contains { $0.address == gone })
+        try await eventually("the refreshed map drops the node it does not name", timeout: .seconds(5)) {
+            !client.topology.nodes.contains { $0.address == gone }
+        }
+        #expect(Set(client.topology.nodes.map(\.address)) == known)
+        try await client.command(["SET", key, "1", "EX", "60"])
+        #expect(try await client.command(["GET", key]).string == "1")
         try await client.command(["DEL", key])
         await client.close()
     }
@@ -182,6 +244,17 @@ import Testing
         #expect(try await client.command(["GET", key]).string == "1")
         await client.close()
     }
+}
+
+func clusterAdmin(_ port: Int, _ arguments: String...) async throws -> String {
+    try await runTool(["redis-cli", "-p", String(port)] + arguments).output
+}
+
+/// How many times the server on `port` has read from its clients' sockets (`total_reads_processed`).
+func readsProcessed(by port: Int) async throws -> Int {
+    let stats = try await clusterAdmin(port, "INFO", "stats")
+    let line = try #require(stats.split(whereSeparator: \.isNewline).first { $0.hasPrefix("total_reads_processed:") })
+    return try #require(Int(line.dropFirst("total_reads_processed:".count)))
 }
 
 func clusterClient() throws -> RedisClient {
