@@ -330,7 +330,7 @@ private struct FetchState {
         guard var watchdog else { return nil }
         defer { self.watchdog = watchdog }
         let stalled = watchdog.stalled(progress, now: now)
-        return !stalled.isEmpty || watchdog.silentSinceReplacement(now: now) ? stalled : nil
+        return !stalled.isEmpty || watchdog.silentSinceReplacement(progress, now: now) ? stalled : nil
     }
 
     /// Records a test's injected gap left out already: each only once, so reading it again finds it.

@@ -65,10 +65,19 @@ public struct FetchWatchdog: Sendable {
     /// Forgets the positions read so far: the caller held them back on purpose (it had no room for records).
     public mutating func forgetReadings() { unmoved = [:] }
 
-    /// True when a consumer that replaced a stalled one has received nothing for twice the stall timeout. Its
-    /// positions and the broker's watermarks stay unknown while no fetch returns records, so `stalled` cannot
-    /// judge it.
-    public func silentSinceReplacement(now: ContinuousClock.Instant) -> Bool {
-        replacedAt.map { now - $0 >= stallTimeout * 2 } ?? false
+    /// True when a consumer that replaced a stalled one has received nothing for twice the stall timeout and the
+    /// broker has not said that nothing is left: its positions and watermarks can stay unknown while no fetch
+    /// returns records, so `stalled` cannot judge it. When every assigned partition is known to be read to its end
+    /// (or none is assigned: the group gave them to other members), nothing was left for it to receive, and it is
+    /// no longer watched as a replacement; else an idle topic would have it replaced again and again, each time a
+    /// rebalance of the whole group.
+    public mutating func silentSinceReplacement(_ progress: [KafkaPartitionProgress],
+                                                now: ContinuousClock.Instant) -> Bool {
+        guard let replacedAt, now - replacedAt >= stallTimeout * 2 else { return false }
+        if progress.allSatisfy({ $0.position >= 0 && $0.highWatermark >= 0 && $0.lag == 0 }) {
+            self.replacedAt = nil
+            return false
+        }
+        return true
     }
 }

@@ -115,15 +115,33 @@ struct FetchStallTests {
         #expect(watchdog.stalled(reading(5, -1), now: start + .seconds(60)).isEmpty)
     }
 
-    @Test("a consumer that replaced a stalled one and receives nothing for twice the stall timeout counts as stalled")
+    @Test("a consumer that replaced a stalled one and receives nothing for twice the stall timeout counts as stalled, unless nothing is left")
     func silentReplacement() {
+        let partition = KafkaTopicPartition(topic: "t", partition: 0)
+        func reading(_ position: Int64, _ high: Int64) -> [KafkaPartitionProgress] {
+            [KafkaPartitionProgress(partition: partition, position: position, highWatermark: high)]
+        }
         var watchdog = FetchWatchdog(stallTimeout: .seconds(5))
         let start = ContinuousClock.now
-        #expect(!watchdog.silentSinceReplacement(now: start + .seconds(60)), "never replaced: an idle topic is no stall")
+        func silent(_ progress: [KafkaPartitionProgress], after seconds: Int) -> Bool {
+            watchdog.silentSinceReplacement(progress, now: start + .seconds(seconds))
+        }
+        #expect(!silent(reading(5, -1), after: 60), "never replaced: no stall")
         watchdog.replaced(at: start)
-        #expect(!watchdog.silentSinceReplacement(now: start + .seconds(9)))
-        #expect(watchdog.silentSinceReplacement(now: start + .seconds(10)))
+        #expect(!silent(reading(5, -1), after: 9))
+        #expect(silent(reading(5, -1), after: 10), "watermark unknown")
+        #expect(silent(reading(-1001, 7), after: 10), "position unknown")
+        #expect(silent(reading(5, 7), after: 10), "records left")
         watchdog.recordsArrived()
-        #expect(!watchdog.silentSinceReplacement(now: start + .seconds(60)))
+        #expect(!silent(reading(5, -1), after: 60))
+
+        // An idle topic: the broker reports the partition read to its end, so the replacement is left alone for good.
+        watchdog.replaced(at: start)
+        #expect(!silent(reading(7, 7), after: 10))
+        #expect(!silent(reading(5, -1), after: 60), "no longer a replacement")
+        // The group gave every partition to other members: nothing to receive either.
+        watchdog.replaced(at: start)
+        #expect(!silent([], after: 10))
+        #expect(!silent(reading(5, -1), after: 60))
     }
 }
