@@ -120,7 +120,7 @@ final class DLQReader {
             if records.isEmpty {
                 if atEnds { break }
                 if ContinuousClock.now - lastRecordAt > Self.stall {
-                    warnAboutShortPartitions()
+                    try checkNoPartitionFellShort()
                     break
                 }
                 continue
@@ -162,12 +162,17 @@ final class DLQReader {
                         record: record.value)
     }
 
-    /// A partition one offset short is normal (a transaction marker at the end); more means the broker stopped
-    /// answering mid-scan, which the operator must hear about.
-    private func warnAboutShortPartitions() {
-        for (number, partition) in partitions.sorted(by: { $0.key < $1.key })
-        where !partition.finished && partition.end - partition.next > 1 {
-            FileHandle.standardError.write(Data("heraldctl: warning: \(topic)[\(number)] sent nothing for \(Self.stall); read up to offset \(partition.next) of \(partition.end)\n".utf8))
-        }
+    /// The broker sent nothing for `stall` though partitions have not reached their end (fetches refused, say a
+    /// user without Read on the topic, or a broker failing over): the scan is not complete, so it fails rather
+    /// than report partial counts as the whole. One record short is tolerated (the broker's end offset may count a
+    /// marker no fetch returns).
+    private func checkNoPartitionFellShort() throws {
+        let short = partitions.sorted { $0.key < $1.key }
+            .filter { !$0.value.finished && $0.value.end - $0.value.next > 1 }
+            .map { "\(topic)[\($0.key)] at offset \($0.value.next) of \($0.value.end)" }
+        guard !short.isEmpty else { return }
+        throw OperatorError("the broker sent nothing for \(Self.stall) while \(short.joined(separator: ", ")) had "
+                            + "records left: the scan stopped short. Check the broker and that the Kafka user may read "
+                            + "\(topic), then run the command again")
     }
 }

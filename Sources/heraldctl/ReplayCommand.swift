@@ -40,8 +40,9 @@ enum ReplayCommand {
         Safe to run twice: each re-published dead letter is recorded in Redis (set herald:replay:{NAME}:sent of
         "partition:offset", kept 30 days) right after Kafka acknowledged its job, and a run skips what its name
         already sent. Ctrl-C or SIGTERM stops after the jobs in flight are acknowledged and recorded, so a rerun
-        sends exactly the rest. A replay killed outright (SIGKILL, power loss) can send again only the few jobs
-        that were acknowledged but not yet recorded at that moment. The job id of a replayed job is
+        sends exactly the rest. A replay killed outright (SIGKILL, power loss) can send again the jobs handed to
+        Kafka but not yet recorded at that moment: at most 5,000 in flight plus one Redis round trip's worth of
+        acknowledged ones. A run whose records Redis refuses stops sending (exit 1). The job id of a replayed job is
         replay-NAME-PARTITION-OFFSET. Do not run the same replay from two places at once.
 
         The topic is read from --since (offsets-for-times) or the beginning up to where it ended when the replay
@@ -244,6 +245,7 @@ final class Replay {
             summary.stop = .interrupted
             return false
         }
+        if ledger.hasFailed { return stopRecordingFailed() }
         // Tuples of the entry (a class) and not of its dead letter: a letter is a large struct to copy.
         var candidates: [(entry: DLQEntry, member: String)] = []
         for entry in entries {
@@ -298,6 +300,7 @@ final class Replay {
                 summary.stop = .interrupted
                 return false
             }
+            if ledger.hasFailed { return stopRecordingFailed() }
             counters.waiting.subtract(1, ordering: .relaxed)
             guard case .success(let job?) = built else {
                 if case .failure = built { skip("invalid_job") } else { skip("not_replayable") }
@@ -313,6 +316,13 @@ final class Replay {
             counters.sent.add(1, ordering: .relaxed)
         }
         return true
+    }
+
+    /// The ledger can no longer record what is sent (its error is reported once the scan stops): sending more
+    /// would only add to what a rerun sends again.
+    private func stopRecordingFailed() -> Bool {
+        summary.stop = .error
+        return false
     }
 
     private func skip(_ reason: String) {

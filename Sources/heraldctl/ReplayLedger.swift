@@ -9,8 +9,9 @@ import HeraldRuntime
 ///
 /// A member is added as soon as the broker acknowledged its job: the producer's delivery callback hands it to
 /// `run()`, which adds whatever has accumulated in one `SADD` per round trip. So a replay killed outright can
-/// send again at most the jobs acknowledged but not yet recorded (a few milliseconds' worth); one stopped with
-/// SIGINT/SIGTERM waits for its acknowledgements and records them all.
+/// send again at most the jobs handed to the producer and not yet recorded (those in flight, at most
+/// `ReplayCommand.maxInFlight`, and one round trip's worth of acknowledged ones); one stopped with SIGINT/SIGTERM
+/// waits for its acknowledgements and records them all.
 final class ReplayLedger: Sendable {
     /// Kept 30 days after the replay's last write; a replay run again later than that starts afresh.
     static let retention = 30 * 86_400
@@ -26,6 +27,7 @@ final class ReplayLedger: Sendable {
         var recorded = 0
         var failures: [String: Int] = [:]
         var finished = false
+        var recordingFailed = false
         var recorder: CheckedContinuation<Void, Never>?
         var sender: (below: Int, continuation: CheckedContinuation<Void, Never>)?
     }
@@ -99,16 +101,27 @@ final class ReplayLedger: Sendable {
         wake?.resume()
     }
 
-    /// Records acknowledged jobs in Redis until `finish()`; throws when Redis refuses (the caller stops sending).
+    /// Records acknowledged jobs in Redis until `finish()`; throws when Redis fails or refuses a write (`OOM`, an
+    /// ACL without `SADD`), and `hasFailed` then tells the sender to stop: what it sent from then on would not be
+    /// recorded, and a rerun would send it again.
     func run() async throws {
-        while let members = await next() {
-            for start in stride(from: 0, to: members.count, by: 1000) {
-                let chunk = Array(members[start..<min(start + 1000, members.count)])
-                _ = try await redis.pipeline([["SADD", key] + chunk, ["EXPIRE", key, String(Self.retention)]])
+        do {
+            while let members = await next() {
+                for start in stride(from: 0, to: members.count, by: 1000) {
+                    let chunk = Array(members[start..<min(start + 1000, members.count)])
+                    let replies = try await redis.pipeline([["SADD", key] + chunk, ["EXPIRE", key, String(Self.retention)]])
+                    for case .error(let message) in replies { throw RedisError.fromReply(message) }
+                }
+                state.withLock { $0.recorded += members.count }
             }
-            state.withLock { $0.recorded += members.count }
+        } catch {
+            state.withLock { $0.recordingFailed = true }
+            throw error
         }
     }
+
+    /// True once `run()` has failed: nothing acknowledged is recorded any more.
+    var hasFailed: Bool { state.withLock { $0.recordingFailed } }
 
     /// Jobs the broker acknowledged, and those handed to it and not answered yet.
     var progress: (acknowledged: Int, inFlight: Int) {

@@ -172,6 +172,28 @@ struct ReplayCommandTests {
         #expect(jobs.count <= 31, "at most the one job in flight at the kill is sent twice, got \(jobs.count)")
     }
 
+    @Test("a replay whose records Redis refuses stops sending and exits 1")
+    func ledgerRefused() async throws {
+        let harness = try await CtlHarness.make()
+        defer { Task { await harness.close() } }
+        let tokens = (0..<60).map { _ in SecureRandom.hex(32) }
+        for token in tokens { try await harness.subscribe(token) }
+        try await harness.publish(tokens.map { harness.deadLetter(token: $0) })
+        // A user that may do all a replay does but add to a set: its reads work, its records are refused.
+        let user = "replay-" + SecureRandom.hex(4), password = SecureRandom.hex(16)
+        try await harness.redis.command(["ACL", "SETUSER", user, "on", ">" + password, "~*", "&*", "+@all", "-sadd"])
+        let url = harness.redisURL.replacingOccurrences(of: "redis://", with: "redis://\(user):\(password)@")
+        let refused = try await harness.heraldctl(["replay", "--rate", "20", "--json"], environment: ["HERALD_REDIS_URL": url])
+        try await harness.redis.command(["ACL", "DELUSER", user])
+        #expect(refused.status == 1, "\(refused.stdout)\n\(refused.stderr)")
+        let summary = try refused.json()
+        #expect(summary["stopped"]?.stringValue == "error")
+        #expect(summary["error"]?.stringValue?.contains("could not be recorded") == true, "\(summary)")
+        let sent = try #require(summary["republished"]?.numberValue)
+        // At 20 a second the first acknowledgement, hence the first refusal, comes within about ten sends.
+        #expect(sent < 40, "sending stops once a record is refused, not after all 60 (\(sent) sent)")
+    }
+
     @Test("exit codes and messages: bad filter 2, Redis or Kafka unreachable 1, --help with examples")
     func errors() async throws {
         let harness = try await CtlHarness.make()
