@@ -69,9 +69,9 @@ public enum RedisLayout {
         public var total: Int { subscriptions.values.reduce(0, +) + registrations.values.reduce(0, +) }
     }
 
-    /// Moves a database of layout 1 to this layout, then marks it. Resumable and idempotent: each subscription and
-    /// registration is written in this layout, then its old keys go, so a run stopped anywhere is finished by
-    /// running it again. Run it with every service stopped (they refuse to start meanwhile). `progress` is called
+    /// Moves a database of layout 1 to this layout, then marks it. Resumable and idempotent: a batch of
+    /// subscriptions and registrations is written in this layout, then, once every write succeeded, their old keys
+    /// go, so a run stopped or failed anywhere is finished by running it again. Run it with every service stopped (they refuse to start meanwhile). `progress` is called
     /// every 1,000 records with the count so far. A dry run only counts.
     public static func migrate(_ redis: RedisClient, dryRun: Bool = false, batchSize: Int = 1000,
                                progress: (Int) -> Void = { _ in }) async throws -> Migration {
@@ -84,13 +84,15 @@ public enum RedisLayout {
             }
             if !dryRun {
                 let reads = try await redis.pipeline(found.flatMap { [["HGETALL", $0.key], ["PTTL", $0.key]] })
-                var commands: [[String]] = []
-                for (index, old) in found.enumerated() {
+                let moves = found.enumerated().map { index, old in
                     let fields = reads[index * 2].fieldValues ?? [:]
-                    commands += old.isSubscription ? moveSubscription(old, fields)
+                    return old.isSubscription ? moveSubscription(old, fields)
                         : moveRegistration(old, fields, ttl: reads[index * 2 + 1].int ?? -2)
                 }
-                try throwFirstErrorReply(await redis.pipeline(commands))
+                // The old keys go only once every write is in: a refused write (OOM, a lost node) leaves the batch
+                // in layout 1 for the next run.
+                try throwFirstErrorReply(await redis.pipeline(moves.flatMap(\.writes)))
+                try throwFirstErrorReply(await redis.pipeline(moves.flatMap(\.removals)))
             }
             let before = moved / 1000
             moved += found.count
@@ -108,40 +110,50 @@ public enum RedisLayout {
         return migration
     }
 
+    /// A record's move: its writes in this layout, then the removal of its old keys.
+    private struct Move {
+        var writes: [[String]] = []
+        var removals: [[String]]
+    }
+
     /// A subscription of layout 1 written in this one (record, device index, channel index, expiry index), then
     /// its old keys removed. An unreadable record is only removed: nothing could push to it.
-    private static func moveSubscription(_ old: OldKey, _ fields: [String: String]) -> [[String]] {
+    private static func moveSubscription(_ old: OldKey, _ fields: [String: String]) -> Move {
         guard let id = fields["id"], let token = fields["deviceToken"], let channel = fields["channel"],
               let tokenType = fields["tokenType"].flatMap(TokenType.init(rawValue:)),
               let environment = fields["environment"].flatMap(APNsEnvironment.init(rawValue:)) else {
-            return [["DEL", old.key]]
+            return Move(removals: [["DEL", old.key]])
         }
         let keys = RedisKeys(app: old.app), oldPrefix = "herald:{" + old.app + "}:"
         let expiresAt = fields["expiresAt"].flatMap { Int64($0) }
         let target = ChannelTarget(deviceToken: token, tokenType: tokenType, environment: environment,
                                    activityID: fields["activityID"].flatMap { $0.isEmpty ? nil : $0 }, expiresAt: expiresAt)
-        var commands = [["HSET", keys.subscription(id, token: token)] + fields.flatMap { [$0.key, $0.value] },
-                        ["SADD", keys.device(token), id], ["HSET", keys.channel(channel), id, target.encoded]]
-        if let expiresAt { commands.append(["ZADD", keys.subscriptionExpiry(id: id), String(expiresAt), id + token]) }
-        return commands + [["HDEL", oldPrefix + "ch:" + channel, id], ["ZREM", oldPrefix + "subexp", id],
-                           ["SREM", oldPrefix + "dev:" + token, id], ["DEL", old.key]]
+        var writes = [["HSET", keys.subscription(id, token: token)] + fields.flatMap { [$0.key, $0.value] },
+                      ["SADD", keys.device(token), id], ["HSET", keys.channel(channel), id, target.encoded]]
+        if let expiresAt { writes.append(["ZADD", keys.subscriptionExpiry(id: id), String(expiresAt), id + token]) }
+        return Move(writes: writes, removals: [["HDEL", oldPrefix + "ch:" + channel, id], ["ZREM", oldPrefix + "subexp", id],
+                                               ["SREM", oldPrefix + "dev:" + token, id], ["DEL", old.key]])
     }
 
     /// A Live Activity registration of layout 1 written in this one with the time it has left (registration, post
     /// index, token index; each index lives a minute past its newest member), then its old keys removed.
-    private static func moveRegistration(_ old: OldKey, _ fields: [String: String], ttl: Int64) -> [[String]] {
+    private static func moveRegistration(_ old: OldKey, _ fields: [String: String], ttl: Int64) -> Move {
         let id = String(old.rest.dropFirst("act:".count))
-        guard ttl != -2, let post = fields["postIdHash"], let token = fields["pushToken"] else { return [["DEL", old.key]] }
+        guard ttl != -2, let post = fields["postIdHash"], let token = fields["pushToken"] else {
+            return Move(removals: [["DEL", old.key]])
+        }
         let keys = RedisKeys(app: old.app), oldPrefix = "herald:{" + old.app + "}:"
         let left = ttl > 0 ? ttl : 3_600_000
         let expiry = String(Int64(Date().timeIntervalSince1970 * 1000) + left), indexTTL = String(left + 60_000)
         let (postIndex, tokenIndex) = (keys.post(post), keys.activityToken(token))
-        return [["HSET", keys.registration(id, post: post)] + fields.flatMap { [$0.key, $0.value] },
-                ["PEXPIRE", keys.registration(id, post: post), String(left)],
-                ["ZADD", postIndex, expiry, id], ["PEXPIRE", postIndex, indexTTL, "NX"], ["PEXPIRE", postIndex, indexTTL, "GT"],
-                ["ZADD", tokenIndex, expiry, id + post], ["PEXPIRE", tokenIndex, indexTTL, "NX"],
-                ["PEXPIRE", tokenIndex, indexTTL, "GT"],
-                ["ZREM", oldPrefix + "post:" + post, id], ["ZREM", oldPrefix + "acttok:" + token, id], ["DEL", old.key]]
+        let writes = [["HSET", keys.registration(id, post: post)] + fields.flatMap { [$0.key, $0.value] },
+                      ["PEXPIRE", keys.registration(id, post: post), String(left)],
+                      ["ZADD", postIndex, expiry, id], ["PEXPIRE", postIndex, indexTTL, "NX"],
+                      ["PEXPIRE", postIndex, indexTTL, "GT"],
+                      ["ZADD", tokenIndex, expiry, id + post], ["PEXPIRE", tokenIndex, indexTTL, "NX"],
+                      ["PEXPIRE", tokenIndex, indexTTL, "GT"]]
+        return Move(writes: writes, removals: [["ZREM", oldPrefix + "post:" + post, id],
+                                               ["ZREM", oldPrefix + "acttok:" + token, id], ["DEL", old.key]])
     }
 
     /// A record of layout 1: a subscription (`herald:{app}:sub:<id>`) or a registration (`herald:{app}:act:<id>`).

@@ -122,6 +122,26 @@ struct RedisLayoutTests {
         #expect(try await layout1Keys().isEmpty)
     }
 
+    /// Redis refusing the writes of this layout (here an ACL without `HSET`; `OOM` at maxmemory refuses them alike
+    /// while it still deletes) fails the run and leaves every record in layout 1, for the next run to move.
+    @Test func aRunWhoseWritesAreRefusedDeletesNothing() async throws {
+        let devices = (0..<5).map { _ in token() }
+        for (n, device) in devices.enumerated() { try await writeLayout1(device, "news", id: String(format: "%024d", n), expiresAt: nil) }
+        let before = try await layout1Keys().sorted()
+        let user = "migrate-" + SecureRandom.hex(4), password = SecureRandom.hex(16)
+        try await redis.command(["ACL", "SETUSER", user, "on", ">" + password, "~*", "&*", "+@all", "-hset"])
+        let url = try TestEnvironment.redisURL()
+        let database7 = String(url[..<url.lastIndex(of: "/")!]) + "/7"
+        let refused = RedisClient(configuration: try RedisConfiguration(
+            url: database7.replacingOccurrences(of: "redis://", with: "redis://\(user):\(password)@")))
+        await #expect(throws: (any Error).self) { try await RedisLayout.migrate(refused) }
+        await refused.close()
+        try await redis.command(["ACL", "DELUSER", user])
+        #expect(try await layout1Keys().sorted() == before, "every old key is still there")
+        #expect(try await RedisLayout.migrate(redis).subscriptions == [app: 5], "the next run moves them all")
+        #expect(try await layout1Keys().isEmpty)
+    }
+
     /// One subscription as layout 1's upsert script wrote it: the record, the channel index, the device index and
     /// the expiry index, all under `{app}`.
     private func writeLayout1(_ device: String, _ channel: String, id: String, expiresAt: Int64?) async throws {
