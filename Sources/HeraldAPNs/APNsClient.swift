@@ -43,7 +43,7 @@ public final class APNsClient: Sendable {
         requestTimeout = configuration.requestTimeout
         self.logger = logger
         self.metrics = APNsMetrics(metrics)
-        providerTokens = APNsProviderTokenCache(maximumAge: configuration.providerTokenMaximumAge,
+        providerTokens = APNsProviderTokenCache(window: configuration.providerTokenWindow,
                                                 minimumInterval: configuration.providerTokenMinimumInterval,
                                                 now: now, metrics: metrics)
         // A peer that vanishes must surface as a write error, not kill the process: OpenSSL writes with write(2).

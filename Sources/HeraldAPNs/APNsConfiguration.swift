@@ -118,8 +118,9 @@ public struct APNsConfiguration: Sendable {
     public var maximumQueuedRequests = 10_000
     /// Our own cap on streams per connection, below the server's SETTINGS_MAX_CONCURRENT_STREAMS.
     public var maximumStreamsPerConnection = 1000
-    /// A provider token older than this is re-signed before use (Apple refuses tokens older than an hour).
-    public var providerTokenMaximumAge: Duration = .seconds(50 * 60)
+    /// How long one provider token is used: every process signing with the key uses the same token for the same
+    /// window (see `APNsProviderTokenCache`). Apple refuses tokens older than an hour.
+    public var providerTokenWindow: Duration = .seconds(30 * 60)
     /// A provider token is never re-signed sooner than this after the last one (Apple answers 429
     /// TooManyProviderTokenUpdates otherwise).
     public var providerTokenMinimumInterval: Duration = .seconds(20 * 60)

@@ -6,9 +6,12 @@ import HeraldRuntime
 /// key's fingerprint is part of the cache key, so a `.p8` replaced under the same key id (a reload) never reuses a
 /// token the old key signed, and two apps that happen to share ids never share tokens.
 ///
-/// A token is re-signed when older than `maximumAge`, and never sooner than `minimumInterval` after the previous
-/// one, so APNs never sees a token per push (429 TooManyProviderTokenUpdates) nor one older than an hour (403
-/// ExpiredProviderToken).
+/// Apple wants one token per key, shared by every connection and worker, renewed no more than once every 20
+/// minutes and no less than once an hour. Processes share theirs without talking to each other: a token's `iat` is
+/// the start of its `window` (windows are aligned on the Unix epoch, and one is taken up a minute after it starts,
+/// so a clock a little behind never sees an `iat` from the future), and its signature is deterministic (RFC 6979),
+/// so every dispatcher pod and `heraldctl send --direct` compute the very same token, and APNs sees it change once
+/// per window (429 TooManyProviderTokenUpdates is what pods each signing their own get).
 public final class APNsProviderTokenCache: Sendable {
     /// A signed token and when it was issued.
     public struct Token: Sendable, Equatable {
@@ -27,32 +30,37 @@ public final class APNsProviderTokenCache: Sendable {
     }
 
     private let tokens = Lock<[Key: Token]>([:])
-    private let maximumAge: TimeInterval
+    private let window: TimeInterval
     private let minimumInterval: TimeInterval
     private let now: @Sendable () -> Date
     private let signed: Counter
 
     /// - Parameters:
+    ///   - window: how long one token is used; between `minimumInterval` and 58 minutes (a token is at most a
+    ///     window and a minute old).
     ///   - now: the wall clock (injectable for tests).
     ///   - metrics: counts each signed token in `herald_apns_provider_token_refreshes_total`.
-    public init(maximumAge: Duration = .seconds(50 * 60), minimumInterval: Duration = .seconds(20 * 60),
+    public init(window: Duration = .seconds(30 * 60), minimumInterval: Duration = .seconds(20 * 60),
                 now: @escaping @Sendable () -> Date = { Date() }, metrics: MetricsRegistry = .shared) {
-        self.maximumAge = maximumAge.inSeconds
         self.minimumInterval = minimumInterval.inSeconds
+        self.window = min(max(window.inSeconds, self.minimumInterval, 60), 58 * 60).rounded(.down)
         self.now = now
         signed = metrics.counter("herald_apns_provider_token_refreshes_total",
                                  help: "APNs provider tokens (JWTs) signed").labels()
     }
 
-    /// The current token for `credentials`, signed when missing or older than the maximum age.
+    /// The current window's token for `credentials` (a token re-signed after a rejection is kept until it is
+    /// `minimumInterval` old, even into the next window).
     public func token(for credentials: APNsCredentials) throws(APNsError) -> Token {
         let key = Key(credentials)
         let now = now()
+        let windowStart = ((now.timeIntervalSince1970 - 60) / window).rounded(.down) * window
         return try tokens.withLock { (all: inout [Key: Token]) throws(APNsError) -> Token in
-            if let current = all[key], now.timeIntervalSince(current.issuedAt) < maximumAge {
+            if let current = all[key], current.issuedAt.timeIntervalSince1970 >= windowStart
+                || now.timeIntervalSince(current.issuedAt) < minimumInterval {
                 return current
             }
-            let fresh = try sign(credentials, at: now)
+            let fresh = try sign(credentials, issuedAt: windowStart)
             all[key] = fresh
             return fresh
         }
@@ -66,22 +74,22 @@ public final class APNsProviderTokenCache: Sendable {
         return try tokens.withLock { (all: inout [Key: Token]) throws(APNsError) -> Token? in
             if let current = all[key], current != rejected { return current }
             if let current = all[key], now.timeIntervalSince(current.issuedAt) < minimumInterval { return nil }
-            let fresh = try sign(credentials, at: now)
+            let fresh = try sign(credentials, issuedAt: now.timeIntervalSince1970.rounded(.down))
             all[key] = fresh
             return fresh
         }
     }
 
-    private func sign(_ credentials: APNsCredentials, at date: Date) throws(APNsError) -> Token {
+    private func sign(_ credentials: APNsCredentials, issuedAt: TimeInterval) throws(APNsError) -> Token {
         guard credentials.privateKey.algorithm == .es256 else {
             throw APNsError(.providerTokenFailure, "APNs key \(credentials.keyID) is not a P-256 (ES256) key")
         }
-        let issuedAt = date.timeIntervalSince1970.rounded(.down)
         let claims: [String: JSONValue] = ["iss": .string(credentials.teamID), "iat": .number(issuedAt)]
         do {
-            let value = try JSONWebToken.sign(claims: claims, keyID: credentials.keyID, key: credentials.privateKey)
+            let value = try JSONWebToken.sign(claims: claims, keyID: credentials.keyID, key: credentials.privateKey,
+                                              deterministic: true)
             signed.increment()
-            return Token(value: value, issuedAt: date)
+            return Token(value: value, issuedAt: Date(timeIntervalSince1970: issuedAt))
         } catch {
             throw APNsError(.providerTokenFailure, "cannot sign provider token for key \(credentials.keyID): \(error)")
         }

@@ -58,7 +58,9 @@ struct VerifiedToken: Sendable, Equatable {
 }
 
 /// Checks `authorization: bearer <JWT>` as APNs does: ES256 with `kid`, `iss` and `iat`, signed by a key the
-/// simulator was given, not older than an hour and not from the future.
+/// simulator was given, not older than an hour and not from the future; and one token per key for every
+/// connection and sender: a token of a key that has another one issued less than `minimumInterval` apart (several
+/// instances each signing their own) gets 429 TooManyProviderTokenUpdates.
 ///
 /// Signatures are verified once per distinct token (tokens are meant to be reused for up to an hour, and ECDSA
 /// verification costs ~100 µs); the age checks run on every request.
@@ -66,15 +68,19 @@ final class ProviderTokenVerifier: Sendable {
     private let keys: [String: ProviderKey]
     private let maximumAge: Double
     private let allowedSkew: Double
+    private let minimumInterval: Double
     private let verified = Lock<[String: VerifiedToken]>([:])
+    /// Per key (`team/key`), the distinct tokens accepted within the last `maximumAge`.
+    private let issued = Lock<[String: [VerifiedToken]]>([:])
     private static let cacheLimit = 4096
 
-    init(keys: [ProviderKey], maximumAge: Duration, allowedSkew: Duration) {
+    init(keys: [ProviderKey], maximumAge: Duration, allowedSkew: Duration, minimumInterval: Duration) {
         var byID: [String: ProviderKey] = [:]
         for key in keys { byID[key.teamID + "/" + key.keyID] = key }
         self.keys = byID
         self.maximumAge = maximumAge.inSeconds
         self.allowedSkew = allowedSkew.inSeconds
+        self.minimumInterval = minimumInterval.inSeconds
     }
 
     func verify(authorization: String?, now: Double) -> Result<VerifiedToken, APNsRejection> {
@@ -89,20 +95,35 @@ final class ProviderTokenVerifier: Sendable {
         }
         if token.isEmpty { return .failure(APNsRejection(403, "MissingProviderToken")) }
 
-        let known: VerifiedToken
-        if let cached = verified.withLock({ $0[token] }) {
-            known = cached
-        } else {
-            guard let checked = checkSignature(token) else { return .failure(invalid) }
-            verified.withLock { cache in
-                if cache.count >= Self.cacheLimit { cache.removeAll(keepingCapacity: true) }
-                cache[token] = checked
-            }
-            known = checked
-        }
+        let cached = verified.withLock { $0[token] }
+        guard let known = cached ?? checkSignature(token) else { return .failure(invalid) }
         if known.issuedAt > now + allowedSkew { return .failure(invalid) }
         if now - known.issuedAt > maximumAge { return .failure(APNsRejection(403, "ExpiredProviderToken")) }
+        if cached == nil {
+            guard isOnlyTokenOfItsTime(known, now: now) else {
+                return .failure(APNsRejection(429, "TooManyProviderTokenUpdates"))
+            }
+            verified.withLock { cache in
+                if cache.count >= Self.cacheLimit { cache.removeAll(keepingCapacity: true) }
+                cache[token] = known
+            }
+        }
         return .success(known)
+    }
+
+    /// False when the key has another live token issued less than `minimumInterval` before or after this one;
+    /// else records it.
+    private func isOnlyTokenOfItsTime(_ token: VerifiedToken, now: Double) -> Bool {
+        issued.withLock { issued in
+            let key = token.teamID + "/" + token.keyID
+            var live = (issued[key] ?? []).filter { now - $0.issuedAt <= maximumAge }
+            if live.contains(where: { $0.token != token.token && abs($0.issuedAt - token.issuedAt) < minimumInterval }) {
+                return false
+            }
+            if !live.contains(where: { $0.token == token.token }) { live.append(token) }
+            issued[key] = live
+            return true
+        }
     }
 
     private func checkSignature(_ token: String) -> VerifiedToken? {

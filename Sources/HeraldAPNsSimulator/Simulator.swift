@@ -58,7 +58,8 @@ public final class APNsSimulator: Sendable {
                                     privateKey: configuration.privateKeyPath)
         verifier = ProviderTokenVerifier(keys: configuration.providerKeys,
                                          maximumAge: configuration.providerTokenMaximumAge,
-                                         allowedSkew: configuration.providerTokenClockSkew)
+                                         allowedSkew: configuration.providerTokenClockSkew,
+                                         minimumInterval: configuration.providerTokenMinimumRefresh)
         ruleBook = RuleBook(path: configuration.rulesPath, rules: configuration.rules, logger: logger)
         try ruleBook.loadFile()
         recorder = try configuration.recordPath.map { path throws(ConfigurationError) in try LineRecorder(path: path) }

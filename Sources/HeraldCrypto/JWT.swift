@@ -28,16 +28,19 @@ public struct JSONWebToken: Sendable {
     /// The `alg` header value, as sent.
     public var algorithm: String? { header["alg"]?.stringValue }
 
-    /// Signs `claims` with `key`, header `{"alg", "typ"?, "kid"?}` in a fixed key order.
+    /// Signs `claims` with `key`, header `{"alg", "typ"?, "kid"?}` in a fixed key order. `deterministic` (ES256
+    /// only) makes the same key and claims give the same token everywhere (`PrivateKey.signDeterministically`).
     public static func sign(claims: [String: JSONValue], keyID: String?, key: PrivateKey,
-                            type: String? = nil) throws -> String {
+                            type: String? = nil, deterministic: Bool = false) throws -> String {
         var header: [String: JSONValue] = ["alg": .string(key.algorithm.rawValue)]
         if let keyID { header["kid"] = .string(keyID) }
         if let type { header["typ"] = .string(type) }
         let headerPart = Base64URL.encode(JSONValue.object(header).encoded())
         let claimsPart = Base64URL.encode(JSONValue.object(claims).encoded())
         let signingInput = headerPart + "." + claimsPart
-        return signingInput + "." + Base64URL.encode(try key.sign(Array(signingInput.utf8)))
+        let input = Array(signingInput.utf8)
+        let signature = deterministic ? try key.signDeterministically(input) : try key.sign(input)
+        return signingInput + "." + Base64URL.encode(signature)
     }
 
     /// Splits and decodes a token without checking its signature.

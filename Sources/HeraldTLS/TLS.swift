@@ -80,7 +80,7 @@ public final class TLSStream {
         case done(Int)
         /// Retry when the socket is readable (`wantsWrite` false) or writable (true).
         case wouldBlock(wantsWrite: Bool)
-        /// The peer ended the session (close_notify).
+        /// The peer ended the session (close_notify), or went away during the handshake without a TLS alert.
         case closedByPeer
         case failed(TLSFailure)
     }
@@ -127,6 +127,14 @@ public final class TLSStream {
         switch error {
         case SSL_ERROR_WANT_READ: return .wouldBlock(wantsWrite: false)
         case SSL_ERROR_WANT_WRITE: return .wouldBlock(wantsWrite: true)
+        case SSL_ERROR_ZERO_RETURN: return .closedByPeer
+        // The socket was reset, or reached its end with no TLS alert (OpenSSL 3 reports that as an SSL error,
+        // "unexpected eof while reading"): the peer went away, nothing was refused.
+        case SSL_ERROR_SYSCALL where ERR_peek_error() == 0:
+            return .closedByPeer
+        case SSL_ERROR_SSL where Int32(ERR_peek_error() & 0x7F_FFFF) == SSL_R_UNEXPECTED_EOF_WHILE_READING:
+            ERR_clear_error()
+            return .closedByPeer
         default:
             // A server that speaks no protocol we offered may refuse the handshake with this alert.
             if Int32(ERR_peek_error() & 0x7F_FFFF) == SSL_R_TLSV1_ALERT_NO_APPLICATION_PROTOCOL {

@@ -18,7 +18,7 @@ struct RuleTests {
             """)
         let dead = deviceToken("dead"), expired = deviceToken("ab"), flaky = deviceToken("5030")
         let slow = deviceToken("de1a"), healthy = deviceToken("0000")
-        let jwt = try harness.jwt()
+        let jwt = harness.providerToken
         let before = Date().timeIntervalSince1970 * 1000
         let responses = try await curl(harness, try [dead, expired, flaky, flaky, flaky, slow, healthy].map {
             try harness.alert($0, jwt: jwt)
@@ -110,7 +110,7 @@ struct RuleTests {
     @Test("a configured response delay holds every answer, accepted or rejected, without serialising them")
     func configuredResponseDelay() async throws {
         let harness = try Harness(responseDelay: .milliseconds(400) ... .milliseconds(400))
-        let jwt = try harness.jwt()
+        let jwt = harness.providerToken
         let requests = try (0..<20).map { _ in try harness.alert(deviceToken(), jwt: jwt) }
             + [try harness.alert(deviceToken(), jwt: jwt).with("apns-topic", "com.example.other")]
         let started = ContinuousClock.now

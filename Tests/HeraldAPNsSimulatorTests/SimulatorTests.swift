@@ -11,7 +11,7 @@ struct SimulatorTests {
         let harness = try Harness()
         let token = deviceToken()
         let chosenID = UUID().uuidString.lowercased()
-        let jwt = try harness.jwt()
+        let jwt = harness.providerToken
         let responses = try await curl(harness, [
             try harness.alert(token, jwt: jwt, extra: [("apns-priority", "5"), ("apns-expiration", "1900000000"),
                                                        ("apns-collapse-id", "order-42")]),
@@ -83,6 +83,21 @@ struct SimulatorTests {
         #expect(try harness.rejected().count == 10)
     }
 
+    @Test("one token per key across connections: a second token issued within 20 minutes of the first gets 429")
+    func oneProviderTokenPerKeyAcrossConnections() async throws {
+        let harness = try Harness()
+        let first = try harness.jwt(age: 1500)
+        let ownToken = try harness.jwt(age: 1490) // another instance signing its own, 10 s later
+        let renewed = try harness.jwt()          // 25 minutes after the first: a proper renewal
+        var statuses: [Int] = []
+        for jwt in [first, ownToken, renewed, first] {
+            let responses = try await curl(harness, [try harness.alert(deviceToken(), jwt: jwt)]) // a connection each
+            statuses += responses.map(\.status)
+        }
+        await harness.stop()
+        #expect(statuses == [200, 429, 200, 200])
+    }
+
     @Test("switching provider tokens more often than every 20 minutes on a connection gets 429")
     func tooManyProviderTokenUpdates() async throws {
         let harness = try Harness()
@@ -115,7 +130,7 @@ struct SimulatorTests {
     func headerRules() async throws {
         let harness = try Harness()
         let token = deviceToken()
-        let jwt = try harness.jwt()
+        let jwt = harness.providerToken
         let push = try harness.alert(token, jwt: jwt)
         func path(_ value: String) -> HTTPRequest { var request = push; request.path = value; return request }
         var get = push

@@ -69,7 +69,7 @@ final class Harness {
     /// The channel management listener (a request path starting with `https://` is used as it is).
     var manageBase: String { "https://127.0.0.1:\(simulator.managePort)" }
 
-    /// One provider token for a whole test: a connection switching tokens sooner than every 20 minutes gets 429.
+    /// One provider token for a whole test: another token of the key issued within 20 minutes of it gets 429.
     lazy var providerToken: String = try! jwt()
 
     /// A provider token signed with the harness key (or `key`), issued `age` seconds ago.
@@ -83,7 +83,7 @@ final class Harness {
     func alert(_ token: String, jwt: String? = nil, extra: [(String, String)] = [],
                body: String = #"{"aps":{"alert":{"title":"Hello"}}}"#) throws -> HTTPRequest {
         HTTPRequest(path: "/3/device/" + token,
-                    headers: [("authorization", "bearer " + (try jwt ?? self.jwt())), ("apns-topic", bundleID),
+                    headers: [("authorization", "bearer " + (jwt ?? providerToken)), ("apns-topic", bundleID),
                               ("apns-push-type", "alert")] + extra,
                     body: body)
     }

@@ -195,11 +195,15 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
         #expect(try fixture.rejected().isEmpty)
     }
 
-    @Test func oneProviderTokenForEveryRequestAndConnectionUntilItsAge() async throws {
-        let fixture = try SimulatorFixture(port: 20511)
+    @Test func oneProviderTokenForEveryRequestAndConnectionUntilItsWindowEnds() async throws {
+        // The client's clock starts 2 minutes into the 30-minute window before the real one, so the next window's
+        // token is not from the simulator's future; that first token is up to an hour old in real time, so the
+        // simulator's age limit is raised for this test (the 20-minute rule per connection still holds).
+        let fixture = try SimulatorFixture(port: 20511) { $0.providerTokenMaximumAge = .seconds(2 * 3600) }
         let metrics = MetricsRegistry()
-        // Signed "55 minutes ago" in real time: the simulator (limit one hour) still accepts it.
-        let clock = ShiftedClock(offset: -55 * 60)
+        let real = Date().timeIntervalSince1970, window = 1800.0
+        let realWindow = (real / window).rounded(.down) * window
+        let clock = ShiftedClock(offset: realWindow - window + 120 - real)
         let client = try fixture.client(metrics: metrics, now: { clock.now })
         func burst(_ count: Int) async throws {
             try await withThrowingTaskGroup(of: APNsResponse.self) { group in
@@ -215,8 +219,8 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
         try await burst(300)
         #expect(await eventually { await client.connections().filter { $0.state == "ready" }.count == 2 })
         try await burst(300)
-        // 49 minutes later by the client's clock: still under its 50-minute maximum age.
-        clock.set(offset: -6 * 60)
+        // 29 minutes into the window by the client's clock: the same token.
+        clock.set(offset: realWindow - window + 29 * 60 - real)
         try await burst(100)
         var records = try fixture.accepted()
         #expect(records.count == 700)
@@ -225,14 +229,14 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
         let refreshes = metrics.counter("herald_apns_provider_token_refreshes_total", help: "").labels()
         #expect(refreshes.current == 1)
 
-        // 55 minutes: re-signed once, and the simulator accepts the switch (more than 20 minutes apart).
-        clock.set(offset: 0)
+        // The next window, a minute in: re-signed once, and the simulator accepts the switch (30 minutes apart).
+        clock.set(offset: realWindow + 61 - real)
         try await burst(100)
         records = try fixture.accepted()
         #expect(records.count == 800)
         let issued = records.compactMap { $0["providerTokenIssuedAt"]?.numberValue }
         #expect(Set(issued).count == 2)
-        #expect(Set(issued.suffix(100)).count == 1 && issued.last! > issued.first! + 50 * 60)
+        #expect(issued.first == realWindow - window && Set(issued.suffix(100)) == [realWindow])
         #expect(refreshes.current == 2)
         #expect(try fixture.rejected().isEmpty, "no TooManyProviderTokenUpdates or ExpiredProviderToken")
         await client.shutdown()
@@ -401,6 +405,50 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
         // At least one replacement was opened; whether the other original connection also reached its 40 streams
         // before the requests ran out depends on which one finished its handshake first.
         #expect(metrics.counter("herald_apns_reconnects_total", help: "").labels().current >= 1)
+        await client.shutdown()
+    }
+
+    /// A server that sends GOAWAY to every new connection before answering anything gets reconnects spaced by the
+    /// growing backoff, not a connect loop at handshake speed; the requests fail as retriable, with its reason.
+    @Test(.timeLimit(.minutes(1))) func goawayOnEveryNewConnectionBacksOff() async throws {
+        let fixture = try SimulatorFixture(port: 20523, rules: [.goaway(afterStreams: 0, reason: "BadCertificateEnvironment")])
+        let metrics = MetricsRegistry()
+        let client = try fixture.client(metrics: metrics, configure: { configuration in
+            configuration.requestTimeout = .seconds(1)
+            // Backoff 0.2, 0.4, 0.8, 1.6 s: about 5 reconnects in the 3 s below, against dozens at handshake speed.
+            (configuration.reconnectInitialDelay, configuration.reconnectMaximumDelay) = (.milliseconds(200), .seconds(2))
+        })
+        let started = ContinuousClock.now
+        var errors: [APNsError] = []
+        while ContinuousClock.now - started < .seconds(3) {
+            switch await outcome(client, SimulatorFixture.alert(SimulatorFixture.token()), fixture.credentials) {
+            case .failure(let error): errors.append(error)
+            case .success(let response): Issue.record("answered \(response.status)")
+            }
+        }
+        let reconnects = metrics.counter("herald_apns_reconnects_total", help: "").labels().current
+        #expect(reconnects <= 8, "\(reconnects) reconnects in 3 s")
+        #expect(errors.allSatisfy { $0.isRetriable }, "\(errors.prefix(3))")
+        #expect(errors.contains { $0.message.contains("BadCertificateEnvironment") }, "\(errors.prefix(3))")
+        #expect(try fixture.accepted().isEmpty)
+        await client.shutdown()
+    }
+
+    /// APNs answers 503 Shutdown on a connection it is taking down: the client stops using that connection (a
+    /// retry there would meet the same answer) and opens a replacement.
+    @Test func aShutdownAnswerRetiresItsConnection() async throws {
+        let fixture = try SimulatorFixture(port: 20524, rules: [.fail(tokenPrefix: "ab", status: 503, reason: "Shutdown")])
+        let metrics = MetricsRegistry()
+        let client = try fixture.client(metrics: metrics)
+        let shutdown = try await client.send(SimulatorFixture.alert(SimulatorFixture.token("ab")), credentials: fixture.credentials,
+                                             environment: .production)
+        #expect(shutdown.status == 503 && shutdown.reason == .shutdown)
+        let reconnects = metrics.counter("herald_apns_reconnects_total", help: "")
+        #expect(await eventually(timeout: .seconds(5)) { reconnects.labels().current >= 1 }, "a replacement was opened")
+        for _ in 0..<20 {
+            #expect(try await client.send(SimulatorFixture.alert(SimulatorFixture.token("00")), credentials: fixture.credentials,
+                                          environment: .production).status == 200)
+        }
         await client.shutdown()
     }
 

@@ -308,6 +308,48 @@ import Testing
         await client.shutdown()
     }
 
+    /// A peer that closes or resets the connection during the TLS handshake, with no alert, is a connection
+    /// failure and retriable: nothing refused a certificate, so the pushes waiting for it must not be given up.
+    @Test func aConnectionDroppedDuringTheHandshakeIsRetriable() async throws {
+        for (port, reset) in [(UInt16(20315), false), (UInt16(20316), true)] {
+            try ensurePortIsFree(port)
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            defer { close(fd) } // with whatever later attempts wait in its backlog
+            var one: Int32 = 1
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_port = port.bigEndian
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            let bound = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            try #require(bound == 0 && listen(fd, 16) == 0)
+            // Takes the first connection's ClientHello, then closes it (FIN) or resets it (RST: a linger of 0).
+            Thread {
+                let connection = accept(fd, nil, nil)
+                guard connection >= 0 else { return }
+                var hello = [UInt8](repeating: 0, count: 4096)
+                _ = read(connection, &hello, hello.count)
+                if reset {
+                    var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+                    setsockopt(connection, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+                }
+                close(connection)
+            }.start()
+            var configuration = Fixtures.configuration(port: port, host: "127.0.0.1")
+            configuration.requestTimeout = .seconds(5)
+            let client = try APNsClient(configuration: configuration, logger: Fixtures.logger, metrics: MetricsRegistry())
+            let error = await apnsError {
+                _ = try await client.send(Fixtures.request(), credentials: Fixtures.credentials, environment: .production)
+            }
+            #expect(error?.code == .connectionFailed, "reset \(reset): \(String(describing: error))")
+            #expect(error?.message.contains("TLS handshake") == true, "\(String(describing: error))")
+            #expect(error?.isRetriable == true)
+            await client.shutdown()
+        }
+    }
+
     @Test func shutdownResolvesPendingRequests() async throws {
         let server = try NGHTTPServer(port: 20309, tokens: [Fixtures.token])
         let client = try APNsClient(configuration: Fixtures.configuration(port: 20309), logger: Fixtures.logger,
@@ -334,13 +376,14 @@ import Testing
         server.kill()
     }
 
-    @Test func oneProviderTokenIsSharedAndRefreshedByAge() async throws {
+    @Test func oneProviderTokenIsSharedAndRefreshedPerWindow() async throws {
         let server = try NGHTTPServer(port: 20310, options: ["-v", "--echo-upload"])
         let clock = TestClock()
+        clock.advance(by: 120) // two minutes into a 30-minute window
         let metrics = MetricsRegistry()
         var configuration = Fixtures.configuration(port: 20310)
         configuration.connectionsPerEndpoint = 2
-        configuration.providerTokenMaximumAge = .seconds(50 * 60)
+        configuration.providerTokenWindow = .seconds(30 * 60)
         configuration.providerTokenMinimumInterval = .seconds(20 * 60)
         let client = try APNsClient(configuration: configuration, logger: Fixtures.logger, metrics: metrics,
                                     now: { clock.now })
@@ -363,7 +406,7 @@ import Testing
         #expect(bearerTokens(in: server.log).count == 1)
         #expect(server.log.contains("[id=2]"))
 
-        clock.advance(by: 49 * 60)
+        clock.advance(by: 28 * 60)
         try await burst(50)
         #expect(bearerTokens(in: server.log).count == 1)
         clock.advance(by: 2 * 60)

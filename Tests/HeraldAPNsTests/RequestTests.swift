@@ -184,25 +184,34 @@ import Testing
         let token = try cache.token(for: Fixtures.credentials)
         let jwt = try JSONWebToken(parsing: token.value)
         #expect(jwt.header == ["alg": .string("ES256"), "kid": .string("KEY1234567")])
-        #expect(jwt.claims == ["iss": .string("TEAM123456"), "iat": .number(clock.now.timeIntervalSince1970)])
+        // The clock is on a window's start: the token is the previous window's until a minute has passed.
+        #expect(jwt.claims == ["iss": .string("TEAM123456"), "iat": .number(1_800_000_000 - 1800)])
         // iat is a JSON number, not a string.
         let claimsText = String(decoding: Base64URL.decode(token.value.split(separator: ".")[1])!, as: UTF8.self)
-        #expect(claimsText.contains("\"iat\":1800000000"))
+        #expect(claimsText.contains("\"iat\":1799998200"))
         #expect(jwt.signature.count == 64)
         try jwt.verify(with: Fixtures.credentials.privateKey.publicKey)
     }
 
-    @Test func reusedUntilMaximumAgeThenRefreshed() throws {
+    /// Two caches stand for two dispatcher pods signing with one key: they compute the same token, used for a
+    /// whole 30-minute window and replaced once the next window is a minute old, with `iat` at the window's start.
+    @Test func everyProcessSigningWithTheKeyUsesTheSameTokenForAWindow() throws {
         let clock = TestClock()
+        clock.advance(by: 120) // two minutes into the window starting at 1_800_000_000
         let metrics = MetricsRegistry()
-        let cache = APNsProviderTokenCache(maximumAge: .seconds(50 * 60), minimumInterval: .seconds(20 * 60),
-                                           now: { clock.now }, metrics: metrics)
+        let cache = APNsProviderTokenCache(now: { clock.now }, metrics: metrics)
+        let otherPod = APNsProviderTokenCache(now: { clock.now }, metrics: MetricsRegistry())
         let first = try cache.token(for: Fixtures.credentials)
-        clock.advance(by: 49 * 60)
+        #expect(first.issuedAt == Date(timeIntervalSince1970: 1_800_000_000))
+        #expect(try otherPod.token(for: Fixtures.credentials) == first, "the same token, signed on its own")
+        clock.advance(by: 28 * 60) // 30 minutes in: the next window starts, but is taken a minute later
         #expect(try cache.token(for: Fixtures.credentials) == first)
-        clock.advance(by: 61)
+        clock.advance(by: 59)
+        #expect(try cache.token(for: Fixtures.credentials) == first)
+        clock.advance(by: 2)
         let second = try cache.token(for: Fixtures.credentials)
-        #expect(second != first && second.issuedAt == clock.now)
+        #expect(second.issuedAt == Date(timeIntervalSince1970: 1_800_001_800) && second != first)
+        #expect(try otherPod.token(for: Fixtures.credentials) == second)
         #expect(metrics.counter("herald_apns_provider_token_refreshes_total", help: "").labels().current == 2)
         // Another key has its own token.
         let other = APNsCredentials(teamID: "TEAM123456", keyID: "OTHERKEY12", privateKey: try PrivateKey.generateP256())
@@ -231,6 +240,7 @@ import Testing
 
     @Test func expiredProviderTokenRefreshesOnlyAfterTheMinimumInterval() throws {
         let clock = TestClock()
+        clock.advance(by: 60) // the window's token is a minute old
         let cache = APNsProviderTokenCache(now: { clock.now }, metrics: MetricsRegistry())
         let first = try cache.token(for: Fixtures.credentials)
         clock.advance(by: 5 * 60)
@@ -241,6 +251,11 @@ import Testing
         // A second request rejected with the old token gets the new one, without another signature.
         #expect(try cache.token(afterRejecting: first, for: Fixtures.credentials) == second)
         #expect(try cache.token(for: Fixtures.credentials) == second)
+        // Kept into the next window until it is 20 minutes old: a sooner change would be one update too many.
+        clock.advance(by: 19 * 60)
+        #expect(try cache.token(for: Fixtures.credentials) == second)
+        clock.advance(by: 60)
+        #expect(try cache.token(for: Fixtures.credentials).issuedAt == Date(timeIntervalSince1970: 1_800_001_800))
     }
 
     @Test func nonES256KeysAreRefused() throws {

@@ -58,6 +58,33 @@ import Testing
         #expect(!other.publicKey.verify(signature, for: message))
     }
 
+    /// RFC 6979, appendix A.2.5 (P-256, SHA-256): the nonce, hence the signature, is the standard's to the bit.
+    @Test func deterministicSignaturesMatchRFC6979() throws {
+        let scalar = Hex.decode("C9AFA9D845BA75166B5C215767B1D6934E50C3DB36E89B127B8A622B120F6721".lowercased())!
+        // SEC 1 ECPrivateKey { version 1, privateKey, parameters prime256v1 }; OpenSSL derives the public key.
+        let der: [UInt8] = [0x30, 0x31, 0x02, 0x01, 0x01, 0x04, 0x20] + scalar
+            + [0xA0, 0x0A, 0x06, 0x08, 0x2A, 0x86, 0x48, 0xCE, 0x3D, 0x03, 0x01, 0x07]
+        let key = try PrivateKey(pem: "-----BEGIN EC PRIVATE KEY-----\n\(Data(der).base64EncodedString())\n-----END EC PRIVATE KEY-----\n")
+        let vectors = [
+            ("sample", "EFD48B2AACB6A8FD1140DD9CD45E81D69D2C877B56AAF991C34D0EA84EAF3716"
+                + "F7CB1C942D657C41D436C7A1B6E29F65F3E900DBB9AFF4064DC4AB2F843ACDA8"),
+            ("test", "F1ABB023518351CD71D881567B1EA663ED3EFCF6C5132B354F28D3B0B7D38367"
+                + "019F4113742A2B14BD25926B49C649155F267E60D3814B4C0CC84250E46F0083"),
+        ]
+        for (message, expected) in vectors {
+            let signature = try key.signDeterministically(Array(message.utf8))
+            #expect(Hex.encode(signature) == expected.lowercased(), "\(message)")
+            #expect(key.publicKey.verify(signature, for: Array(message.utf8)))
+        }
+        // Any key: the same message signs the same way twice, and verifies.
+        let fresh = try PrivateKey.generateP256()
+        let once = try fresh.signDeterministically(Array("claims".utf8))
+        #expect(try fresh.signDeterministically(Array("claims".utf8)) == once)
+        #expect(try PrivateKey(pem: fresh.pem).signDeterministically(Array("claims".utf8)) == once)
+        #expect(fresh.publicKey.verify(once, for: Array("claims".utf8)))
+        #expect(throws: CryptoError.self) { try PrivateKey.generateRSA().signDeterministically([1]) }
+    }
+
     @Test func rejectsGarbageKeys() {
         #expect(throws: CryptoError.self) { try PrivateKey(pem: "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n") }
         #expect(throws: CryptoError.self) { try PublicKey(pem: "not a key") }

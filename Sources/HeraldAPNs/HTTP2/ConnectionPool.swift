@@ -128,7 +128,6 @@ final class ConnectionPool {
     }
 
     func connectionBecameReady(_ connection: HTTP2Connection) {
-        consecutiveFailures = 0
         core.metrics.connections.add(1)
         logger.info("APNs connection ready", ["apns.connection": String(connection.id),
                                               "apns.max_concurrent_streams": String(connection.remoteMaximumStreams)])
@@ -138,11 +137,24 @@ final class ConnectionPool {
         needsDispatch()
     }
 
-    /// After GOAWAY (or running out of stream ids): no new streams there; a replacement opens now.
+    /// After GOAWAY, a 503 Shutdown or running out of stream ids: no new streams there. A replacement opens now,
+    /// or after the backoff when the server dropped the connection before it answered anything (a server that
+    /// sends GOAWAY to every new connection must not get a connect loop at handshake speed).
     func connectionStartedDraining(_ connection: HTTP2Connection) {
         guard let index = slots.firstIndex(where: { $0.connection === connection }) else { return }
         slots[index].connection = nil
-        slots[index].openAt = .now
+        if wasHealthy(connection) {
+            consecutiveFailures = 0
+            slots[index].openAt = .now
+        } else {
+            slots[index].openAt = .now + backoff()
+            consecutiveFailures += 1
+            // As for a connection that failed before it was ready: nothing can carry the queue now.
+            if !slots.contains(where: { $0.connection?.state == .ready }) {
+                failQueue(APNsError(.connectionFailed, "\(key.endpoint) dropped the connection before answering anything"
+                                    + (connection.goawayDetail.map { " (GOAWAY \($0))" } ?? "")))
+            }
+        }
         draining.append(connection)
         if connection.activeStreams == 0 { core.markDirty(connection) }
     }
@@ -151,6 +163,7 @@ final class ConnectionPool {
         if connection.wasReady { core.metrics.connections.add(-1) }
         draining.removeAll { $0 === connection }
         if let index = slots.firstIndex(where: { $0.connection === connection }) {
+            if wasHealthy(connection) { consecutiveFailures = 0 }
             slots[index].connection = nil
             slots[index].openAt = .now + backoff()
             consecutiveFailures += 1
@@ -161,6 +174,11 @@ final class ConnectionPool {
             failQueue(error)
         }
         needsDispatch()
+    }
+
+    /// A connection that answered a request, or stayed ready a minute, worked: the failures before it are over.
+    private func wasHealthy(_ connection: HTTP2Connection) -> Bool {
+        connection.hasAnswered || connection.readyAt.map { .now - $0 >= .seconds(60) } ?? false
     }
 
     private func backoff() -> Duration {

@@ -20,6 +20,13 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     private let logger: Logger
     private(set) var state: State = .resolving
     private(set) var wasReady = false
+    /// When SETTINGS made it ready.
+    private(set) var readyAt: ContinuousClock.Instant?
+    /// Whether any request got its answer here: a connection the server drops before answering anything is a
+    /// failed attempt, for the pool's backoff, even after its handshake.
+    private(set) var hasAnswered = false
+    /// The debug data of the server's GOAWAY (APNs puts `{"reason": …}` there), for the requests it refused.
+    private(set) var goawayDetail: String?
 
     private var fd: Int32 = -1
     private var tls: TLSStream?
@@ -42,7 +49,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     /// Something a callback saw that the pool must hear about once the callback has returned.
     private var becameReady = false
     private var capacityChanged = false
-    private var goawayReceived = false
+    private var drainingStarted = false
 
     init(id: Int, endpoint: APNsEndpoint, pool: ConnectionPool, core: ClientCore, logger: Logger) {
         self.id = id
@@ -145,7 +152,8 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         case .failed(let failure):
             close(APNsError(.tlsFailure, "TLS with \(endpoint): \(failure.message)"))
         case .closedByPeer:
-            close(APNsError(.tlsFailure, "TLS with \(endpoint): handshake failed"))
+            // Reset or closed without a TLS alert: the network's failure, not a certificate's, so worth a retry.
+            close(APNsError(.connectionFailed, "\(endpoint) closed the connection during the TLS handshake"))
         }
     }
 
@@ -232,10 +240,11 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         if becameReady {
             becameReady = false
             wasReady = true
+            readyAt = .now
             pool.connectionBecameReady(self)
         }
-        if goawayReceived {
-            goawayReceived = false
+        if drainingStarted {
+            drainingStarted = false
             pool.connectionStartedDraining(self)
         }
         if capacityChanged {
@@ -379,9 +388,10 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         }
         logger.warning("APNs sent GOAWAY", ["apns.last_stream_id": String(lastStreamID),
                                             "apns.error_code": String(errorCode), "apns.reason": reason])
+        if !reason.isEmpty { goawayDetail = String(reason.prefix(256)) }
         if state == .ready || state == .awaitingSettings {
             state = .draining
-            goawayReceived = true
+            drainingStarted = true
         }
     }
 
@@ -427,11 +437,19 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         guard let request = streams.removeValue(forKey: stream) else { return }
         capacityChanged = true
         if request.status != 0, ending == .noError || request.responseComplete {
+            hasAnswered = true
+            // APNs answers 503 Shutdown on a connection it is taking down: new requests belong on another one.
+            if request.status == 503, state == .ready,
+               APNsResponse(status: 503, apnsID: nil, body: request.responseBody).reason == .shutdown {
+                state = .draining
+                drainingStarted = true
+            }
             request.resolve(.success(RawResponse(status: request.status, apnsID: request.apnsID,
                                                  uniqueID: request.uniqueID, channelID: request.channelID,
                                                  body: request.responseBody)))
         } else if request.notProcessed || ending == .refused {
-            notProcessed(request, "\(endpoint) refused the stream; it was not processed")
+            let goaway = goawayDetail.map { " (GOAWAY \($0))" } ?? ""
+            notProcessed(request, "\(endpoint) refused the stream\(goaway); it was not processed")
         } else {
             let reason = if case .error(let text) = ending { text } else { "NO_ERROR" }
             request.fail(.protocolError, "\(endpoint) reset the stream: \(reason)")
