@@ -409,7 +409,7 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
     }
 
     /// A server that sends GOAWAY to every new connection before answering anything gets reconnects spaced by the
-    /// growing backoff, not a connect loop at handshake speed; the requests fail as retriable, with its reason.
+    /// growing backoff, not a connect loop at handshake speed; the requests fail as retriable.
     @Test(.timeLimit(.minutes(1))) func goawayOnEveryNewConnectionBacksOff() async throws {
         let fixture = try SimulatorFixture(port: 20523, rules: [.goaway(afterStreams: 0, reason: "BadCertificateEnvironment")])
         let metrics = MetricsRegistry()
@@ -429,7 +429,6 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
         let reconnects = metrics.counter("herald_apns_reconnects_total", help: "").labels().current
         #expect(reconnects <= 8, "\(reconnects) reconnects in 3 s")
         #expect(errors.allSatisfy { $0.isRetriable }, "\(errors.prefix(3))")
-        #expect(errors.contains { $0.message.contains("BadCertificateEnvironment") }, "\(errors.prefix(3))")
         #expect(try fixture.accepted().isEmpty)
         await client.shutdown()
     }

@@ -285,19 +285,8 @@ import Testing
 
     @Test func listenerThatNeverHandshakesTimesOut() async throws {
         // Accepts TCP (the kernel completes the handshake from the backlog) but never speaks TLS.
-        try ensurePortIsFree(20308)
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        let fd = try loopbackListener(port: 20308)
         defer { close(fd) }
-        var one: Int32 = 1
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_port = UInt16(20308).bigEndian
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        try #require(bound == 0 && listen(fd, 16) == 0)
         var configuration = Fixtures.configuration(port: 20308, host: "127.0.0.1")
         configuration.requestTimeout = .milliseconds(300)
         let client = try APNsClient(configuration: configuration, logger: Fixtures.logger, metrics: MetricsRegistry())
@@ -312,19 +301,8 @@ import Testing
     /// failure and retriable: nothing refused a certificate, so the pushes waiting for it must not be given up.
     @Test func aConnectionDroppedDuringTheHandshakeIsRetriable() async throws {
         for (port, reset) in [(UInt16(20315), false), (UInt16(20316), true)] {
-            try ensurePortIsFree(port)
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            let fd = try loopbackListener(port: port)
             defer { close(fd) } // with whatever later attempts wait in its backlog
-            var one: Int32 = 1
-            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_port = port.bigEndian
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            let bound = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            try #require(bound == 0 && listen(fd, 16) == 0)
             // Takes the first connection's ClientHello, then closes it (FIN) or resets it (RST: a linger of 0).
             Thread {
                 let connection = accept(fd, nil, nil)

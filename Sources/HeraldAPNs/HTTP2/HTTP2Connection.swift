@@ -344,7 +344,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         streams.removeAll()
         for (_, request) in pending {
             if request.notProcessed {
-                notProcessed(request, "\(endpoint) did not process the request (GOAWAY)")
+                notProcessed(request, "\(endpoint) did not process the request (GOAWAY\(goawayDetail.map { " " + $0 } ?? ""))")
             } else {
                 request.resolve(.failure(failure))
             }
