@@ -25,7 +25,10 @@ public final class IngestService: Service {
         SubscriptionsAPI(store: subscriptions, gate: gate, logger: logger).register(on: &router)
         ActivitiesAPI(store: ActivityStore(redis: redis, ttl: configuration.activityTTL), gate: gate, logger: logger)
             .register(on: &router)
-        let events = EventsAPI(producer: producer, idempotency: IdempotencyStore(redis: redis),
+        // A claim outlives the longest wait for the broker, so a client's retry cannot publish beside it.
+        let idempotency = IdempotencyStore(redis: redis,
+                                           claimTimeout: max(.seconds(30), configuration.publishTimeout + .seconds(10)))
+        let events = EventsAPI(producer: producer, idempotency: idempotency,
                                statuses: JobStatusStore(redis: redis, ttl: configuration.jobStatusTTL),
                                topic: configuration.jobsTopic, signing: configuration.jobSigning,
                                publishTimeout: configuration.publishTimeout, gate: gate, logger: logger)

@@ -86,18 +86,22 @@ public struct BroadcastChannelStore: Sendable {
         let replies = try await redis.pipeline([
             ["HSETNX", key, field, String(decoding: channel.jsonValue.encoded(), as: UTF8.self)],
             ["HDEL", key, field + ":refused"],
+            ["PERSIST", key], // a refusal alone there had it expire
             ["HGET", key, field],
             ["ZADD", keys.broadcastIndex, Self.nowMilliseconds, postIDHash],
         ])
         for case .error(let message) in replies { throw RedisError(.server, message) }
-        return replies[2].string.flatMap { JSONValue(parsing: Array($0.utf8)) }.flatMap(BroadcastChannel.init) ?? channel
+        return replies[3].string.flatMap { JSONValue(parsing: Array($0.utf8)) }.flatMap(BroadcastChannel.init) ?? channel
     }
 
+    /// Keeps APNs' refusal until the post is asked again; a post that has no channel keeps it a day (posts of an
+    /// app without the capability would otherwise leave a record each, for ever: the janitor walks channels only).
     public func saveRefusal(app: String, postIDHash: String, environment: APNsEnvironment, reason: String,
                             message: String) async throws {
         let refusal = JSONValue.object(["reason": .string(reason), "message": .string(message)]).encoded()
-        _ = try await redis.command(["HSET", RedisKeys(app: app).broadcast(postIDHash), environment.rawValue + ":refused",
-                                     String(decoding: refusal, as: UTF8.self)])
+        _ = try await redis.run(Self.refuse, keys: [RedisKeys(app: app).broadcast(postIDHash)],
+                                args: [environment.rawValue + ":refused", String(decoding: refusal, as: UTF8.self)]
+                                    + APNsEnvironment.allCases.map(\.rawValue))
     }
 
     /// Forgets a refusal, before asking again.
@@ -170,14 +174,30 @@ public struct BroadcastChannelStore: Sendable {
 
     private static var nowMilliseconds: String { String(Int64(Date().timeIntervalSince1970 * 1000)) }
 
+    /// How long a post's refusals outlive its last channel.
+    static let refusalSeconds = 86_400
+
     /// KEYS: the post's channels, the index. ARGV: the environment to forget ("" for none), the post, then every
-    /// environment's field name. The post leaves the index once no environment has a channel.
+    /// environment's field name. The post leaves the index once no environment has a channel (what refusals are
+    /// left expire).
     static let forget = RedisScript(source: """
         if ARGV[1] ~= '' then redis.call('HDEL', KEYS[1], ARGV[1]) end
         for i = 3, #ARGV do
           if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then return 0 end
         end
         redis.call('ZREM', KEYS[2], ARGV[2])
+        redis.call('EXPIRE', KEYS[1], \(refusalSeconds))
+        return 1
+        """)
+
+    /// KEYS: the post's channels. ARGV: the refusal's field, the refusal, then every environment's field name. A
+    /// post without a channel expires with its refusals.
+    static let refuse = RedisScript(source: """
+        redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+        for i = 3, #ARGV do
+          if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then return 0 end
+        end
+        redis.call('EXPIRE', KEYS[1], \(refusalSeconds))
         return 1
         """)
 }

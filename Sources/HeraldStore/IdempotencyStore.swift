@@ -16,7 +16,8 @@ public struct IdempotencyStore: Sendable {
 
     let redis: RedisClient
     public let window: Duration
-    /// How long an unfinished claim blocks retries if its request died before `release`.
+    /// How long an unfinished claim blocks retries if its request died before `release`; longer than a publish
+    /// may wait for the broker, or a retry would publish beside it.
     public let claimTimeout: Duration
 
     public init(redis: RedisClient, window: Duration = .seconds(86_400), claimTimeout: Duration = .seconds(30)) {
@@ -25,15 +26,28 @@ public struct IdempotencyStore: Sendable {
         self.claimTimeout = claimTimeout
     }
 
+    /// Claims `id` for a new publication. A claimed id starts with no job status: the status of an earlier job
+    /// of the same id (kept longer than this window) must not stand for the new one. Redis refusing the write
+    /// (`OOM`, `READONLY`) throws, rather than reading as another request's claim.
     public func claim(app: String, id: String) async throws -> Claim {
-        let key = RedisKeys(app: app).idempotency(id)
-        let reply = try await redis.pipeline([
-            ["SET", key, "pending", "NX", "EX", String(claimTimeout.components.seconds)],
-            ["GET", key],
-        ])
-        if reply[0].string == "OK" { return .claimed }
-        return reply[1].string == "published" ? .alreadyPublished : .inProgress
+        let keys = RedisKeys(app: app)
+        let reply = try await redis.run(Self.claimScript, keys: [keys.idempotency(id), keys.jobStatus(id)],
+                                        args: [String(max(1, claimTimeout.components.seconds))])
+        switch reply.string {
+        case "claimed": return .claimed
+        case "published": return .alreadyPublished
+        default: return .inProgress
+        }
     }
+
+    /// KEYS: the id's marker, the job's status (one slot: the app's). ARGV: the claim's TTL in seconds.
+    static let claimScript = RedisScript(source: """
+        if redis.call('SET', KEYS[1], 'pending', 'NX', 'EX', ARGV[1]) then
+          redis.call('DEL', KEYS[2])
+          return 'claimed'
+        end
+        return redis.call('GET', KEYS[1]) or ''
+        """)
 
     public func complete(app: String, id: String) async throws {
         _ = try await redis.command(["SET", RedisKeys(app: app).idempotency(id), "published", "EX",

@@ -99,6 +99,11 @@ struct BroadcastTests {
         let refused = try await ingest.request("POST", "/v1/apps/\(other.id)/activities/\(post)/broadcast",
                                                key: other.secretKey, json: #"{"environment": "production"}"#)
         #expect(refused.status == 502 && refused.text.contains("FeatureNotEnabled"), "\(refused.text)")
+        // The refusal is kept for the next request to read, but a post with no channel expires with it.
+        let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
+        let left = try await redis.command(["TTL", RedisKeys(app: other.id).broadcast(post)]).int ?? -3
+        #expect(left > 86_000 && left <= 86_400, "TTL \(left)")
+        await redis.close()
 
         await stack.dispatcher.child.stop()
         await ingest.child.stop()

@@ -614,6 +614,40 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         try await store.complete(app: redis.app, id: "e1")
         #expect(try await store.claim(app: redis.app, id: "e1") == .alreadyPublished)
     }
+
+    /// An id used again once its window is over starts with no status: the earlier job's (kept longer) would
+    /// read as this one's, done at once with its counts.
+    @Test func anIdClaimedAgainStartsWithoutTheEarlierJobsStatus() async throws {
+        let redis = try TestRedis()
+        let store = IdempotencyStore(redis: redis.client, window: .seconds(1))
+        let statuses = JobStatusStore(redis: redis.client)
+        let job = PushJob(id: "e2-" + SecureRandom.hex(4), appId: redis.app, target: .channel("news"))
+        #expect(try await store.claim(app: redis.app, id: job.id) == .claimed)
+        try await statuses.accepted(job)
+        let finish = JobStatusStore.Finish(origin: .init(job), startedAt: "x", finishedAt: "2026-12-06T10:00:00Z")
+        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 1)
+        try await statuses.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: nil, pushes: [],
+                                   finish: finish)
+        try await store.complete(app: redis.app, id: job.id)
+        #expect(try await statuses.read(app: redis.app, jobID: job.id)?.state == .done)
+        #expect(try await store.claim(app: redis.app, id: job.id) == .alreadyPublished)
+        try await Task.sleep(for: .milliseconds(2100))
+        #expect(try await store.claim(app: redis.app, id: job.id) == .claimed)
+        #expect(try await statuses.read(app: redis.app, jobID: job.id) == nil)
+    }
+
+    /// Redis refusing the claim's write (here an ACL without `SET`; `OOM` and `READONLY` alike) is an error, not
+    /// another request's claim: every retry would get 409 while Redis refuses.
+    @Test(.enabled(if: !onCluster, "an ACL user set on one node")) func aClaimRedisRefusesThrows() async throws {
+        let redis = try TestRedis()
+        let user = "claim-" + SecureRandom.hex(4), password = SecureRandom.hex(16)
+        try await redis.client.command(["ACL", "SETUSER", user, "on", ">" + password, "~*", "&*", "+@all", "-set"])
+        let url = try TestEnvironment.redisURL().replacingOccurrences(of: "redis://", with: "redis://\(user):\(password)@")
+        let refused = RedisClient(configuration: try RedisConfiguration(url: url))
+        await #expect(throws: RedisError.self) { try await IdempotencyStore(redis: refused).claim(app: redis.app, id: "e3") }
+        await refused.close()
+        try await redis.client.command(["ACL", "DELUSER", user])
+    }
 }
 
 @Suite struct JobStatusStoreTests {
@@ -652,6 +686,9 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         more.delivered = 10
         try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: nil, pushes: [],
                                 tally: more, finish: finish)
+        // A revoked owner's late write of a push the new owner already counted, after the job ended: not counted.
+        try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: .seconds(60),
+                                pushes: [SettledPush(token: "dd", outcome: .delivered, retries: 0)])
         let done = try #require(try await store.read(app: redis.app, jobID: job.id))
         #expect(done.state == .done && done.counts == expected && done.startedAt == "2026-12-02T10:00:00Z")
         #expect(try await redis.client.command(["HGETALL", progress]).strings == ["done", "1"])
