@@ -7,6 +7,22 @@ public enum APNsEnvironment: String, Sendable, Codable, Hashable, CaseIterable {
 public enum APNsPushType: String, Sendable, Codable, CaseIterable {
     case alert, background, location, voip, complication, fileprovider, mdm, liveactivity, pushtotalk, widgets,
          controls
+
+    /// What Herald appends to the bundle id for the `apns-topic` of this push type; nil for the bare bundle id (or,
+    /// for `mdm`, the MDM topic). The simulator keeps its own copy of Apple's table, to check this one.
+    public var topicSuffix: String? {
+        switch self {
+        case .alert, .background, .mdm: nil
+        case .location: ".location-query"
+        case .voip: ".voip"
+        case .complication: ".complication"
+        case .fileprovider: ".pushkit.fileprovider"
+        case .liveactivity: ".push-type.liveactivity"
+        case .pushtotalk: ".voip-ptt"
+        case .widgets: ".push-type.widgets"
+        case .controls: ".push-type.controls"
+        }
+    }
 }
 
 /// The `apns-priority` header.

@@ -13,6 +13,16 @@ public enum APNsPayload {
         guard case .object = object["aps"] else { throw .invalid(field, "\(field) must have an \"aps\" object") }
     }
 
+    /// A Live Activity payload as sent: `aps.timestamp` added when the producer left it out (Apple drops updates
+    /// without it). Other payloads as they are.
+    public static func sent(_ payload: JSONValue, pushType: APNsPushType, timestamp: Int64) -> JSONValue {
+        guard pushType == .liveactivity, case .object(var root) = payload, case .object(var aps)? = root["aps"],
+              aps["timestamp"] == nil else { return payload }
+        aps["timestamp"] = .number(Double(timestamp))
+        root["aps"] = .object(aps)
+        return .object(root)
+    }
+
     /// `aps` of a Live Activity update or end.
     public static func liveActivity(_ content: PushJob.LiveActivity, timestamp: Int64) -> JSONValue {
         var aps: [String: JSONValue] = [

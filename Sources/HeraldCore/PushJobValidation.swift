@@ -143,7 +143,10 @@ extension PushJob {
         if let alert { built.append(("alert", alert.encoded(), APNsPayload.maxBytes)) }
         if let liveActivity { built.append(("liveActivity", APNsPayload.liveActivity(liveActivity, timestamp: now).encoded(), APNsPayload.maxBytes)) }
         if let start { built.append(("start", APNsPayload.start(start, timestamp: now).encoded(), APNsPayload.maxBytes)) }
-        if let payload { built.append(("payload", payload.encoded(), payloadLimit)) }
+        if let payload {
+            let sent = target.kind == .device ? APNsPayload.sent(payload, pushType: resolvedPushType, timestamp: now) : payload
+            built.append(("payload", sent.encoded(), payloadLimit))
+        }
         for (field, bytes, limit) in built where bytes.count > limit {
             throw ValidationError(code: "payload_too_large",
                                   message: "the \(field) payload is \(bytes.count) bytes; APNs accepts at most \(limit)",

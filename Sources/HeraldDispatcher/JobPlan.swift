@@ -48,7 +48,7 @@ struct JobPlan: Sendable {
         priority = job.priority.flatMap(APNsPriority.init(rawValue:))
         expiration = job.expiration.map { Date(timeIntervalSince1970: TimeInterval($0)) }
         createdAt = Timestamp.parse(job.createdAt)
-        liveActivityTopic = app.apns.bundleId + ".push-type.liveactivity"
+        liveActivityTopic = app.apns.bundleId + (APNsPushType.liveactivity.topicSuffix ?? "")
         alertPayload = job.alert?.encoded()
         if var live = job.liveActivity {
             // `final` on a post job ends the Live Activity.
@@ -90,24 +90,19 @@ struct JobPlan: Sendable {
     func push(for registration: ActivityPushTarget) -> Push? {
         guard let liveActivityPayload else { return nil }
         return Push(token: registration.pushToken, tokenType: .liveActivityUpdate, environment: registration.environment,
-                    topic: registration.bundleID + ".push-type.liveactivity", pushType: .liveactivity,
+                    topic: registration.bundleID + (APNsPushType.liveactivity.topicSuffix ?? ""), pushType: .liveactivity,
                     payload: liveActivityPayload)
     }
 
     /// A device job's one push: its payload as given (Live Activity pushes get `aps.timestamp` when missing).
     func devicePush(timestamp: Int64) -> Push? {
-        guard case .device(let device) = job.target, var payload = job.payload else { return nil }
+        guard case .device(let device) = job.target, let payload = job.payload else { return nil }
         let pushType = job.resolvedPushType
-        if pushType == .liveactivity, case .object(var root) = payload, case .object(var aps)? = root["aps"],
-           aps["timestamp"] == nil {
-            aps["timestamp"] = .number(Double(timestamp))
-            root["aps"] = .object(aps)
-            payload = .object(root)
-        }
-        let topic = device.topic ?? (pushType == .liveactivity ? liveActivityTopic : app.apns.bundleId)
+        // Apple's topic for the push type: `<bundle>.voip`, `<bundle>.push-type.liveactivity`, …
+        let topic = device.topic ?? app.apns.bundleId + (pushType.topicSuffix ?? "")
         return Push(token: device.token.lowercased(), tokenType: device.tokenType,
                     environment: device.environment ?? .production, topic: topic, pushType: pushType,
-                    payload: payload.encoded())
+                    payload: APNsPayload.sent(payload, pushType: pushType, timestamp: timestamp).encoded())
     }
 
     func request(for push: Push) -> APNsRequest {

@@ -63,6 +63,20 @@ import Testing
         }
     }
 
+    /// A Live Activity device payload is measured as sent, with the `aps.timestamp` Herald adds when it is missing:
+    /// one that fits only without it is refused at intake, not accepted and then refused by APNs' 4096-byte limit.
+    @Test func aLiveActivityPayloadIsMeasuredWithItsTimestamp() throws {
+        func push(stateBytes: Int) throws -> PushJob {
+            let state = String(repeating: "x", count: stateBytes)
+            return try EventIntake.devicePush(json(#"{"payload": {"aps": {"event": "update", "content-state": {"s": "\#(state)"}}}, "tokenType": "liveactivity-update"}"#),
+                                              appID: "shop", deviceToken: token, jobID: nil)
+        }
+        let bare = try push(stateBytes: 0).payload!.encoded().count
+        #expect(throws: Never.self) { try push(stateBytes: 4096 - 23 - bare) } // 23: `,"timestamp":1767225600`
+        let error = #expect(throws: ValidationError.self) { try push(stateBytes: 4090 - bare) } // 4,090 bytes as written
+        #expect(error?.code == "payload_too_large", "\(String(describing: error))")
+    }
+
     @Test func liveActivityPayloadCarriesApplesFields() {
         let content = PushJob.LiveActivity(event: .update, contentState: json(#"{"s": 1}"#), alert: nil, staleDate: 10,
                                            dismissalDate: nil, relevanceScore: 0.5, activityID: nil)

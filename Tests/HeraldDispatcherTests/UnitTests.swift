@@ -196,6 +196,18 @@ struct UnitTests {
         let sent = try JSONDecoder().decode(JSONValue.self, from: Data(devicePush.payload))
         #expect(sent[path: "aps", "timestamp"]?.numberValue == 42)
 
+        // A push type whose topic carries a suffix gets it: VoIP goes to `<bundle>.voip`, widgets to
+        // `<bundle>.push-type.widgets` (APNs answers InvalidPushType to the bare bundle id).
+        for (type, suffix) in [("voip", ".voip"), ("widgets", ".push-type.widgets"), ("background", "")] {
+            var typed = PushJob(id: "t", appId: app.id, target: .device("cd" + String(repeating: "0", count: 62),
+                                                                     tokenType: .alert, environment: .production))
+            typed.pushType = type
+            typed.priority = 5
+            typed.payload = .object(["aps": .object([:])])
+            let typedPush = try #require(try JobPlan(job: typed, app: app, timestamp: 42).devicePush(timestamp: 42))
+            #expect(typedPush.topic == app.apns.bundleId + suffix && typedPush.pushType.rawValue == type)
+        }
+
         device.target.topic = "com.other.app"
         #expect(throws: JobPlan.Refusal.self) { try JobPlan(job: device, app: app, timestamp: 42) }
     }
