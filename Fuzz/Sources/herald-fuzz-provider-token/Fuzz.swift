@@ -10,7 +10,8 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let header = String(decoding: UnsafeBufferPointer(start: data, count: size), as: UTF8.self)
     let verifier = ProviderTokenVerifier(keys: [ProviderKey(teamID: "TEAM123456", keyID: "KEY1234567",
                                                             publicKey: FuzzKeys.es256.publicKey)],
-                                         maximumAge: .seconds(3600), allowedSkew: .seconds(60))
+                                         maximumAge: .seconds(3600), allowedSkew: .seconds(60),
+                                         minimumInterval: .seconds(1200))
     let now = 1_800_000_000.0
     let first = verifier.verify(authorization: header, now: now)
     switch first {
