@@ -143,6 +143,8 @@ enum RequestValidator {
         }
         // Apple: background pushes must use priority 5 (or 1); 10, also the default, is an error.
         if pushType == .background, priority == 10 { return .failure(APNsRejection(400, "BadPriority")) }
+        // A Live Activity push to a device: 10 or 5 (only broadcasts take 1).
+        if pushType == .liveactivity, priority == 1 { return .failure(APNsRejection(400, "BadPriority")) }
 
         var expiration: Int64?
         if let raw = request.header("apns-expiration") {

@@ -81,6 +81,10 @@ extension PushJob {
             }
             try rejectParts(payload: false, final: true)
         }
+        // Apple takes a Live Activity push to a device at priority 10 or 5 only (a broadcast may use 1).
+        if priority == 1, liveActivity != nil || start != nil || (target.kind == .device && resolvedPushType == .liveactivity) {
+            throw .invalid("priority", "Live Activity pushes must use priority 10 or 5")
+        }
         if let alert { try APNsPayload.checkComplete(alert, field: "alert") }
         if let liveActivity {
             guard case .object = liveActivity.contentState else {

@@ -222,18 +222,24 @@ struct SimulatorTests {
             (#"{"aps":{"timestamp":\#(now),"event":"start","content-state":{},"attributes-type":"A"}}"#, 400, "BadPayload"),
             (#"{"aps":{"timestamp":\#(now),"event":"update","content-state":{},"stale-date":"soon"}}"#, 400, "BadPayload"),
         ]
+        let update = body(cases[0].0)
         let responses = try await curl(harness, cases.map { body($0.0) } + [
             base.with("apns-topic", bundleID),
+            update.with("apns-priority", "1"),
+            update.with("apns-priority", "5"),
         ])
         await harness.stop()
-        try #require(responses.count == cases.count + 1)
+        try #require(responses.count == cases.count + 3)
         for (index, (payload, status, reason)) in cases.enumerated() {
             #expect(responses[index].status == status, "\(payload)")
             #expect(responses[index].reason == reason, "\(payload)")
         }
         #expect(responses[cases.count].reason == "InvalidPushType")
+        // Live Activity pushes to devices take priority 10 or 5, not 1.
+        #expect(responses[cases.count + 1].status == 400 && responses[cases.count + 1].reason == "BadPriority")
+        #expect(responses[cases.count + 2].status == 200)
         let records = try harness.accepted()
-        #expect(records.map { $0["pushType"]?.stringValue } == ["liveactivity", "liveactivity", "liveactivity"])
+        #expect(records.map { $0["pushType"]?.stringValue } == ["liveactivity", "liveactivity", "liveactivity", "liveactivity"])
         #expect(records.first?["topic"]?.stringValue == bundleID + ".push-type.liveactivity")
         #expect(records.first?["payload"]?["aps"]?["content-state"] == .object(["status": .string("shipped")]))
     }

@@ -194,6 +194,18 @@ import Testing
         var badChannel = jobs[0]
         badChannel.start?.inputPushChannel = "not base64!"
         #expect(throws: (any Error).self) { try validateAgainstSchema([badChannel.encoded()], schema: "push-job.schema.json") }
+        // Priority 1: fine for alerts, refused by both for anything that sends a Live Activity push to a device.
+        var lowAlert = jobs[0]
+        lowAlert.start = nil
+        lowAlert.priority = 1
+        try lowAlert.validate()
+        try validateAgainstSchema([lowAlert.encoded()], schema: "push-job.schema.json")
+        for index in [0, 1, 2] {
+            var low = jobs[index]
+            low.priority = 1
+            #expect(throws: ValidationError.self, "\(index)") { try low.validate() }
+            #expect(throws: (any Error).self, "\(index)") { try validateAgainstSchema([low.encoded()], schema: "push-job.schema.json") }
+        }
     }
 
     /// A failed broadcast's dead letter replays as a broadcast job: one channel, the payload as published, up to

@@ -209,6 +209,9 @@ import Testing
         ("devices/abc/push", #"{"payload": {"aps": {}}}"#, 400, "deviceToken"),
         ("devices/TOKEN/push", #"{"pushType": "alert"}"#, 400, "payload"),
         ("devices/TOKEN/push", #"{"payload": {"aps": {}}, "pushType": "background", "priority": 10}"#, 400, "priority"),
+        ("events", #"{"channel": "c", "alert": {"aps": {}}, "liveActivity": {"event": "update", "contentState": {}}, "priority": 1}"#, 400, "priority"),
+        ("activities/deadbeef/events", #"{"event": "update", "contentState": {}, "priority": 1}"#, 400, "priority"),
+        ("devices/TOKEN/push", #"{"payload": {"aps": {}}, "tokenType": "liveactivity-update", "priority": 1}"#, 400, "priority"),
         ("devices/TOKEN/push", #"{"payload": {"aps": {}}, "tokenType": "widget"}"#, 400, "tokenType"),
         ("devices/TOKEN/push", #"{"payload": {"aps": {"alert": "\#(tooBig)"}}}"#, 400, "payload"),
     ]
