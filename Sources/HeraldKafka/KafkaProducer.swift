@@ -88,7 +88,15 @@ public final class KafkaProducer: Sendable {
             state.closed = true
             return (state.instance, Array(state.topics.values))
         }
-        if let (instance, topics) = open { Self.retire(instance, topics: topics, flushTimeout: .zero, logger: logger) }
+        guard let (instance, topics) = open else { return }
+        // Released by a delivery report's closure, inside rd_kafka_poll: destroying the handle there frees what
+        // the poll still uses. Retire it from a thread of its own once the poll has returned.
+        if instance.thread.isCurrent {
+            let logger = logger
+            Thread.detachNewThread { Self.retire(instance, topics: topics, flushTimeout: .zero, logger: logger) }
+        } else {
+            Self.retire(instance, topics: topics, flushTimeout: .zero, logger: logger)
+        }
     }
 
     /// Sends one record and returns where the broker stored it once it acknowledged it (acks=all).

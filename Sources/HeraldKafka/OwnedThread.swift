@@ -49,6 +49,9 @@ final class OwnedThread: @unchecked Sendable { // jobs/stopRequested/exited are 
         return true
     }
 
+    /// Whether the caller runs on this thread.
+    var isCurrent: Bool { Thread.current === thread }
+
     /// Runs the jobs already queued, then ends the thread and waits for it (unless called on the thread itself).
     func stop() {
         condition.lock()
@@ -56,7 +59,7 @@ final class OwnedThread: @unchecked Sendable { // jobs/stopRequested/exited are 
         condition.broadcast()
         condition.unlock()
         wake?()
-        guard Thread.current !== thread else { return }
+        guard !isCurrent else { return }
         condition.lock()
         while !exited { condition.wait() }
         condition.unlock()

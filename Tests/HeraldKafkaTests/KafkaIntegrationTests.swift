@@ -175,6 +175,29 @@ struct KafkaProducerFailureTests {
         await producer.close(timeout: .zero)
     }
 
+    /// A producer whose last reference goes with a delivery report's closure is released inside `rd_kafka_poll`
+    /// on its own poll thread: it must still fail what it holds and destroy its handle, from another thread.
+    @Test func aProducerReleasedByItsOwnDeliveryReportIsRetired() async throws {
+        let outcomes = Collector<Result<KafkaDeliveryReport, KafkaError>>()
+        let retired = Collector<Bool>()
+        do {
+            let producer = try deadProducer()
+            try producer.send(topic: "herald.jobs", key: nil, value: [0]) { [producer] result in
+                outcomes.append(result)
+                withExtendedLifetime(producer) {}
+            }
+            try producer.send(topic: "herald.jobs", key: nil, value: [1]) { result in
+                outcomes.append(result)
+                retired.append(true)
+            }
+        }
+        let clock = ContinuousClock()
+        let end = clock.now + .seconds(10)
+        while retired.all.isEmpty, clock.now < end { try await Task.sleep(for: .milliseconds(50)) }
+        #expect(outcomes.all.count == 2, "both records got their answer")
+        #expect(retired.all == [true])
+    }
+
     @Test func aFullQueueFailsAtOnceAndCloseFailsWhatIsLeft() async throws {
         let producer = try deadProducer(maxBufferedMessages: 5)
         let outcomes = Collector<Result<KafkaDeliveryReport, KafkaError>>()
