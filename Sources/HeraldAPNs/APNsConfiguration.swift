@@ -107,8 +107,8 @@ public struct APNsConfiguration: Sendable {
     public var requestTimeout: Duration = .seconds(10)
     /// Time to connect, finish TLS and receive the server's SETTINGS.
     public var connectTimeout: Duration = .seconds(10)
-    /// A connection that received nothing for this long is sent a PING.
-    public var pingInterval: Duration = .seconds(30)
+    /// A connection that received nothing for this long is sent a PING (as is one whose request timed out).
+    public var pingInterval: Duration = .seconds(15)
     /// A PING unanswered for this long closes the connection (its requests fail as retryable).
     public var pingTimeout: Duration = .seconds(10)
     /// First reconnect delay after a failure; doubles per consecutive failure up to `reconnectMaximumDelay`.

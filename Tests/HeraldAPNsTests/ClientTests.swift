@@ -283,6 +283,30 @@ import Testing
         server.kill()
     }
 
+    /// A request that times out sends a PING at once: a connection that stopped answering is replaced within the
+    /// request and PING timeouts, long before the idle PING would have found it.
+    @Test func aTimedOutRequestChecksItsConnectionAtOnce() async throws {
+        let server = try NGHTTPServer(port: 20317, tokens: [Fixtures.token])
+        let metrics = MetricsRegistry()
+        var configuration = Fixtures.configuration(port: 20317)
+        configuration.pingInterval = .seconds(60)
+        configuration.pingTimeout = .milliseconds(300)
+        configuration.requestTimeout = .milliseconds(300)
+        let client = try APNsClient(configuration: configuration, logger: Fixtures.logger, metrics: metrics)
+        #expect(try await client.send(Fixtures.request(), credentials: Fixtures.credentials, environment: .production).status == 200)
+        let connections = metrics.gauge("herald_apns_connections", help: "").labels()
+        server.pause()
+        let error = await apnsError {
+            _ = try await client.send(Fixtures.request(), credentials: Fixtures.credentials, environment: .production)
+        }
+        #expect(error?.code == .timeout, "\(String(describing: error))")
+        #expect(await eventually(timeout: .seconds(2)) { connections.current == 0 })
+        server.resume()
+        #expect(try await client.send(Fixtures.request(), credentials: Fixtures.credentials, environment: .production).status == 200)
+        await client.shutdown()
+        server.kill()
+    }
+
     @Test func listenerThatNeverHandshakesTimesOut() async throws {
         // Accepts TCP (the kernel completes the handshake from the backlog) but never speaks TLS.
         let fd = try loopbackListener(port: 20308)

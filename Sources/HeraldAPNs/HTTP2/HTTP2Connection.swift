@@ -308,14 +308,18 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
                 close(APNsError(.connectionFailed, "connecting to \(endpoint) timed out after \(core.configuration.connectTimeout) (\(state))"))
             }
         case .ready, .draining:
+            var timedOut = false
             for (streamID, request) in streams where !request.isDone && request.deadline <= now {
                 timeOut(streamID, request)
+                timedOut = true
             }
             if let sent = pingSentAt {
                 if now - sent >= core.configuration.pingTimeout {
                     close(APNsError(.connectionFailed, "\(endpoint) did not answer PING within \(core.configuration.pingTimeout)"))
                 }
-            } else if now - lastReceived >= core.configuration.pingInterval, let session {
+            } else if timedOut || now - lastReceived >= core.configuration.pingInterval, let session {
+                // A request that timed out checks its connection at once: a dead one is closed within the PING
+                // timeout, not left to take the retries too until the idle check.
                 session.ping()
                 pingSentAt = now
                 core.markDirty(self)
