@@ -166,6 +166,12 @@ enum RequestValidator {
             return .failure(APNsRejection(400, "BadPayload"))
         }
         if let rejection = payloadRules(payload, pushType: pushType) { return .failure(rejection) }
+        // Apple: "It is an error to use this priority [10] for a push notification that contains only the
+        // content-available key."
+        if priority == 10, pushType == .alert, let aps = payload["aps"]?.objectValue,
+           aps["content-available"]?.numberValue == 1, aps["alert"] == nil, aps["badge"] == nil, aps["sound"] == nil {
+            return .failure(APNsRejection(400, "BadPriority"))
+        }
 
         return .success(AcceptedPush(token: token, topic: topic, pushType: pushType, priority: priority,
                                      expiration: expiration, collapseID: collapseID, payload: payload))

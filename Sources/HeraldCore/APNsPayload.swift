@@ -13,6 +13,13 @@ public enum APNsPayload {
         guard case .object = object["aps"] else { throw .invalid(field, "\(field) must have an \"aps\" object") }
     }
 
+    /// A payload that only wakes the app: its `aps` has `content-available: 1` and no alert, badge or sound.
+    /// Apple takes it as a background push, at priority 5 or 1 (10 is an error for it).
+    public static func isBackgroundOnly(_ payload: JSONValue) -> Bool {
+        guard case .object(let aps)? = payload["aps"], aps["content-available"] == .number(1) else { return false }
+        return aps["alert"] == nil && aps["badge"] == nil && aps["sound"] == nil
+    }
+
     /// A Live Activity payload as sent: `aps.timestamp` added when the producer left it out (Apple drops updates
     /// without it). Other payloads as they are.
     public static func sent(_ payload: JSONValue, pushType: APNsPushType, timestamp: Int64) -> JSONValue {

@@ -31,6 +31,10 @@ extension PushJob {
             guard alert != nil || liveActivity != nil || start != nil else {
                 throw ValidationError(code: "missing_field", message: "a channel job needs alert, liveActivity or start")
             }
+            if let alert, priority == 10, APNsPayload.isBackgroundOnly(alert) {
+                throw .invalid("priority", "an alert whose aps has only content-available is sent as a background push, "
+                               + "which must use priority 5 or 1")
+            }
             try rejectParts(payload: true, final: false)
         case .post(let hash):
             try PostIDHash.validate(hash, field: "target.postIdHash")
@@ -66,7 +70,8 @@ extension PushJob {
                 throw .invalid("pushType", "pushType must be one of \(APNsPushType.allCases.map(\.rawValue).joined(separator: ", "))")
             }
             if resolvedPushType == .background, priority == 10 {
-                throw .invalid("priority", "background pushes must use priority 5 or 1")
+                throw .invalid("priority", "background pushes (also a payload whose aps has only content-available, "
+                               + "without a pushType) must use priority 5 or 1")
             }
         case .broadcast(let broadcast):
             guard APNsChannelID.isValid(broadcast.channelId) else {
@@ -117,10 +122,12 @@ extension PushJob {
         return resolvedPushType == .voip ? APNsPayload.maxVoIPBytes : APNsPayload.maxBytes
     }
 
-    /// Device jobs: the push type to send.
+    /// Device jobs: the push type to send. Without `pushType`: `liveactivity` for Live Activity tokens, else
+    /// `background` for a payload that only wakes the app and `alert` for any other.
     public var resolvedPushType: APNsPushType {
         if let pushType, let type = APNsPushType(rawValue: pushType) { return type }
-        return target.tokenType == .alert || target.tokenType == nil ? .alert : .liveactivity
+        guard target.tokenType == .alert || target.tokenType == nil else { return .liveactivity }
+        return payload.map(APNsPayload.isBackgroundOnly) == true ? .background : .alert
     }
 
     /// A channel name as subscriptions take it, counted in Unicode scalars (as JSON Schema's `maxLength` counts).

@@ -26,6 +26,8 @@ struct JobPlan: Sendable {
     /// When the job was created (for the end-to-end latency).
     let createdAt: Date?
     private let alertPayload: [UInt8]?
+    /// `background` for an alert part that only wakes the app (content-available alone), else `alert`.
+    private let alertPushType: APNsPushType
     /// A post's update (or end) as every registration and broadcast channel receives it.
     let liveActivityPayload: [UInt8]?
     private let startPayload: [UInt8]?
@@ -50,6 +52,7 @@ struct JobPlan: Sendable {
         createdAt = Timestamp.parse(job.createdAt)
         liveActivityTopic = app.apns.bundleId + (APNsPushType.liveactivity.topicSuffix ?? "")
         alertPayload = job.alert?.encoded()
+        alertPushType = job.alert.map(APNsPayload.isBackgroundOnly) == true ? .background : .alert
         if var live = job.liveActivity {
             // `final` on a post job ends the Live Activity.
             if job.target.kind == .post, job.isFinal { live.event = .end }
@@ -70,7 +73,7 @@ struct JobPlan: Sendable {
         case .alert:
             guard let alertPayload else { return nil }
             return Push(token: subscription.deviceToken, tokenType: .alert, environment: subscription.environment,
-                        topic: app.apns.bundleId, pushType: .alert, payload: alertPayload)
+                        topic: app.apns.bundleId, pushType: alertPushType, payload: alertPayload)
         case .liveActivityUpdate:
             guard let liveActivityPayload else { return nil }
             if let wanted = job.liveActivity?.activityID, subscription.activityID != wanted { return nil }

@@ -63,6 +63,38 @@ import Testing
         }
     }
 
+    /// A payload whose aps has only content-available wakes the app: without a pushType it goes as a background
+    /// push (default priority 5), and priority 10, an error at Apple for it, is refused at intake.
+    @Test func aPayloadThatOnlyWakesTheAppIsABackgroundPush() throws {
+        let silent = #"{"aps": {"content-available": 1}, "sync": "inbox"}"#
+        let push = try EventIntake.devicePush(json(#"{"payload": \#(silent)}"#), appID: "shop", deviceToken: token, jobID: nil)
+        #expect(push.resolvedPushType == .background)
+        let audible = try EventIntake.devicePush(json(#"{"payload": {"aps": {"content-available": 1, "sound": "ping.aiff"}}}"#),
+                                                 appID: "shop", deviceToken: token, jobID: nil)
+        #expect(audible.resolvedPushType == .alert)
+        let insisted = try EventIntake.devicePush(json(#"{"payload": \#(silent), "pushType": "alert", "priority": 10}"#),
+                                                  appID: "shop", deviceToken: token, jobID: nil)
+        #expect(insisted.resolvedPushType == .alert)
+        let cases = [
+            { try EventIntake.devicePush(json(#"{"payload": \#(silent), "priority": 10}"#), appID: "shop", deviceToken: token, jobID: nil) },
+            { try EventIntake.channelEvent(json(#"{"channel": "c", "alert": \#(silent), "priority": 10}"#), appID: "shop", jobID: nil) },
+        ]
+        for make in cases {
+            #expect(throws: ValidationError.self) { try make() }
+        }
+        // The schema says the same.
+        var device = push
+        device.priority = 10
+        #expect(throws: (any Error).self) { try validateAgainstSchema([device.encoded()], schema: "push-job.schema.json") }
+        device.pushType = "alert"
+        try validateAgainstSchema([device.encoded()], schema: "push-job.schema.json")
+        var channel = PushJob(id: "j", appId: "shop", target: .channel("c"))
+        channel.alert = json(silent)
+        try validateAgainstSchema([channel.encoded()], schema: "push-job.schema.json")
+        channel.priority = 10
+        #expect(throws: (any Error).self) { try validateAgainstSchema([channel.encoded()], schema: "push-job.schema.json") }
+    }
+
     /// A Live Activity device payload is measured as sent, with the `aps.timestamp` Herald adds when it is missing:
     /// one that fits only without it is refused at intake, not accepted and then refused by APNs' 4096-byte limit.
     @Test func aLiveActivityPayloadIsMeasuredWithItsTimestamp() throws {

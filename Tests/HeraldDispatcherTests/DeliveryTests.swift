@@ -78,6 +78,33 @@ struct DeliveryTests {
         await harness.stop()
     }
 
+    @Test("an alert that only wakes the app (content-available alone) goes as a background push at priority 5, from a channel and to a device")
+    func backgroundOnlyAlerts() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let channel = "sync:\(SecureRandom.hex(4))"
+        let subscriber = deviceToken(), device = deviceToken()
+        try await harness.subscribe(app, channel: channel, token: subscriber)
+        let silent: JSONValue = .object(["aps": .object(["content-available": .number(1)]), "sync": .string("inbox")])
+        var job = PushJob(id: "silent-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+        job.alert = silent
+        try await harness.produce(job)
+        var direct = PushJob(id: "silent-\(SecureRandom.hex(4))", appId: app.id,
+                             target: .device(device, tokenType: .alert, environment: nil))
+        direct.payload = silent
+        try await harness.produce(direct)
+
+        try await eventually("both were delivered") { harness.simulators.accepted().count >= 2 }
+        for token in [subscriber, device] {
+            let record = try #require(harness.simulators.accepted().first { $0["token"]?.stringValue == token })
+            #expect(record["pushType"]?.stringValue == "background")
+            #expect(record["priority"]?.numberValue == 5)
+            #expect(record["topic"]?.stringValue == app.bundleID)
+            #expect(record["payload"] == silent)
+        }
+        await harness.stop()
+    }
+
     @Test("a fan-out of many small batches, read ahead and saved in the background, reaches every subscriber once and leaves only the record that it is done")
     func manySmallBatches() async throws {
         // Tiny batches, window and limit: dozens of reads, saves and launches, each limit reached many times.
