@@ -205,12 +205,14 @@ public struct SubscriptionStore: Sendable {
     }
 
     /// Removes every subscription of a channel (a closed channel), batch by batch (`HSCAN` of its index); a
-    /// subscription written again after the removal began is kept. Returns how many went.
+    /// subscription written again after the removal began is kept. Returns how many went. Cancelled (a request
+    /// past its deadline), it stops between batches: what went went whole, and calling again finishes it.
     public func removeChannel(app: String, channel: String, now: Date = Date()) async throws -> Int {
         let keys = RedisKeys(app: app), index = keys.channel(channel)
         let began = Int64(now.timeIntervalSince1970 * 1000)
         var cursor = "0", removed = 0
         repeat {
+            try Task.checkCancellation()
             let page = try await redis.command(["HSCAN", index, cursor, "COUNT", String(batchSize)])
             guard let parts = page.array, parts.count == 2, let next = parts[0].string, let flat = parts[1].array,
                   flat.count % 2 == 0 else { throw StoreError.unexpectedReply("HSCAN") }

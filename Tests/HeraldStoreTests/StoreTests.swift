@@ -511,6 +511,21 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await store.removeChannel(app: redis.app, channel: "order:1:status") == 0)
     }
 
+    /// A request past its deadline has its handler cancelled: closing a channel then stops between batches
+    /// rather than run on unseen, and calling again finishes it.
+    @Test func closingAChannelStopsWhenCancelledAndFinishesWhenCalledAgain() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client, batchSize: 5)
+        let devices = (0..<60).map { _ in token() }
+        for device in devices { _ = try await store.upsert(app: redis.app, try subscription("big", device)) }
+        let closing = Task { try await store.removeChannel(app: redis.app, channel: "big") }
+        closing.cancel()
+        await #expect(throws: CancellationError.self) { try await closing.value }
+        #expect(try await redis.client.command(["HLEN", RedisKeys(app: redis.app).channel("big")]).int == 60)
+        #expect(try await store.removeChannel(app: redis.app, channel: "big") == 60)
+        #expect(try await redis.appKeys() == [])
+    }
+
     @Test func aDevicesSubscriptionsPageInIdOrderAndGoInBatches() async throws {
         let redis = try TestRedis()
         let store = SubscriptionStore(redis: redis.client, batchSize: 4)
