@@ -177,14 +177,20 @@ public struct BroadcastChannelStore: Sendable {
     /// How long a post's refusals outlive its last channel.
     static let refusalSeconds = 86_400
 
+    /// Lua shared by `forget` and `refuse`: returns 0 while the post (KEYS[1]) has a channel in an environment
+    /// whose field is one of ARGV[3...].
+    private static let returnWhileAChannelIsLeft = """
+        for i = 3, #ARGV do
+          if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then return 0 end
+        end
+        """
+
     /// KEYS: the post's channels, the index. ARGV: the environment to forget ("" for none), the post, then every
     /// environment's field name. The post leaves the index once no environment has a channel (what refusals are
     /// left expire).
     static let forget = RedisScript(source: """
         if ARGV[1] ~= '' then redis.call('HDEL', KEYS[1], ARGV[1]) end
-        for i = 3, #ARGV do
-          if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then return 0 end
-        end
+        \(returnWhileAChannelIsLeft)
         redis.call('ZREM', KEYS[2], ARGV[2])
         redis.call('EXPIRE', KEYS[1], \(refusalSeconds))
         return 1
@@ -194,9 +200,7 @@ public struct BroadcastChannelStore: Sendable {
     /// post without a channel expires with its refusals.
     static let refuse = RedisScript(source: """
         redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-        for i = 3, #ARGV do
-          if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then return 0 end
-        end
+        \(returnWhileAChannelIsLeft)
         redis.call('EXPIRE', KEYS[1], \(refusalSeconds))
         return 1
         """)

@@ -152,7 +152,7 @@ final class ConnectionPool {
             // As for a connection that failed before it was ready: nothing can carry the queue now.
             if !slots.contains(where: { $0.connection?.state == .ready }) {
                 failQueue(APNsError(.connectionFailed, "\(key.endpoint) dropped the connection before answering anything"
-                                    + (connection.goawayDetail.map { " (GOAWAY \($0))" } ?? "")))
+                                    + connection.goawayNote))
             }
         }
         draining.append(connection)

@@ -27,6 +27,8 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     private(set) var hasAnswered = false
     /// The debug data of the server's GOAWAY (APNs puts `{"reason": …}` there), for the requests it refused.
     private(set) var goawayDetail: String?
+    /// `" (GOAWAY <debug data>)"` for messages about requests the GOAWAY refused; empty without one.
+    var goawayNote: String { goawayDetail.map { " (GOAWAY \($0))" } ?? "" }
 
     private var fd: Int32 = -1
     private var tls: TLSStream?
@@ -348,7 +350,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         streams.removeAll()
         for (_, request) in pending {
             if request.notProcessed {
-                notProcessed(request, "\(endpoint) did not process the request (GOAWAY\(goawayDetail.map { " " + $0 } ?? ""))")
+                notProcessed(request, "\(endpoint) did not process the request\(goawayDetail == nil ? " (GOAWAY)" : goawayNote)")
             } else {
                 request.resolve(.failure(failure))
             }
@@ -452,8 +454,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
                                                  uniqueID: request.uniqueID, channelID: request.channelID,
                                                  body: request.responseBody)))
         } else if request.notProcessed || ending == .refused {
-            let goaway = goawayDetail.map { " (GOAWAY \($0))" } ?? ""
-            notProcessed(request, "\(endpoint) refused the stream\(goaway); it was not processed")
+            notProcessed(request, "\(endpoint) refused the stream\(goawayNote); it was not processed")
         } else {
             let reason = if case .error(let text) = ending { text } else { "NO_ERROR" }
             request.fail(.protocolError, "\(endpoint) reset the stream: \(reason)")
