@@ -69,9 +69,10 @@ extension PushJob {
             if let pushType, APNsPushType(rawValue: pushType) == nil {
                 throw .invalid("pushType", "pushType must be one of \(APNsPushType.allCases.map(\.rawValue).joined(separator: ", "))")
             }
-            if resolvedPushType == .background, priority == 10 {
-                throw .invalid("priority", "background pushes (also a payload whose aps has only content-available, "
-                               + "without a pushType) must use priority 5 or 1")
+            if priority == 10, resolvedPushType == .background
+                || (resolvedPushType == .alert && payload.map(APNsPayload.isBackgroundOnly) == true) {
+                throw .invalid("priority", "background pushes, and any payload whose aps has only content-available, "
+                               + "must use priority 5 or 1")
             }
         case .broadcast(let broadcast):
             guard APNsChannelID.isValid(broadcast.channelId) else {

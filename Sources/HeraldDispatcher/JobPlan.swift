@@ -47,7 +47,9 @@ struct JobPlan: Sendable {
             throw Refusal(error: .invalid("appId", "app \(app.id)'s APNs key is not loaded"))
         }
         self.credentials = credentials
-        priority = job.priority.flatMap(APNsPriority.init(rawValue:))
+        // A device payload that only wakes the app goes at 5 by default even as an `alert` push: 10 is an error.
+        let wakesOnly = job.target.kind == .device && job.payload.map(APNsPayload.isBackgroundOnly) == true
+        priority = job.priority.flatMap(APNsPriority.init(rawValue:)) ?? (wakesOnly ? .powerConsiderate : nil)
         expiration = job.expiration.map { Date(timeIntervalSince1970: TimeInterval($0)) }
         createdAt = Timestamp.parse(job.createdAt)
         liveActivityTopic = app.apns.bundleId + (APNsPushType.liveactivity.topicSuffix ?? "")

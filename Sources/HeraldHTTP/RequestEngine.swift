@@ -48,6 +48,9 @@ final class RequestEngine: Sendable {
             return try await handler(request)
         } catch let error as HTTPError {
             return error.response
+        } catch is CancellationError {
+            // Past the request deadline or at shutdown, which answered 503 already: this response goes nowhere.
+            return HTTPError.unavailable("the request was cancelled").response
         } catch {
             logger.error("handler failed", ["http.route": request.route, "http.request_id": request.requestID,
                                             "error": "\(error)"])

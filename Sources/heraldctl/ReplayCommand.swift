@@ -480,7 +480,7 @@ struct ReplaySummary {
         "token_removed": "the token has no subscription or registration left (unregistered since); --include-removed sends anyway",
         "channel_removed": "the broadcast channel is gone from its post (ended or idle since); --include-removed sends anyway",
         "not_replayable": "no device, channel or payload to send again (e.g. invalid_job)",
-        "invalid_job": "the replayed job would not pass validation (e.g. payload too large)",
+        "invalid_job": "the replayed job would not pass validation (e.g. payload too large, or a priority Apple refuses for its push type)",
     ]
 
     /// Prints the summary (stdout) and the reason for a failure (stderr); returns the exit status.

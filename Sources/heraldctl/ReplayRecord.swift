@@ -15,7 +15,9 @@ extension DeadLetter {
         guard case .object(let members)? = job.payload, case .object? = members["aps"] else {
             throw .invalid("payload", "payload must have an aps object")
         }
-        job.payload = .object(["aps": .object([:])])
+        // Whether the payload only wakes the app decides its push type and priorities: the stand-in keeps that.
+        let wakesOnly = job.payload.map(APNsPayload.isBackgroundOnly) == true
+        job.payload = .object(["aps": .object(wakesOnly ? ["content-available": .number(1)] : [:])])
         try job.validate()
         let limit = job.payloadLimit
         guard raw.count <= limit else {

@@ -72,11 +72,12 @@ import Testing
         let audible = try EventIntake.devicePush(json(#"{"payload": {"aps": {"content-available": 1, "sound": "ping.aiff"}}}"#),
                                                  appID: "shop", deviceToken: token, jobID: nil)
         #expect(audible.resolvedPushType == .alert)
-        let insisted = try EventIntake.devicePush(json(#"{"payload": \#(silent), "pushType": "alert", "priority": 10}"#),
+        let insisted = try EventIntake.devicePush(json(#"{"payload": \#(silent), "pushType": "alert"}"#),
                                                   appID: "shop", deviceToken: token, jobID: nil)
         #expect(insisted.resolvedPushType == .alert)
         let cases = [
             { try EventIntake.devicePush(json(#"{"payload": \#(silent), "priority": 10}"#), appID: "shop", deviceToken: token, jobID: nil) },
+            { try EventIntake.devicePush(json(#"{"payload": \#(silent), "pushType": "alert", "priority": 10}"#), appID: "shop", deviceToken: token, jobID: nil) },
             { try EventIntake.channelEvent(json(#"{"channel": "c", "alert": \#(silent), "priority": 10}"#), appID: "shop", jobID: nil) },
         ]
         for make in cases {
@@ -87,6 +88,8 @@ import Testing
         device.priority = 10
         #expect(throws: (any Error).self) { try validateAgainstSchema([device.encoded()], schema: "push-job.schema.json") }
         device.pushType = "alert"
+        #expect(throws: (any Error).self) { try validateAgainstSchema([device.encoded()], schema: "push-job.schema.json") }
+        device.priority = 5
         try validateAgainstSchema([device.encoded()], schema: "push-job.schema.json")
         var channel = PushJob(id: "j", appId: "shop", target: .channel("c"))
         channel.alert = json(silent)

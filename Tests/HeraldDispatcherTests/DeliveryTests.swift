@@ -83,7 +83,7 @@ struct DeliveryTests {
         let harness = try await DispatcherHarness.start()
         let app = harness.apps.apps[0]
         let channel = "sync:\(SecureRandom.hex(4))"
-        let subscriber = deviceToken(), device = deviceToken()
+        let subscriber = deviceToken(), device = deviceToken(), insisted = deviceToken()
         try await harness.subscribe(app, channel: channel, token: subscriber)
         let silent: JSONValue = .object(["aps": .object(["content-available": .number(1)]), "sync": .string("inbox")])
         var job = PushJob(id: "silent-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
@@ -93,11 +93,17 @@ struct DeliveryTests {
                              target: .device(device, tokenType: .alert, environment: nil))
         direct.payload = silent
         try await harness.produce(direct)
+        // Its producer's own push type is kept, at priority 5 all the same.
+        var asAlert = PushJob(id: "silent-\(SecureRandom.hex(4))", appId: app.id,
+                              target: .device(insisted, tokenType: .alert, environment: nil))
+        asAlert.payload = silent
+        asAlert.pushType = "alert"
+        try await harness.produce(asAlert)
 
-        try await eventually("both were delivered") { harness.simulators.accepted().count >= 2 }
-        for token in [subscriber, device] {
+        try await eventually("all three were delivered") { harness.simulators.accepted().count >= 3 }
+        for token in [subscriber, device, insisted] {
             let record = try #require(harness.simulators.accepted().first { $0["token"]?.stringValue == token })
-            #expect(record["pushType"]?.stringValue == "background")
+            #expect(record["pushType"]?.stringValue == (token == insisted ? "alert" : "background"))
             #expect(record["priority"]?.numberValue == 5)
             #expect(record["topic"]?.stringValue == app.bundleID)
             #expect(record["payload"] == silent)
