@@ -48,7 +48,8 @@ struct JobPlan: Sendable {
         }
         self.credentials = credentials
         // A device payload that only wakes the app goes at 5 by default even as an `alert` push: 10 is an error.
-        let wakesOnly = job.target.kind == .device && job.payload.map(APNsPayload.isBackgroundOnly) == true
+        let wakesOnly = job.target.kind == .device && job.resolvedPushType == .alert
+            && job.payload.map(APNsPayload.isBackgroundOnly) == true
         priority = job.priority.flatMap(APNsPriority.init(rawValue:)) ?? (wakesOnly ? .powerConsiderate : nil)
         expiration = job.expiration.map { Date(timeIntervalSince1970: TimeInterval($0)) }
         createdAt = Timestamp.parse(job.createdAt)
