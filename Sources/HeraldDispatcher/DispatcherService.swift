@@ -42,8 +42,7 @@ public final class DispatcherService: Service {
                                       infrastructureRetryDelay: configuration.infrastructureRetryDelay, logger: logger)
         let runner = JobRunner(apps: apps, subscriptions: subscriptions, activities: activities, deliverer: deliverer,
                                broadcaster: broadcaster, deadLetters: deadLetters,
-                               progress: FanOutProgress(redis: redis,
-                                                        statuses: JobStatusStore(redis: redis, ttl: configuration.jobStatusTTL),
+                               progress: FanOutProgress(statuses: JobStatusStore(redis: redis, ttl: configuration.jobStatusTTL),
                                                         group: configuration.consumerGroup, ttl: configuration.progressTTL),
                                limit: limit, batchSize: max(1, configuration.batchSize),
                                maxJobBytes: configuration.maxJobBytes, signing: configuration.jobSigning,

@@ -1,6 +1,6 @@
 import Foundation
 import HeraldCore
-import HeraldRedis
+import HeraldCrypto
 import HeraldRuntime
 import HeraldStore
 
@@ -13,7 +13,6 @@ import HeraldStore
 /// status); `done` — the whole fan-out settled (kept an hour, for a record that runs again before its offset was
 /// committed). It expires after `ttl` otherwise.
 struct FanOutProgress: Sendable {
-    let redis: RedisClient
     let statuses: JobStatusStore
     let group: String
     let ttl: Duration
@@ -27,14 +26,6 @@ struct FanOutProgress: Sendable {
 
     func key(app: String, _ source: DeadLetter.Source) -> String {
         RedisKeys(app: app).fanOut(group: group, topic: source.topic, partition: source.partition, offset: source.offset)
-    }
-
-    /// Moves the settled cursor, forgetting the settled pushes it now covers.
-    func advance(_ key: String, cursor: String, covering tokens: [String]) async throws {
-        var commands = [["HSET", key, "cursor", cursor]]
-        if !tokens.isEmpty { commands.append(["HDEL", key] + tokens.map { "s:" + $0 }) }
-        let replies = try await redis.pipeline(commands + [["EXPIRE", key, String(max(1, ttl.components.seconds))]])
-        for case .error(let message) in replies { throw RedisError(.server, message) }
     }
 }
 
@@ -59,6 +50,9 @@ final class SettledPushes: Sendable {
     let source: DeadLetter.Source
     private let origin: JobStatusStore.Origin
     private let startedAt = Timestamp.rfc3339(Date())
+    /// Names this run in the job's status: once another run has started the job (the partition was taken over),
+    /// this one's writes change nothing.
+    private let owner = SecureRandom.hex(8)
     private let progress: FanOutProgress
     private let progressKey: String
     private let logger: Logger
@@ -76,7 +70,7 @@ final class SettledPushes: Sendable {
     /// Marks the job started and reads its progress record.
     func start() async throws -> FanOutProgress.Saved {
         let fields = try await progress.statuses.started(app: app, origin: origin, startedAt: startedAt,
-                                                         progressKey: progressKey)
+                                                         progressKey: progressKey, owner: owner)
         var saved = FanOutProgress.Saved()
         for (field, value) in fields {
             if field == "done" { saved.done = true }
@@ -90,12 +84,14 @@ final class SettledPushes: Sendable {
     func startRecording() { state.withLock { $0.recording = true } }
 
     func advance(cursor: String, covering tokens: [String]) async throws {
-        try await progress.advance(progressKey, cursor: cursor, covering: tokens)
+        try await progress.statuses.advanced(app: app, jobID: origin.jobID, progressKey: progressKey,
+                                             progressTTL: progress.ttl, owner: owner, cursor: cursor, covering: tokens)
     }
 
     func record(_ pushes: [SettledPush]) async {
         guard !pushes.isEmpty else { return }
-        // Not cancellable: a revoked job's settled pushes are recorded all the same, for the next owner.
+        // Not cancellable: a revoked job's settled pushes are recorded all the same, for a next run that starts
+        // after they land (one that started before does not count them: it sends them again itself).
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let next = state.withLock { s -> RecordStep in
                 guard s.recording else {
@@ -126,7 +122,7 @@ final class SettledPushes: Sendable {
             app: app, jobID: origin.jobID, progressKey: progressKey, progressTTL: recording ? progress.ttl : nil,
             pushes: pending, tally: tally,
             finish: .init(origin: origin, startedAt: startedAt, finishedAt: Timestamp.rfc3339(Date()),
-                          jobDeadLettered: jobDeadLettered))
+                          jobDeadLettered: jobDeadLettered), owner: owner)
     }
 
     private static func count(_ push: SettledPush) -> JobStatus.Counts {
@@ -153,7 +149,7 @@ final class SettledPushes: Sendable {
             guard !waiting.isEmpty else { return }
             do {
                 try await progress.statuses.settled(app: app, jobID: origin.jobID, progressKey: progressKey,
-                                                    progressTTL: progress.ttl, pushes: pushes)
+                                                    progressTTL: progress.ttl, pushes: pushes, owner: owner)
             } catch {
                 // Kept for the next write, or the job's end: until then a restart would send them again.
                 state.withLock { $0.pending = pushes + $0.pending }

@@ -78,6 +78,10 @@ public struct SettledPush: Sendable, Equatable {
 /// record (`s:<token>` there, in the app's slot too): a push marked before a crash is skipped on resume, one not
 /// marked is sent again and counted then, so no push is counted twice. A job too small to keep a progress record
 /// writes its counts once, with `finishedAt`, and a second run of it after that writes nothing.
+///
+/// Each run of a fan-out names itself `owner` in the status when it starts; the writes of a run whose partition
+/// was taken over (a revoked owner's late ones) then change nothing: its pushes the new owner did not see marked
+/// it sends and counts itself, and a late mark could land after the new owner's cursor had forgotten that push.
 public struct JobStatusStore: Sendable {
     let redis: RedisClient
     public let ttl: Duration
@@ -128,12 +132,21 @@ public struct JobStatusStore: Sendable {
         return status
     }
 
-    /// Marks the job started and returns the fields of its progress record (`progressKey`, in the app's slot), in
-    /// one round trip.
-    public func started(app: String, origin: Origin, startedAt: String, progressKey: String) async throws -> [String: String] {
+    /// Marks the job started by `owner` (this run: later writes name it) and returns the fields of its progress
+    /// record (`progressKey`, in the app's slot), in one round trip.
+    public func started(app: String, origin: Origin, startedAt: String, progressKey: String,
+                        owner: String) async throws -> [String: String] {
         let reply = try await redis.run(Self.start, keys: [RedisKeys(app: app).jobStatus(origin.jobID), progressKey],
-                                        args: [seconds(ttl), origin.jobID, origin.acceptedAt, startedAt, origin.target])
+                                        args: [seconds(ttl), origin.jobID, origin.acceptedAt, startedAt, origin.target, owner])
         return reply.fieldValues ?? [:]
+    }
+
+    /// Moves a fan-out's settled cursor, forgetting the settled pushes it now covers; nothing when another run
+    /// than `owner` has started the job since.
+    public func advanced(app: String, jobID: String, progressKey: String, progressTTL: Duration, owner: String,
+                         cursor: String, covering tokens: [String]) async throws {
+        _ = try await redis.run(Self.advance, keys: [RedisKeys(app: app).jobStatus(jobID), progressKey],
+                                args: [owner, cursor, seconds(progressTTL)] + tokens.map { "s:" + $0 })
     }
 
     /// What a `settled` call ends the job with.
@@ -154,13 +167,14 @@ public struct JobStatusStore: Sendable {
     /// Counts `pushes` not yet marked in the progress record (marking them there, kept `progressTTL`; nil keeps no
     /// marks) plus `tally`, counted elsewhere; with `finish`, ends the job — unless it has ended already, in which
     /// case nothing is written — and replaces its progress record with a `done` mark kept an hour.
+    /// `owner`: the run that writes, as it named itself in `started` ("" for a job that did not).
     public func settled(app: String, jobID: String, progressKey: String, progressTTL: Duration?, pushes: [SettledPush],
-                        tally: JobStatus.Counts = .init(), finish: Finish? = nil) async throws {
+                        tally: JobStatus.Counts = .init(), finish: Finish? = nil, owner: String = "") async throws {
         var args = [seconds(ttl), progressTTL.map(seconds) ?? "0", finish?.finishedAt ?? "",
                     finish?.jobDeadLettered == true ? "1" : "", finish?.origin.jobID ?? "",
                     finish?.origin.acceptedAt ?? "", finish?.startedAt ?? "", finish?.origin.target ?? "",
                     String(tally.delivered), String(tally.tokensRemoved), String(tally.retried),
-                    String(tally.deadLettered)]
+                    String(tally.deadLettered), owner]
         // Pushes sent once are marked a group per outcome, each group one variadic HSET (whose reply counts the
         // marks that are new); a retried push, rare, by itself, so that only a new mark adds its retries.
         let groups = SettledPush.Outcome.allCases.map { outcome in
@@ -176,9 +190,11 @@ public struct JobStatusStore: Sendable {
 
     private func seconds(_ duration: Duration) -> String { String(max(1, duration.components.seconds)) }
 
-    /// KEYS: status, progress. ARGV: status TTL, jobId, acceptedAt, startedAt, target. Returns the progress hash.
+    /// KEYS: status, progress. ARGV: status TTL, jobId, acceptedAt, startedAt, target, owner. Returns the progress
+    /// hash.
     static let start = RedisScript(source: """
         local status = KEYS[1]
+        redis.call('HSET', status, 'owner', ARGV[6])
         redis.call('HSETNX', status, 'jobId', ARGV[2])
         redis.call('HSETNX', status, 'acceptedAt', ARGV[3])
         redis.call('HSETNX', status, 'startedAt', ARGV[4])
@@ -189,11 +205,11 @@ public struct JobStatusStore: Sendable {
 
     /// KEYS: status, progress. ARGV: status TTL, progress TTL ("0": no marks), finishedAt ("" unless ending),
     /// jobDeadLettered ("1"), jobId, acceptedAt, startedAt, target (set where unset, when ending), the tally's
-    /// delivered, tokensRemoved, retried, deadLettered; how many pushes sent once settled delivered, with their
-    /// token removed and dead-lettered, then those pushes as (`s:<token>`, outcome) pairs in that order, then
-    /// (`s:<token>`, outcome, retries) per retried push.
-    /// Returns 0 when the job had ended already (nothing written: a late write of a revoked owner must not count its
-    /// pushes again after the new owner ended the job), else 1.
+    /// delivered, tokensRemoved, retried, deadLettered, the writing run ("" for none); how many pushes sent once
+    /// settled delivered, with their token removed and dead-lettered, then those pushes as (`s:<token>`, outcome)
+    /// pairs in that order, then (`s:<token>`, outcome, retries) per retried push.
+    /// Returns 0 when the job had ended already or another run has started it since (nothing written: a late write
+    /// of a revoked owner must not count its pushes again), else 1.
     ///
     /// One `HSET` marks up to 1,000 pushes (Lua's stack takes a few thousand values): a call per push made this
     /// script cost Redis 1.8 µs per push of a fan-out, against 1.1.
@@ -201,11 +217,12 @@ public struct JobStatusStore: Sendable {
         local status, progress = KEYS[1], KEYS[2]
         local finishedAt = ARGV[3]
         if redis.call('HEXISTS', status, 'finishedAt') == 1 then return 0 end
+        \(returnUnlessOwner(argument: 13))
         local counts = {d = tonumber(ARGV[9]), r = tonumber(ARGV[10]), x = tonumber(ARGV[12])}
         local retried = tonumber(ARGV[11])
         local marking = ARGV[2] ~= '0'
-        local i = 16
-        for group = 13, 15 do
+        local i = 17
+        for group = 14, 16 do
           local last = i + 2 * tonumber(ARGV[group]) - 1
           if last >= i then
             local outcome = ARGV[i + 1]
@@ -225,7 +242,7 @@ public struct JobStatusStore: Sendable {
             retried = retried + tonumber(ARGV[j + 2])
           end
         end
-        if marking and #ARGV >= 16 then redis.call('EXPIRE', progress, ARGV[2]) end
+        if marking and #ARGV >= 17 then redis.call('EXPIRE', progress, ARGV[2]) end
         if counts.d > 0 then redis.call('HINCRBY', status, 'delivered', counts.d) end
         if counts.r > 0 then redis.call('HINCRBY', status, 'tokensRemoved', counts.r) end
         if counts.x > 0 then redis.call('HINCRBY', status, 'deadLettered', counts.x) end
@@ -246,4 +263,23 @@ public struct JobStatusStore: Sendable {
         redis.call('EXPIRE', status, ARGV[1])
         return 1
         """)
+
+    /// KEYS: status, progress. ARGV: owner, cursor, progress TTL, then the `s:<token>` marks the cursor covers.
+    static let advance = RedisScript(source: """
+        local status, progress = KEYS[1], KEYS[2]
+        \(returnUnlessOwner(argument: 1))
+        redis.call('HSET', progress, 'cursor', ARGV[2])
+        for first = 4, #ARGV, 2000 do redis.call('HDEL', progress, unpack(ARGV, first, math.min(#ARGV, first + 1999))) end
+        redis.call('EXPIRE', progress, ARGV[3])
+        return 1
+        """)
+
+    /// Lua: returns 0 when the status (`status`) names another run as its owner than ARGV[argument] (a write of no
+    /// run, "", is not checked).
+    private static func returnUnlessOwner(argument: Int) -> String {
+        """
+        local owner = redis.call('HGET', status, 'owner')
+        if owner and ARGV[\(argument)] ~= '' and owner ~= ARGV[\(argument)] then return 0 end
+        """
+    }
 }

@@ -679,7 +679,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(queued.state == .queued && queued.target?["channel"]?.stringValue == "news")
 
         let fields = try await store.started(app: redis.app, origin: .init(job), startedAt: "2026-12-02T10:00:00Z",
-                                             progressKey: progress)
+                                             progressKey: progress, owner: "run-1")
         #expect(fields.isEmpty)
         let a = SettledPush(token: "aa", outcome: .delivered, retries: 0)
         let b = SettledPush(token: "bb", outcome: .tokenRemoved, retries: 1)
@@ -693,7 +693,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         (expected.delivered, expected.tokensRemoved, expected.deadLettered, expected.retried) = (1, 1, 1, 5)
         #expect(sending.counts == expected)
         let resumed = try await store.started(app: redis.app, origin: .init(job), startedAt: "2026-12-02T11:00:00Z",
-                                              progressKey: progress)
+                                              progressKey: progress, owner: "run-2")
         #expect(Set(resumed.keys) == ["s:aa", "s:bb", "s:cc"])
 
         let finish = JobStatusStore.Finish(origin: .init(job), startedAt: "x", finishedAt: "2026-12-02T10:05:00Z")
@@ -710,6 +710,46 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(done.state == .done && done.counts == expected && done.startedAt == "2026-12-02T10:00:00Z")
         #expect(try await redis.client.command(["HGETALL", progress]).strings == ["done", "1"])
         #expect(try await store.read(app: redis.app, jobID: "other") == nil)
+    }
+
+    /// A partition taken over mid fan-out: the revoked run's writes that land after the new run started count
+    /// nothing, move no cursor and end nothing, even for a push whose mark the new run's cursor has forgotten.
+    @Test("a revoked run's late writes change nothing once another run has started the job")
+    func lateWritesOfARevokedRunChangeNothing() async throws {
+        let redis = try TestRedis()
+        let store = JobStatusStore(redis: redis.client)
+        let job = PushJob(id: "job-" + SecureRandom.hex(4), appId: redis.app, target: .channel("news"))
+        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 3)
+        let origin = JobStatusStore.Origin(job)
+        func push(_ token: String) -> SettledPush { SettledPush(token: token, outcome: .delivered, retries: 0) }
+        func settle(_ owner: String, _ tokens: [String], finish: Bool = false) async throws {
+            try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: .seconds(60),
+                                    pushes: tokens.map(push),
+                                    finish: finish ? .init(origin: origin, startedAt: "s", finishedAt: "2026-12-02T10:09:00Z") : nil,
+                                    owner: owner)
+        }
+        func delivered() async throws -> Int { try #require(try await store.read(app: redis.app, jobID: job.id)).counts.delivered }
+
+        _ = try await store.started(app: redis.app, origin: origin, startedAt: "2026-12-02T10:00:00Z", progressKey: progress, owner: "a")
+        try await settle("a", ["t1"])
+        // Run b takes over: it sees t1 settled, then its cursor passes t1 and forgets the mark.
+        let seen = try await store.started(app: redis.app, origin: origin, startedAt: "2026-12-02T10:05:00Z", progressKey: progress, owner: "b")
+        #expect(Set(seen.keys) == ["s:t1"])
+        try await store.advanced(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: .seconds(60), owner: "b",
+                                 cursor: "17", covering: ["t1"])
+        // Run a's late writes: t1 again (its mark gone), t2, a cursor and an ending.
+        try await settle("a", ["t1", "t2"])
+        try await store.advanced(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: .seconds(60), owner: "a",
+                                 cursor: "99", covering: ["t2"])
+        try await settle("a", [], finish: true)
+        #expect(try await delivered() == 1)
+        #expect(try await redis.client.command(["HGETALL", progress]).fieldValues == ["cursor": "17"])
+        #expect(try #require(try await store.read(app: redis.app, jobID: job.id)).state == .sending)
+        // Run b sends t2 itself and ends the job.
+        try await settle("b", ["t2"])
+        try await settle("b", [], finish: true)
+        #expect(try await delivered() == 2)
+        #expect(try #require(try await store.read(app: redis.app, jobID: job.id)).state == .done)
     }
 
     @Test("a write of thousands of settled pushes marks each once: counted once however often it is written")
