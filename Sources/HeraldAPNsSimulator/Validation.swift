@@ -168,8 +168,7 @@ enum RequestValidator {
         if let rejection = payloadRules(payload, pushType: pushType) { return .failure(rejection) }
         // Apple: "It is an error to use this priority [10] for a push notification that contains only the
         // content-available key."
-        if priority == 10, pushType == .alert, let aps = payload["aps"]?.objectValue,
-           aps["content-available"]?.numberValue == 1, aps["alert"] == nil, aps["badge"] == nil, aps["sound"] == nil {
+        if priority == 10, pushType == .alert, let aps = payload["aps"]?.objectValue, onlyWakesTheApp(aps) {
             return .failure(APNsRejection(400, "BadPriority"))
         }
 
@@ -235,6 +234,12 @@ enum RequestValidator {
         return UUIDText.string(UUID(bytes: bytes))
     }
 
+    /// `content-available: 1` and no alert, badge or sound: what a background push must be, and what Apple
+    /// refuses at priority 10.
+    static func onlyWakesTheApp(_ aps: [String: JSONValue]) -> Bool {
+        aps["content-available"]?.numberValue == 1 && aps["alert"] == nil && aps["badge"] == nil && aps["sound"] == nil
+    }
+
     /// Payload rules per push type. APNs documents no reason for a malformed payload; the simulator answers
     /// 400 `BadPayload` (clients treat an unknown 400 reason as permanent).
     static func payloadRules(_ payload: JSONValue, pushType: APNsPushType) -> APNsRejection? {
@@ -243,9 +248,7 @@ enum RequestValidator {
         case .alert:
             guard payload["aps"]?.objectValue != nil else { return bad }
         case .background:
-            guard let aps = payload["aps"]?.objectValue, aps["content-available"]?.numberValue == 1 else { return bad }
-            // A background push may not alert, badge or play a sound.
-            if aps["alert"] != nil || aps["badge"] != nil || aps["sound"] != nil { return bad }
+            guard let aps = payload["aps"]?.objectValue, onlyWakesTheApp(aps) else { return bad }
         case .liveactivity:
             guard let aps = payload["aps"]?.objectValue, aps["timestamp"]?.numberValue != nil,
                   let event = aps["event"]?.stringValue else { return bad }

@@ -72,8 +72,8 @@ public enum RedisLayout {
     /// Moves a database of layout 1 to this layout, then marks it. Resumable and idempotent: a batch of
     /// subscriptions and registrations is written in this layout, then, once every write succeeded, their old keys
     /// go, so a run stopped or failed anywhere is finished by running it again. Run it with every service stopped
-    /// (they refuse to start meanwhile). `progress` is called
-    /// every 1,000 records with the count so far. A dry run only counts.
+    /// (they refuse to start meanwhile). `progress` is called every 1,000 records with the count so far. A dry run
+    /// only counts.
     public static func migrate(_ redis: RedisClient, dryRun: Bool = false, batchSize: Int = 1000,
                                progress: (Int) -> Void = { _ in }) async throws -> Migration {
         var migration = Migration()
