@@ -20,7 +20,7 @@ struct BroadcastAPI: Sendable {
             let job = try EventIntake.broadcastChannel(try request.jsonBody(), appID: admission.app.id, postIDHash: post)
             return try await create(job, post: post)
         })
-        router.get("/v1/apps/{appID}/activities/{postIdHash}/broadcast", gate.endpoint(.device) { request, admission in
+        router.get("/v1/apps/{appID}/activities/{postIdHash}/broadcast", gate.endpoint(.everyDevice) { request, admission in
             let post = try request.pathParameter("postIdHash")
             try PostIDHash.validate(post, field: "postIdHash")
             guard let text = request.query["environment"] else { throw ValidationError.missing("environment") }

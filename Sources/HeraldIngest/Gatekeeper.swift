@@ -11,6 +11,9 @@ struct Gatekeeper: Sendable {
     enum Audience: Sendable {
         /// Device endpoints: a public or secret key.
         case device
+        /// Device endpoints that are about no one device (a post's broadcast channel): a public or secret key; a
+        /// public key's requests count in its app-wide ceiling only.
+        case everyDevice
         /// Producer endpoints: a secret key only.
         case producer
     }
@@ -129,9 +132,11 @@ struct Gatekeeper: Sendable {
     func admit(_ request: HTTPRequest, audience: Audience, appID: String?, oauth: Bool,
                device: (HTTPRequest) -> String?) async throws -> Admission {
         let (app, principal) = try identify(request, audience: audience, appID: appID, oauth: oauth)
-        let window = limiter.window(for: principal.rateLimitKey,
-                                    device: Self.rateLimitDevice(principal, principal.isSharedByDevices ? device(request) : nil),
-                                    app: app.id)
+        let window = audience == .everyDevice && principal.isSharedByDevices
+            ? limiter.ceilingWindow(for: principal.rateLimitKey, app: app.id)
+            : limiter.window(for: principal.rateLimitKey,
+                             device: Self.rateLimitDevice(principal, principal.isSharedByDevices ? device(request) : nil),
+                             app: app.id)
         let decision = try await Failures.mapping(logger) { try await limiter.hit(window) }
         guard decision.allowed else { throw refusal(decision) }
         return Admission(app: app, principal: principal, headers: Self.headers(decision))

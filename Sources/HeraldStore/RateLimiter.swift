@@ -168,6 +168,15 @@ public struct RateLimiter: Sendable {
                       resetSeconds: (window + 1) * windowSeconds - seconds)
     }
 
+    /// The window of a public key's request that names no device because it asks what every device asks alike (a
+    /// post's broadcast channel): the key's app-wide ceiling alone, so the devices never share a window of `limit`.
+    public func ceilingWindow(for key: String, app: String, now: Date = Date()) -> Window {
+        var shared = window(for: key, device: "-", app: app, now: now)
+        shared.counter = shared.ceiling!
+        shared.ceiling = nil
+        return shared
+    }
+
     /// Counts one request in `window`.
     public func hit(_ window: Window) async throws -> Decision {
         let counts = try await Self.count(window, on: redis)

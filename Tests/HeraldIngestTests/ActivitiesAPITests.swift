@@ -352,6 +352,30 @@ import Testing
         }
     }
 
+    /// Every device reads a post's broadcast channel alike, naming no device: a public key's reads count in its
+    /// app-wide ceiling alone, so one device reading again and again never locks the others out.
+    @Test func broadcastChannelReadsCountInThePublicKeysCeilingOnly() async throws {
+        let ingest = try await IngestHarness.start(rateLimit: 2, appRateLimit: 5)
+        defer { Task { await ingest.stop() } }
+        let second = Int(Date().timeIntervalSince1970) % 60
+        if second > 50 { try await Task.sleep(for: .seconds(61 - second)) }
+        let app = ingest.apps.apps[0]
+        let path = "/v1/apps/\(app.id)/activities/\(postHash())/broadcast?environment=production"
+        var statuses: [Int] = [], limits: [String?] = [], remaining: [String?] = []
+        for _ in 1...6 {
+            let read = try await ingest.request("GET", path, key: app.publicKey)
+            statuses.append(read.status)
+            limits.append(read.headers["ratelimit-limit"])
+            remaining.append(read.headers["ratelimit-remaining"])
+        }
+        #expect(statuses == [404, 404, 404, 404, 404, 429], "the post has no channel; the sixth read is over the ceiling")
+        #expect(limits == Array(repeating: "5", count: 6))
+        #expect(remaining == ["4", "3", "2", "1", "0", "0"])
+        // A secret key is one caller: its own window of 2.
+        let secret = try await ingest.request("GET", path, key: app.secretKey)
+        #expect(secret.status == 404 && secret.headers["ratelimit-limit"] == "2", "\(secret.status) \(secret.headers)")
+    }
+
     // MARK: Logs
 
     /// Runs the real `herald-ingest` at debug level, sends it registrations (accepted, renewed, refused for every
