@@ -59,14 +59,19 @@ struct Broadcaster: Sendable {
         return true
     }
 
-    /// Publishes the post's update to each of its channels. False only when cancelled first.
-    func publish(_ context: JobContext, post: String) async -> Bool {
+    /// Publishes the post's update to each of its channels but those in `settled` (an earlier run of the record
+    /// published them), marking each in the record's progress once settled. False only when cancelled first.
+    func publish(_ context: JobContext, post: String, settled: Set<String>) async -> Bool {
         guard let payload = context.plan.liveActivityPayload else { return true }
         let app = context.plan.app.id
         guard let list = await store("read the post's channels", { try await channels.channels(app: app, postIDHash: post) })
         else { return !Task.isCancelled }
-        for channel in list {
+        for channel in list where !settled.contains(channel.channelID) {
             guard await publish(payload, to: channel, context: context, post: post) else { return false }
+            do { try await context.settled.broadcastSettled(channel.channelID) } catch {
+                logger.warning("cannot mark a broadcast published; a run of the job again would publish it again",
+                               ["app": app, "post": post, "apns.channel_id": channel.channelID, "error": "\(error)"])
+            }
         }
         guard !list.isEmpty else { return true }
         // An update: the janitor deletes only channels of posts idle for HERALD_BROADCAST_IDLE_SECONDS.

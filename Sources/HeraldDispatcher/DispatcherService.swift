@@ -17,6 +17,8 @@ import HeraldStore
 public final class DispatcherService: Service {
     private let parts: ServiceGroup
     private let server: HTTPServer
+    /// What runs each job record (tests run a record again with it).
+    let runner: JobRunner
 
     /// Binds the operations port (so a taken port fails here) and creates the consumer; nothing is fetched
     /// before `run()`.
@@ -40,7 +42,7 @@ public final class DispatcherService: Service {
                                       backoff: RetryBackoff(initial: configuration.retryInitialDelay,
                                                             maximum: configuration.retryMaximumDelay),
                                       infrastructureRetryDelay: configuration.infrastructureRetryDelay, logger: logger)
-        let runner = JobRunner(apps: apps, subscriptions: subscriptions, activities: activities, deliverer: deliverer,
+        runner = JobRunner(apps: apps, subscriptions: subscriptions, activities: activities, deliverer: deliverer,
                                broadcaster: broadcaster, deadLetters: deadLetters,
                                progress: FanOutProgress(statuses: JobStatusStore(redis: redis, ttl: configuration.jobStatusTTL),
                                                         group: configuration.consumerGroup, ttl: configuration.progressTTL),

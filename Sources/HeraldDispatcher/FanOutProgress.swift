@@ -10,8 +10,9 @@ import HeraldStore
 /// Key: `herald:{<app>}:fanout:<group>:<topic>:<partition>:<offset>`, a hash per job record (a re-delivered record
 /// finds its own), in the app's slot with the job's status: `cursor` — the scan cursor up to which every push is
 /// settled; `s:<token>` — a push settled past that cursor (marked by the same script that counts it in the job's
-/// status); `done` — the whole fan-out settled (kept an hour, for a record that runs again before its offset was
-/// committed). It expires after `ttl` otherwise.
+/// status); `b:<channelId>` — a post's broadcast to that channel settled (one request reaches every device on it,
+/// so a run again skips it even where the fan-out keeps no other mark); `done` — the whole fan-out settled (kept an
+/// hour, for a record that runs again before its offset was committed). It expires after `ttl` otherwise.
 struct FanOutProgress: Sendable {
     let statuses: JobStatusStore
     let group: String
@@ -22,6 +23,8 @@ struct FanOutProgress: Sendable {
         var cursor = "0"
         /// Tokens settled past `cursor`.
         var settled: Set<String> = []
+        /// Channels whose broadcast is settled.
+        var broadcasts: Set<String> = []
     }
 
     func key(app: String, _ source: DeadLetter.Source) -> String {
@@ -76,8 +79,15 @@ final class SettledPushes: Sendable {
             if field == "done" { saved.done = true }
             else if field == "cursor" { saved.cursor = value }
             else if field.hasPrefix("s:") { saved.settled.insert(String(field.dropFirst(2))) }
+            else if field.hasPrefix("b:") { saved.broadcasts.insert(String(field.dropFirst(2))) }
         }
         return saved
+    }
+
+    /// Marks the broadcast to `channelID` settled.
+    func broadcastSettled(_ channelID: String) async throws {
+        try await progress.statuses.broadcastSettled(progressKey: progressKey, channelID: channelID,
+                                                     progressTTL: progress.ttl)
     }
 
     /// From now on every settled push is marked in the progress record as it settles.

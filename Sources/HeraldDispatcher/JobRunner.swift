@@ -87,8 +87,9 @@ struct JobRunner: Sendable {
             settled = await broadcaster.createChannel(plan, post: post, plan.job.broadcastChannel!)
         case .post(let post):
             // The broadcast first: one request reaches every iOS 18 device that joined a channel of the post.
-            guard await broadcaster.publish(context, post: post) else { return false }
-            do throws(StoreRefusal) { settled = try await fanOut(context) { cursor in
+            do throws(StoreRefusal) { settled = try await fanOut(context, beforeSending: { saved in
+                await broadcaster.publish(context, post: post, settled: saved.broadcasts)
+            }) { cursor in
                 let batch = try await activities.postIDs(app: plan.app.id, postIDHash: post, cursor: cursor,
                                                          count: batchSize)
                 return (batch.cursor, batch.ids)
@@ -149,9 +150,12 @@ struct JobRunner: Sendable {
     /// cursor is saved in a child task. A batch read but not launched sends nothing, and launching stops
     /// `maxBatchesInFlight + 1` batches past the last saved cursor, which bounds the record's size.
     /// `scan` reads a batch of items (a channel's targets, a post's registration ids) and `load` turns them into
-    /// pushes. True once every push is settled, false when cancelled first; throws when Redis keeps refusing.
+    /// pushes; `beforeSending` runs once the saved progress is read and the fan-out is not done (a post's broadcasts),
+    /// before any push is sent. True once every push is settled, false when cancelled first (or `beforeSending` was);
+    /// throws when Redis keeps refusing.
     private func fanOut<Item: Sendable>(
-        _ context: JobContext, scan: @escaping @Sendable (String) async throws -> (cursor: String, items: [Item]),
+        _ context: JobContext, beforeSending: (FanOutProgress.Saved) async -> Bool = { _ in true },
+        scan: @escaping @Sendable (String) async throws -> (cursor: String, items: [Item]),
         load: @escaping @Sendable ([Item]) async throws -> [Push]
     ) async throws(StoreRefusal) -> Bool {
         // The first batch is read while the saved progress is looked up: nearly every fan-out has none (one
@@ -164,6 +168,7 @@ struct JobRunner: Sendable {
             logger.info("fan-out already settled; nothing sent again", ["job.id": context.plan.job.id])
             return true
         }
+        guard await beforeSending(saved) else { return false }
         let start = saved.cursor
         let first = start == "0" ? await fromStart : nil
         let resumed = start != "0" || !saved.settled.isEmpty

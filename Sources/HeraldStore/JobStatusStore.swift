@@ -149,6 +149,12 @@ public struct JobStatusStore: Sendable {
                                 args: [owner, cursor, seconds(progressTTL)] + tokens.map { "s:" + $0 })
     }
 
+    /// Marks a broadcast to `channelID` settled (published, or dead-lettered) in a fan-out's progress record, so a
+    /// run of the same record again does not publish it twice: one broadcast reaches every device on the channel.
+    public func broadcastSettled(progressKey: String, channelID: String, progressTTL: Duration) async throws {
+        _ = try await redis.run(Self.markBroadcast, keys: [progressKey], args: ["b:" + channelID, seconds(progressTTL)])
+    }
+
     /// What a `settled` call ends the job with.
     public struct Finish: Sendable {
         public var origin: Origin
@@ -262,6 +268,12 @@ public struct JobStatusStore: Sendable {
         end
         redis.call('EXPIRE', status, ARGV[1])
         return 1
+        """)
+
+    /// KEYS: progress. ARGV: the broadcast's mark (`b:<channelId>`), the progress TTL.
+    static let markBroadcast = RedisScript(source: """
+        redis.call('HSET', KEYS[1], ARGV[1], '1')
+        redis.call('EXPIRE', KEYS[1], ARGV[2])
         """)
 
     /// KEYS: status, progress. ARGV: owner, cursor, progress TTL, then the `s:<token>` marks the cursor covers.

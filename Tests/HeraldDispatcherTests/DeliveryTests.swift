@@ -2,6 +2,7 @@ import Foundation
 import HeraldAPNsSimulator
 import HeraldCore
 import HeraldCrypto
+@testable import HeraldDispatcher
 import HeraldKafka
 import HeraldRedis
 import HeraldRuntime
@@ -186,6 +187,35 @@ struct DeliveryTests {
             let index = try await harness.redis.command(["EXISTS", RedisKeys(app: app.id).post(post)]).int
             return left.isEmpty && index == 0
         }
+        await harness.stop()
+    }
+
+    @Test("a post update's record run again (its offset not yet committed) does not publish its broadcast again")
+    func aPostsBroadcastGoesOnceWhenItsRecordRunsAgain() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let post = postHash()
+        try await harness.produce(try EventIntake.broadcastChannel(.object(["environment": .string("production")]),
+                                                                   appID: app.id, postIDHash: post))
+        let channels = BroadcastChannelStore(redis: harness.redis)
+        try await eventually("the post's channel was made") {
+            if case .ready = try await channels.state(app: app.id, postIDHash: post, environment: .production) { return true }
+            return false
+        }
+        let phone = deviceToken()
+        try await harness.register(app, post: post, token: phone)
+        var update = PushJob(id: "upd-\(SecureRandom.hex(4))", appId: app.id, target: .post(post))
+        update.liveActivity = PushJob.LiveActivity(event: .update, contentState: .object(["score": .string("1-0")]))
+        try await harness.produce(update)
+        try await eventually("the update broadcast and pushed") {
+            harness.simulators.broadcasts().count == 1 && harness.simulators.accepted().count == 1
+        }
+        let record = try #require(try await readTopic(harness.topics.jobs, brokers: harness.topics.brokers, expecting: 2,
+                                                      timeout: .seconds(20)).last)
+        #expect(await harness.service.runner.run(record))
+        // The one token's push went again: a job this small keeps no marks of its pushes (at least once).
+        #expect(harness.simulators.accepted().count == 2)
+        #expect(harness.simulators.broadcasts().count == 1, "\(harness.simulators.broadcasts())")
         await harness.stop()
     }
 

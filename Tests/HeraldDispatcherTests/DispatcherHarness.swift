@@ -14,7 +14,7 @@ import Testing
 let testLogger = Logger(label: "dispatcher-test", minimumLevel: .warning)
 
 /// Two APNs simulators (production and sandbox) that trust the test apps' provider keys, each recording what it
-/// accepted.
+/// accepted, broadcasts included (each serves channel management on a port of its own).
 final class SimulatorPair: Sendable {
     let directory: String
     let tls: SimulatorCertificates.Files
@@ -35,10 +35,12 @@ final class SimulatorPair: Sendable {
     }
 
     private static func make(record: String, tls: SimulatorCertificates.Files, keys: [ProviderKey]) throws -> APNsSimulator {
-        let simulator = try APNsSimulator(configuration: APNsSimulatorConfiguration(
+        var configuration = APNsSimulatorConfiguration(
             listen: HostPort(host: "127.0.0.1", port: 0), certificateChainPath: tls.serverCertificate,
-            privateKeyPath: tls.serverKey, providerKeys: keys, recordPath: record),
-            logger: testLogger, metrics: MetricsRegistry())
+            privateKeyPath: tls.serverKey, providerKeys: keys, recordPath: record)
+        configuration.manageListen = HostPort(host: "127.0.0.1", port: 0)
+        configuration.broadcastRecordPath = record + ".broadcasts"
+        let simulator = try APNsSimulator(configuration: configuration, logger: testLogger, metrics: MetricsRegistry())
         try simulator.start()
         return simulator
     }
@@ -53,10 +55,17 @@ final class SimulatorPair: Sendable {
 
     var productionURL: String { "https://127.0.0.1:\(production.port)" }
     var sandboxURL: String { "https://127.0.0.1:\(sandbox.port)" }
+    var productionManageURL: String { "https://127.0.0.1:\(production.managePort)" }
+    var sandboxManageURL: String { "https://127.0.0.1:\(sandbox.managePort)" }
 
     /// Pushes the production (or sandbox) simulator accepted so far.
     func accepted(sandbox: Bool = false) -> [JSONValue] {
         readJSONLines(sandbox ? sandboxRecord : productionRecord)
+    }
+
+    /// Broadcasts the production (or sandbox) simulator accepted so far.
+    func broadcasts(sandbox: Bool = false) -> [JSONValue] {
+        readJSONLines((sandbox ? sandboxRecord : productionRecord) + ".broadcasts")
     }
 }
 
@@ -92,6 +101,7 @@ final class DispatcherHarness: Sendable {
     let apns: APNsClient
     let metrics: MetricsRegistry
     let port: UInt16
+    let service: DispatcherService
     private let task: Task<Void, any Error>
 
     static func start(maxAttempts: Int = 5, brokers: String? = nil,
@@ -105,6 +115,8 @@ final class DispatcherHarness: Sendable {
         var apnsConfiguration = APNsConfiguration()
         apnsConfiguration.productionURL = simulators.productionURL
         apnsConfiguration.sandboxURL = simulators.sandboxURL
+        apnsConfiguration.manageProductionURL = simulators.productionManageURL
+        apnsConfiguration.manageSandboxURL = simulators.sandboxManageURL
         apnsConfiguration.extraCAFile = simulators.tls.caCertificate
         apnsConfiguration.connectionStagger = .milliseconds(10)
         let metrics = MetricsRegistry()
@@ -125,16 +137,16 @@ final class DispatcherHarness: Sendable {
         }
         let harness = DispatcherHarness(apps: apps, simulators: simulators, topics: topics, redis: redis,
                                         producer: producer, apns: apns, metrics: metrics, port: service.address.port,
-                                        task: task)
+                                        service: service, task: task)
         try await harness.waitForAssignment()
         return harness
     }
 
     private init(apps: TestApps, simulators: SimulatorPair, topics: TestTopics, redis: RedisClient,
                  producer: KafkaProducer, apns: APNsClient, metrics: MetricsRegistry, port: UInt16,
-                 task: Task<Void, any Error>) {
+                 service: DispatcherService, task: Task<Void, any Error>) {
         (self.apps, self.simulators, self.topics, self.redis, self.producer, self.apns, self.metrics, self.port,
-         self.task) = (apps, simulators, topics, redis, producer, apns, metrics, port, task)
+         self.service, self.task) = (apps, simulators, topics, redis, producer, apns, metrics, port, service, task)
     }
 
     /// Waits until the group assigned partitions to the dispatcher (Tansu takes session.timeout/2 to form it).
