@@ -44,7 +44,7 @@ public struct APNsResponse: Sendable, Equatable {
 
     public var disposition: APNsDisposition { APNsDisposition(status: status, reason: reason) }
     public var isDelivered: Bool { disposition == .delivered }
-    /// 429, 500, 503: retry later with backoff.
+    /// 429 and every 5xx: retry later with backoff.
     public var isRetriable: Bool { disposition == .retry }
     /// The device token should be removed.
     public var isTokenInvalid: Bool { disposition == .removeToken }

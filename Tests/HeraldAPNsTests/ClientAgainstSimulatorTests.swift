@@ -294,6 +294,9 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
             ruled("a8", 400, "BadCollapseId", .permanent),
             ruled("a9", 413, "PayloadTooLarge", .permanent),
             ruled("b1", 403, "Forbidden", .permanent),
+            // Not Apple's, but an egress proxy's: any 5xx is worth a retry.
+            ruled("b2", 502, "BadGateway", .retry),
+            ruled("b3", 504, "GatewayTimeout", .retry),
         ]
         var background = APNsRequest(deviceToken: SimulatorFixture.token(), pushType: .background,
                                      topic: SimulatorFixture.topic,
