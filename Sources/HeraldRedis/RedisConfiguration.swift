@@ -223,15 +223,10 @@ enum RedisURLParser {
             throw RedisURLError(.malformed("query strings and fragments are not supported"))
         }
 
-        var databaseText: Substring = ""
-        if let slash = rest.firstIndex(of: "/") {
-            databaseText = rest[rest.index(after: slash)...]
-            rest = rest[..<slash]
-        }
-
         var username: String?
         var password: String?
-        // The last "@" ends the credentials: a password may contain "@" only percent-encoded, but be lenient.
+        // The last "@" ends the credentials: a password may contain "@" or "/" only percent-encoded, but be lenient,
+        // and look for them before the database's "/", so no part of a password ends up in an error message.
         if let at = rest.lastIndex(of: "@") {
             let userInfo = rest[..<at]
             rest = rest[rest.index(after: at)...]
@@ -247,6 +242,11 @@ enum RedisURLParser {
                 throw RedisURLError(.invalidCredentials)
             }
             username = decodedUser.isEmpty ? nil : decodedUser
+        }
+        var databaseText: Substring = ""
+        if let slash = rest.firstIndex(of: "/") {
+            databaseText = rest[rest.index(after: slash)...]
+            rest = rest[..<slash]
         }
 
         var seeds: [RedisAddress] = []

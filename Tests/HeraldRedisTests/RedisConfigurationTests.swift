@@ -58,6 +58,20 @@ import Testing
         #expect(!configuration.description.contains("topsecret"))
     }
 
+    /// Generated passwords often carry "/" (base64): one left unencoded is still the password, not the start of
+    /// the database number, so it can never surface in an error about the port or the database.
+    @Test func anUnencodedSlashInThePasswordStaysInThePassword() throws {
+        let slashed = try RedisConfiguration(url: "redis://herald:abc/def@cache:6380/3")
+        #expect(slashed.password == "abc/def" && slashed.username == "herald")
+        #expect((slashed.host, slashed.port, slashed.database) == ("cache", 6380, 3))
+        let numeric = try RedisConfiguration(url: "redis://u:1234/secret@cache/0")
+        #expect(numeric.password == "1234/secret" && numeric.host == "cache")
+        #expect(throws: RedisURLError.self) { try RedisConfiguration(url: "redis://u:s3kr1t/Zq9@cache:x/0") }
+        do { _ = try RedisConfiguration(url: "redis://u:s3kr1t/Zq9@cache:x/0") } catch {
+            #expect(!"\(error)".contains("s3kr1t") && !"\(error)".contains("Zq9"), "\(error)")
+        }
+    }
+
     @Test(arguments: [
         ("http://localhost:6379", RedisURLError.Problem.unsupportedScheme("http")),
         ("localhost:6379", .malformed("expected redis://host:port/db")),
