@@ -106,7 +106,8 @@ final class DLQReader {
     }
 
     /// Calls `body` with each batch of records in the time window (other filters are the caller's), until the
-    /// snapshot is read or `body` returns false.
+    /// snapshot is read or `body` returns false. Called after every poll, with an empty batch when nothing in it
+    /// was in the window, so `body` can stop a scan that finds nothing (a stop request) all the same.
     func read(_ body: ([DLQEntry]) async throws -> Bool) async throws {
         var lastRecordAt = ContinuousClock.now
         var atEndsSince: ContinuousClock.Instant?
@@ -117,15 +118,7 @@ final class DLQReader {
             // coming on a busy topic, so this is a deadline, not an idle timeout.
             if let atEndsSince, ContinuousClock.now - atEndsSince > Self.settle { break }
             let records = try await consumer.poll(maxRecords: 2000, timeout: atEnds ? Self.settle : .milliseconds(500))
-            if records.isEmpty {
-                if atEnds { break }
-                if ContinuousClock.now - lastRecordAt > Self.stall {
-                    try checkNoPartitionFellShort()
-                    break
-                }
-                continue
-            }
-            lastRecordAt = .now
+            if records.isEmpty, atEnds { break }
             var kept: [KafkaRecord] = []
             kept.reserveCapacity(records.count)
             for record in records {
@@ -140,9 +133,17 @@ final class DLQReader {
                 scanned.value.add(1, ordering: .relaxed)
                 kept.append(record)
             }
+            // Only a record of the snapshot is progress: new letters on partitions already read do not keep a
+            // stalled one's scan waiting.
+            if !kept.isEmpty {
+                lastRecordAt = .now
+            } else if ContinuousClock.now - lastRecordAt > Self.stall {
+                try checkNoPartitionFellShort()
+                break
+            }
             let filter = self.filter
             let entries = parallelMap(kept) { Self.entry($0, filter: filter) }.compactMap { $0 }
-            if !entries.isEmpty, try await !body(entries) { return }
+            if try await !body(entries) { return }
         }
     }
 
