@@ -58,7 +58,10 @@ public struct KafkaSecurity: Sendable, Hashable {
         for name in ["enable.ssl.certificate.verification", "ssl.endpoint.identification.algorithm"] {
             reserved[name] = "certificate and host name verification cannot be turned off"
         }
-        for name in ["enable.auto.commit", "enable.auto.offset.store", "enable.idempotence", "acks"] {
+        // A send answers once its delivery report comes, within the message timeout: without a report for each
+        // record, or with no timeout, a send would wait for ever.
+        for name in ["enable.auto.commit", "enable.auto.offset.store", "enable.idempotence", "acks",
+                     "request.required.acks", "delivery.report.only.error", "message.timeout.ms", "delivery.timeout.ms"] {
             reserved[name] = "Herald sets it for at-least-once delivery"
         }
         for (name, variable) in [("group.id", "HERALD_CONSUMER_GROUP"), ("group.instance.id", "HERALD_CONSUMER_INSTANCE_ID"),

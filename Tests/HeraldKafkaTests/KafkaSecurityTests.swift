@@ -80,6 +80,10 @@ struct KafkaSecurityTests {
              "HERALD_KAFKA_PROPERTY_SSL_ENDPOINT_IDENTIFICATION_ALGORITHM", "cannot be turned off"),
             (["HERALD_KAFKA_PROPERTY_SASL_PASSWORD": Self.password], "HERALD_KAFKA_PROPERTY_SASL_PASSWORD", "HERALD_KAFKA_*"),
             (["HERALD_KAFKA_PROPERTY_ENABLE_AUTO_COMMIT": "true"], "HERALD_KAFKA_PROPERTY_ENABLE_AUTO_COMMIT", "at-least-once"),
+            // A send waits for its record's delivery report: one never sent, or never timed out, would hang it.
+            (["HERALD_KAFKA_PROPERTY_DELIVERY_REPORT_ONLY_ERROR": "true"],
+             "HERALD_KAFKA_PROPERTY_DELIVERY_REPORT_ONLY_ERROR", "at-least-once"),
+            (["HERALD_KAFKA_PROPERTY_MESSAGE_TIMEOUT_MS": "0"], "HERALD_KAFKA_PROPERTY_MESSAGE_TIMEOUT_MS", "at-least-once"),
             (["HERALD_KAFKA_PROPERTY_GROUP_INSTANCE_ID": "a"], "HERALD_KAFKA_PROPERTY_GROUP_INSTANCE_ID",
              "HERALD_CONSUMER_INSTANCE_ID"),
             // librdkafka's own verdict on a property it does not know or a value it refuses.
