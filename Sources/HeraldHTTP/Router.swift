@@ -105,7 +105,10 @@ public struct Router: Sendable {
         var allowedPattern = ""
         for route in routes where route.segments.count == segmentCount {
             guard let parameters = Self.bind(route.segments, bytes) else { continue }
-            if route.method == method { return .found(route, parameters: parameters) }
+            // HEAD is GET without the body (RFC 9110 §9.3.2): the writer leaves the body out.
+            if route.method == method || (method == .head && route.method == .get) {
+                return .found(route, parameters: parameters)
+            }
             if !allowed.contains(route.method) { allowed.append(route.method) }
             if allowedPattern.isEmpty { allowedPattern = route.pattern }
         }

@@ -89,6 +89,22 @@ struct HTTPServerTests {
         }
     }
 
+    /// A HEAD health check gets what GET would, without the body, and the connection carries on.
+    @Test func headIsAGetWithoutTheBody() async throws {
+        try await withServer(standardRouter()) { _, port in
+            let (head, next) = try await onThread {
+                let client = try RawHTTPClient(port: port)
+                try client.send("HEAD /v1/apps/a/echo HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                let head = try client.read(until: "\r\n\r\n")
+                return (head, try client.request("GET", "/v1/apps/b/echo"))
+            }
+            #expect(head.hasPrefix("HTTP/1.1 200 "), "\(head)")
+            #expect(head.lowercased().contains("content-length: ") && !head.lowercased().contains("content-length: 0\r"))
+            #expect(next.status == 200, "no body bytes were left before the next answer")
+            #expect(try JSONDecoder().decode(Echo.self, from: Data(next.body)).appID == "b")
+        }
+    }
+
     @Test func knownPathWithAnotherMethodIs405WithAllow() async throws {
         try await withServer(standardRouter()) { _, port in
             let response = try await onThread {
