@@ -22,13 +22,16 @@ struct RedisWorker: Sendable {
         let now = ContinuousClock.now
         var live: [RedisRequest] = []
         live.reserveCapacity(batch.count)
-        var earliestDeadline = now + configuration.commandTimeout
+        // The batch waits as long as its latest caller may: an old request near its deadline must not cut the
+        // connect or the replies of the fresh ones behind it short (the old one is answered late at worst, within
+        // one command timeout).
+        var latestDeadline = now
         for request in batch {
             if request.deadline <= now {
                 request.fail(RedisError(.timeout, "waited longer than \(configuration.commandTimeout) for a connection"))
             } else {
                 live.append(request)
-                earliestDeadline = min(earliestDeadline, request.deadline)
+                latestDeadline = max(latestDeadline, request.deadline)
             }
         }
         guard !live.isEmpty else { return }
@@ -36,17 +39,17 @@ struct RedisWorker: Sendable {
         var answered = 0
         do throws(RedisError) {
             if !connection.isConnected || connection.peerHasClosed {
-                let remaining = earliestDeadline - now
+                let remaining = latestDeadline - now
                 do throws(RedisError) {
                     try connection.connect(timeout: min(configuration.connectTimeout, remaining))
-                } catch where remaining < configuration.connectTimeout && ContinuousClock.now >= earliestDeadline {
+                } catch where remaining < configuration.connectTimeout && ContinuousClock.now >= latestDeadline {
                     // The connect ran out of the callers' time, not its own: to them that is a timeout.
                     throw RedisError(.timeout, "no connection to \(configuration.host):\(configuration.port) "
                                          + "within \(configuration.commandTimeout)")
                 }
             }
             for request in live { connection.append(request.payload) }
-            connection.setTimeout(earliestDeadline - .now)
+            connection.setTimeout(latestDeadline - .now)
             for request in live {
                 var replies: [RedisValue] = []
                 replies.reserveCapacity(request.replyCount)

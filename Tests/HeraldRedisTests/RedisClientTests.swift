@@ -174,6 +174,24 @@ import Testing
         await client.close()
     }
 
+    /// A pool batch holds an old request near its deadline and a fresh one: the fresh one gets its own time, not
+    /// what the old one had left.
+    @Test func aFreshRequestIsNotCutShortByAnOldOneInItsBatch() async throws {
+        let client = RedisClient(configuration: try sharedRedisConfiguration(poolSize: 1, commandTimeout: .seconds(2)))
+        let key = freshPrefix() + "empty-list"
+        // The one connection is busy for 1.8 s; a PING waits behind it (its deadline 2.05 s), then a command that
+        // takes 0.6 s joins it (answered at 2.4 s, its deadline 3.6 s).
+        async let busy = client.command(["BLPOP", key, "1.8"])
+        try await Task.sleep(for: .milliseconds(50))
+        async let old = client.command(["PING"])
+        try await Task.sleep(for: .milliseconds(1550))
+        let fresh = try await client.command(["BLPOP", key, "0.6"])
+        #expect(fresh == .null, "answered after the PING's deadline, within its own")
+        #expect(try await old == .status("PONG"))
+        #expect(try await busy == .null)
+        await client.close()
+    }
+
     @Test func closedClientRefusesCalls() async throws {
         let client = RedisClient(configuration: try sharedRedisConfiguration(poolSize: 2))
         #expect(try await client.command(["PING"]) == .status("PONG"))
