@@ -68,8 +68,13 @@ public final class RedisClient: Sendable {
     @discardableResult
     public func pipeline(_ commands: [[[UInt8]]]) async throws -> [RedisValue] {
         try await pipeline(commands.count, slot: { RedisCluster.slot(ofBytes: commands[$0]) },
-                           isTransaction: { commands.contains { $0.first == Array("MULTI".utf8) } },
+                           isTransaction: { commands.contains { $0.first.map(Self.isMulti) ?? false } },
                            encode: { $0.append(commands[$1]) })
+    }
+
+    /// `MULTI` in any case, as Redis takes it.
+    private static func isMulti(_ name: [UInt8]) -> Bool {
+        name.count == 5 && zip(name, "MULTI".utf8).allSatisfy { $0 & 0xDF == $1 }
     }
 
     /// Runs a Lua script with `EVALSHA`; when Redis does not know it yet (`NOSCRIPT`), sends it once with `EVAL`,
@@ -188,7 +193,8 @@ public final class RedisClient: Sendable {
     }
 
     /// A command without a key (`PING` for readiness, `SCRIPT`): the first master that answers, so one master
-    /// failing over does not make the whole cluster look down.
+    /// failing over does not make the whole cluster look down. A command that timed out may have run, and is sent
+    /// to the next master all the same: only for commands that may run twice (Herald sends no other).
     private func anyMaster(_ encoder: RESPEncoder, on route: RedisTopology.Route) async throws -> RedisValue {
         var lastError = RedisError(.unavailable, "CLUSTERDOWN no node serves any slot")
         for node in topology.masters(on: route) {
@@ -218,9 +224,18 @@ public final class RedisClient: Sendable {
         guard count > 0 else { return [] }
         var (replies, nodes) = try await sendByNode(Array(0..<count), slot: slot, isTransaction: isTransaction,
                                                     encode: encode)
-        // A transaction fails whole; other commands whose slot moved (or is moving) are sent again where the
-        // redirections say: those that moved together, as a pipeline again; those asked elsewhere one by one.
-        guard replies.contains(where: { RedisCluster.Redirect($0) != nil }), !isTransaction() else { return replies }
+        // A transaction fails whole, but its MOVED still says where the slot went; other commands whose slot moved
+        // (or is moving) are sent again where the redirections say: those that moved together, as a pipeline
+        // again; those asked elsewhere one by one.
+        guard replies.contains(where: { RedisCluster.Redirect($0) != nil }) else { return replies }
+        guard !isTransaction() else {
+            for (reply, node) in zip(replies, nodes) {
+                if case .moved(let slot, let address)? = RedisCluster.Redirect(reply, asked: node.address) {
+                    _ = try? topology.moved(slot: slot, to: address)
+                }
+            }
+            return replies
+        }
         for attempt in 0..<Self.maxRedirects - 1 {
             var moved: [Int] = []
             for index in replies.indices {

@@ -156,8 +156,40 @@ import Testing
     @Test func aPipelineWhoseSlotMovedIsSentAgainTogether() async throws {
         let client = try clusterClient()
         #expect(try await client.isCluster()) // the map as it is now
+        try await withAnEmptySlotMoved { tag, slot, target in
+            let keys = (0..<300).map { "\(tag):\($0)" }
+            let readsBefore = try await readsProcessed(by: target.port)
+            let replies = try await client.pipeline(keys.map { ["SET", $0, "v-" + $0, "EX", "60"] })
+            #expect(replies == Array(repeating: .status("OK"), count: keys.count))
+            let reads = try await readsProcessed(by: target.port) - readsBefore
+            #expect(reads < 60, "\(reads) reads on the new master for \(keys.count) redirected commands")
+            let stored = try await runTool(["redis-cli", "-p", String(target.port), "CLUSTER", "COUNTKEYSINSLOT", String(slot)])
+            #expect(stored.output.trimmingCharacters(in: .whitespacesAndNewlines) == "300")
+            try await client.pipeline(keys.map { ["DEL", $0] })
+        }
+        await client.close()
+    }
+
+    /// A transaction whose slot moved fails whole (`MOVED`, then `EXECABORT`), but its `MOVED` still updates the
+    /// map: the same transaction sent again goes to the new master. `multi` in any case is a transaction.
+    @Test func aTransactionWhoseSlotMovedTeachesTheMap() async throws {
+        let client = try clusterClient()
+        #expect(try await client.isCluster())
+        try await withAnEmptySlotMoved { tag, _, _ in
+            let transaction = [["multi"], ["SET", tag + ":t", "1", "EX", "60"], ["EXEC"]].map { $0.map { Array($0.utf8) } }
+            let first = try await client.pipeline(transaction)
+            #expect(first.last.map { if case .error = $0 { true } else { false } } == true, "\(first)")
+            let again = try await client.pipeline(transaction)
+            #expect(again.last == .array([.status("OK")]), "\(again)")
+            try await client.command(["DEL", tag + ":t"])
+        }
+        await client.close()
+    }
+
+    /// Moves a slot that holds no key (it can change hands without migrating any) from its master to another,
+    /// runs `body` with a hash tag of that slot, the slot and its new master, then moves it back.
+    private func withAnEmptySlotMoved(_ body: (String, Int, ClusterMaster) async throws -> Void) async throws {
         let masters = try await clusterMasters()
-        // A slot holding no key: it can change hands without migrating any.
         var found: (tag: String, slot: Int, source: ClusterMaster)?
         for _ in 0..<50 where found == nil {
             let tag = "{\(freshPrefix())}"
@@ -171,18 +203,8 @@ import Testing
         for master in [target] + masters.filter({ $0.id != target.id }) {
             _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", target.id)
         }
-        let keys = (0..<300).map { "\(tag):\($0)" }
-        let readsBefore = try await readsProcessed(by: target.port)
         var failure: (any Error)?
-        do {
-            let replies = try await client.pipeline(keys.map { ["SET", $0, "v-" + $0, "EX", "60"] })
-            #expect(replies == Array(repeating: .status("OK"), count: keys.count))
-            let reads = try await readsProcessed(by: target.port) - readsBefore
-            #expect(reads < 60, "\(reads) reads on the new master for \(keys.count) redirected commands")
-            let stored = try await runTool(["redis-cli", "-p", String(target.port), "CLUSTER", "COUNTKEYSINSLOT", String(slot)])
-            #expect(stored.output.trimmingCharacters(in: .whitespacesAndNewlines) == "300")
-            try await client.pipeline(keys.map { ["DEL", $0] })
-        } catch { failure = error }
+        do { try await body(tag, slot, target) } catch { failure = error }
         for master in [source] + masters.filter({ $0.id != source.id }) {
             _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", source.id)
         }
@@ -193,7 +215,6 @@ import Testing
             return true
         }
         if let failure { throw failure }
-        await client.close()
     }
 
     /// A slot map that no longer names a node drops it (a master rescheduled under a new address), so nodes and
