@@ -192,6 +192,16 @@ import Testing
         await client.close()
     }
 
+    /// A host name is looked up off the pool's worker (within the call's time) and connects as an address does.
+    @Test func aHostNameConnectsThroughTheResolver() async throws {
+        var configuration = try sharedRedisConfiguration(poolSize: 1)
+        configuration.host = "localhost"
+        configuration.seeds = [RedisAddress(host: "localhost", port: configuration.port)]
+        let client = RedisClient(configuration: configuration)
+        #expect(try await client.command(["PING"]) == .status("PONG"))
+        await client.close()
+    }
+
     @Test func closedClientRefusesCalls() async throws {
         let client = RedisClient(configuration: try sharedRedisConfiguration(poolSize: 2))
         #expect(try await client.command(["PING"]) == .status("PONG"))

@@ -1,5 +1,6 @@
 internal import CHiredis
 import Foundation
+import HeraldRuntime
 
 /// One pool connection, used as if blocking: opens a socket (with TLS, `AUTH` and `SELECT`), buffers encoded
 /// commands, writes them and reads replies with hiredis' reply parser, each wait bounded by a deadline; on any
@@ -38,11 +39,32 @@ final class RedisConnection {
         return false
     }
 
+    /// The host's addresses, within the deadline. A name is looked up on a thread of its own, as the loop
+    /// connections do: `getaddrinfo` cannot be cancelled, and a resolver that does not answer would otherwise hold
+    /// this worker (and every call queued for it) through glibc's retries, tens of seconds.
+    private func resolve() throws(RedisError) -> [SocketAddress] {
+        let (host, port) = (configuration.host, configuration.port)
+        if let numeric = SocketAddress.resolve(host, port: port, numericOnly: true) { return numeric }
+        let answer = Lock<[SocketAddress]?>(nil)
+        let answered = DispatchSemaphore(value: 0)
+        Thread.named("redis-resolve") {
+            let found = SocketAddress.resolve(host, port: port, numericOnly: false) ?? []
+            answer.withLock { $0 = found }
+            answered.signal()
+        }.start()
+        let left = max(0, (deadline - .now).inMilliseconds)
+        guard answered.wait(timeout: .now() + .milliseconds(Int(left))) == .success,
+              let found = answer.withLock({ $0 }) else {
+            throw RedisError(.connection, "connect to \(address): no answer from the name resolver in time")
+        }
+        return found
+    }
+
     /// Opens a new connection (dropping any previous one), secures it, and authenticates and selects the database.
     func connect(timeout: Duration) throws(RedisError) {
         disconnect()
         deadline = .now + timeout
-        let addresses = SocketAddress.resolve(configuration.host, port: configuration.port, numericOnly: false) ?? []
+        let addresses = try resolve()
         guard !addresses.isEmpty else { throw RedisError(.connection, "connect to \(address): unknown host") }
         var lastProblem = "no address"
         for candidate in addresses {
