@@ -53,6 +53,9 @@ public struct DispatcherConfiguration: Sendable {
     public var maxInFlightPushes = 2000
     /// Jobs started and not yet settled, across all partitions (more are not fetched meanwhile).
     public var maxInFlightJobs = 512
+    /// Jobs of one record key (one channel, post or device) started and not yet settled: past it that key's
+    /// partition pauses, so a busy key cannot fill `maxInFlightJobs` and hold up every other partition.
+    public var maxJobsPerKey = 8
     /// Subscriptions or registrations read from Redis per batch (HSCAN/ZSCAN `COUNT`).
     public var batchSize = 500
     /// `HERALD_MAX_JOB_BYTES`: a job record larger than this is dead-lettered (`invalid_job`) without being parsed.

@@ -26,6 +26,7 @@ struct DispatcherMetrics: Sendable {
     let offsetGaps: Counter
     let offsetsMissing: Gauge
     let rereads: Counter
+    let pausesForBusyKeys: Counter
 
     /// End-to-end buckets reach further than one request's: a job may wait behind others or for retries.
     static let endToEndBuckets: [Double] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -85,5 +86,8 @@ struct DispatcherMetrics: Sendable {
             .labels()
         rereads = registry.counter("herald_dispatcher_offset_rereads_total",
                                    help: "Seeks back to a partition's oldest missing offset to read it again").labels()
+        pausesForBusyKeys = registry.counter("herald_dispatcher_busy_key_pauses_total",
+                                             help: "Partitions paused because one record key had its most jobs under way")
+            .labels()
     }
 }

@@ -8,8 +8,10 @@ import HeraldRuntime
 ///
 /// Ordering: jobs with the same record key (one target: a channel, a post, a device) run one after another in
 /// offset order; jobs of other keys, in the same or another partition, run concurrently, up to
-/// `maxInFlightJobs`. A revoked partition's jobs are cancelled (their fan-out progress stays in Redis for the
-/// next owner); their offsets are not committed.
+/// `maxInFlightJobs`. A key with `maxJobsPerKey` jobs under way pauses its partition at its next record until
+/// half of them are done: a busy key (a hot channel whose fan-outs outlast the gaps between its events, a device
+/// whose pushes APNs throttles) holds up its own partition, never the others. A revoked partition's jobs are
+/// cancelled (their fan-out progress stays in Redis for the next owner); their offsets are not committed.
 ///
 /// With `fetchStallRecovery` configured, a stalled consumer (see `FetchWatchdog`) is replaced by one with a longer
 /// fetch wait, which leaves and rejoins the group; its partitions' unsettled jobs are handed back like on a
@@ -111,6 +113,7 @@ final class JobConsumer: Service {
 
     /// One poll: dispatches what arrived and says what comes next.
     private func fetchOnce(_ fetch: inout FetchState) async throws -> Phase {
+        try await resumeQuietKeys()
         let room = configuration.maxInFlightJobs - book.inFlight
         book.beginPoll()
         // Still full, the poll is for the group's sake (rebalances, membership) and asks for one record.
@@ -135,7 +138,7 @@ final class JobConsumer: Service {
             fetch.heldBack()
             return .full
         }
-        for record in records { dispatch(record) }
+        try await dispatchPausingBusyKeys(records)
         try await rereadMissing()
         if fetch.checkDue(now: .now), let recovery = fetch.recovery,
            let stalled = fetch.stalled(try await consumer.progress(), now: .now) {
@@ -171,6 +174,54 @@ final class JobConsumer: Service {
             logger.warning("cannot hand a record back while the dispatcher is full; running it over the limit",
                            ["error": "\(error)"])
             return false
+        }
+    }
+
+    /// Dispatches `records` in order, but from the first record whose key has `maxJobsPerKey` jobs under way, its
+    /// partition's records go back: the partition is moved back to that record and paused (`resumeQuietKeys`).
+    /// When the consumer refuses the seek, they run all the same, over the key's limit (logged).
+    private func dispatchPausingBusyKeys(_ records: [KafkaRecord]) async throws {
+        var held: [KafkaTopicPartition: [KafkaRecord]] = [:]
+        for record in records {
+            let partition = KafkaTopicPartition(topic: record.topic, partition: record.partition)
+            if held[partition] != nil || book.queuedJobs(ofKeyOf: record) >= configuration.maxJobsPerKey {
+                held[partition, default: []].append(record)
+            } else {
+                dispatch(record)
+            }
+        }
+        guard !held.isEmpty else { return }
+        let firsts = held.values.map { $0[0] }
+        do {
+            try await consumer.seek(firsts.map {
+                KafkaTopicPartitionOffset(topic: $0.topic, partition: $0.partition, offset: $0.offset)
+            })
+        } catch {
+            guard !error.isFatal else { throw error }
+            logger.warning("cannot pause a partition for its busy key; running its jobs over the key's limit",
+                           ["error": "\(error)"])
+            for record in held.values.joined() { dispatch(record) }
+            return
+        }
+        for first in firsts {
+            book.paused(KafkaTopicPartition(topic: first.topic, partition: first.partition), for: first.key ?? [])
+        }
+        do { try await consumer.pause(Array(held.keys)) } catch {
+            guard !error.isFatal else { throw error }
+            // Not paused, the partition is fetched again from the record and held back again: more fetches, no loss.
+            logger.warning("cannot pause a partition for its busy key", ["error": "\(error)"])
+        }
+        metrics.pausesForBusyKeys.increment(by: UInt64(held.count))
+    }
+
+    /// Resumes the partitions paused for a key that now has fewer than half of `maxJobsPerKey` jobs under way.
+    private func resumeQuietKeys() async throws {
+        let ready = book.resumable(below: max(1, configuration.maxJobsPerKey / 2))
+        guard !ready.isEmpty else { return }
+        do { try await consumer.resume(ready.map(\.partition)) } catch {
+            guard !error.isFatal else { throw error }
+            logger.warning("cannot resume a partition paused for a busy key; will retry", ["error": "\(error)"])
+            for (partition, key) in ready { book.paused(partition, for: key) }
         }
     }
 

@@ -9,6 +9,10 @@ final class PartitionBook: Sendable {
         /// The last job started per record key, which the next job of that key waits for.
         var tails: [[UInt8]: (offset: Int64, task: Task<Void, Never>)] = [:]
         var tasks: [Int64: Task<Void, Never>] = [:]
+        /// Jobs started and not finished, per record key (running, or waiting for the one before).
+        var queued: [[UInt8]: Int] = [:]
+        /// The key whose queue paused the partition (`JobConsumer`), until it is half as long.
+        var pausedFor: [UInt8]?
         /// When missing offsets are to be read again next, and the wait after that (doubling while they stay
         /// missing, so a record the broker keeps leaving out does not turn into a seek per poll).
         var rereadDue: ContinuousClock.Instant?
@@ -105,6 +109,7 @@ final class PartitionBook: Sendable {
             let key = record.key ?? []
             let task = make(track.generation, track.tails[key]?.task)
             track.tails[key] = (record.offset, task)
+            track.queued[key, default: 0] += 1
             track.tasks[record.offset] = task
             var gap: (from: Int64, count: Int64)?
             if case .startAfterGap(let from, let count) = admission {
@@ -150,9 +155,37 @@ final class PartitionBook: Sendable {
             if settled { track.offsets.settle(record.offset) }
             let key = record.key ?? []
             if track.tails[key]?.offset == record.offset { track.tails[key] = nil }
-            if track.tasks.removeValue(forKey: record.offset) != nil { s.inFlight -= 1 }
+            if track.tasks.removeValue(forKey: record.offset) != nil {
+                s.inFlight -= 1
+                track.queued[key] = track.queued[key].flatMap { $0 > 1 ? $0 - 1 : nil }
+            }
             s.tracks[partition] = track
             metrics.inFlightJobs.set(Int64(s.inFlight))
+        }
+    }
+
+    /// Jobs of `record`'s key in its partition started and not finished.
+    func queuedJobs(ofKeyOf record: KafkaRecord) -> Int {
+        let partition = KafkaTopicPartition(topic: record.topic, partition: record.partition)
+        return state.withLock { $0.tracks[partition]?.queued[record.key ?? []] ?? 0 }
+    }
+
+    /// Records that `partition` is paused for `key`'s queue.
+    func paused(_ partition: KafkaTopicPartition, for key: [UInt8]) {
+        state.withLock { $0.tracks[partition]?.pausedFor = key }
+    }
+
+    /// The paused partitions whose key has fewer than `below` jobs left, no longer marked paused (`paused(_:for:)`
+    /// again if resuming them fails).
+    func resumable(below: Int) -> [(partition: KafkaTopicPartition, key: [UInt8])] {
+        state.withLock { s in
+            var ready: [(partition: KafkaTopicPartition, key: [UInt8])] = []
+            for (partition, track) in s.tracks {
+                guard let key = track.pausedFor, track.queued[key] ?? 0 < below else { continue }
+                s.tracks[partition]?.pausedFor = nil
+                ready.append((partition, key))
+            }
+            return ready
         }
     }
 

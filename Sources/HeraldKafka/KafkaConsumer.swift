@@ -107,6 +107,31 @@ public final class KafkaConsumer: Sendable {
         }
     }
 
+    /// Stops fetching these assigned partitions until `resume`; their positions stay. A partition assigned anew
+    /// (after a rebalance) starts unpaused.
+    public func pause(_ partitions: [KafkaTopicPartition]) async throws(KafkaError) {
+        try await setPaused(partitions, true)
+    }
+
+    /// Fetches these paused partitions again, from their positions.
+    public func resume(_ partitions: [KafkaTopicPartition]) async throws(KafkaError) {
+        try await setPaused(partitions, false)
+    }
+
+    private func setPaused(_ partitions: [KafkaTopicPartition], _ paused: Bool) async throws(KafkaError) {
+        guard !partitions.isEmpty else { return }
+        let client = self.client
+        try await run { () throws(KafkaError) in
+            let list = RDKafkaTopicPartitionList(partitions.map {
+                KafkaTopicPartitionOffset(topic: $0.topic, partition: $0.partition, offset: 0)
+            })
+            let error = paused ? rd_kafka_pause_partitions(client.handle, list.pointer)
+                               : rd_kafka_resume_partitions(client.handle, list.pointer)
+            guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: paused ? "pause" : "resume") }
+            try list.checkErrors(paused ? "pause" : "resume")
+        }
+    }
+
     /// Commits these positions for the group and waits for the broker's answer (bounded by the request timeout).
     /// A position is the next offset to read: use `KafkaRecord.offsetToCommit` for a handled record.
     public func commit(_ offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {

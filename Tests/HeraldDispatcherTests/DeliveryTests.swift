@@ -590,6 +590,48 @@ struct DeliveryTests {
         await harness.stop()
     }
 
+    @Test("a busy key pauses its own partition at 8 jobs under way: another partition's job goes at once, and the busy key's jobs all arrive in order")
+    func aBusyKeyHoldsUpOnlyItsOwnPartition() async throws {
+        let harness = try await DispatcherHarness.start { $0.maxInFlightJobs = 16 }
+        let app = harness.apps.apps[0]
+        // The hot channel's first push takes 3 s to answer; its 20 jobs queue behind it on partition 0.
+        try harness.simulators.production.setRules([.delay(tokenPrefix: "b05e", milliseconds: 3_000, times: 1)])
+        let hot = "hot-\(SecureRandom.hex(4))", quiet = "quiet-\(SecureRandom.hex(4))"
+        try await harness.subscribe(app, channel: hot, token: deviceToken("b05e"))
+        let other = deviceToken()
+        try await harness.subscribe(app, channel: quiet, token: other)
+        for index in 0..<20 {
+            var job = PushJob(id: "hot-\(index)-\(SecureRandom.hex(4))", appId: app.id, target: .channel(hot))
+            job.alert = .object(["aps": .object(["alert": .string("\(index)")])])
+            try await harness.produce(job, partition: 0)
+        }
+        try await eventually("the hot channel's jobs are under way") {
+            harness.metric("herald_dispatcher_in_flight_jobs") ?? 0 >= 8
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        var most = harness.metric("herald_dispatcher_in_flight_jobs") ?? 0
+        var job = PushJob(id: "quiet-\(SecureRandom.hex(4))", appId: app.id, target: .channel(quiet))
+        job.alert = .object(["aps": .object(["alert": .string("quiet")])])
+        try await harness.produce(job, partition: 1)
+        let watched = ContinuousClock.now
+        while !harness.simulators.accepted().contains(where: { $0["token"]?.stringValue == other }),
+              ContinuousClock.now - watched < .seconds(20) {
+            most = max(most, harness.metric("herald_dispatcher_in_flight_jobs") ?? 0)
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(most <= 9, "the busy key held \(most) of 16 slots")
+        #expect(!harness.simulators.accepted().contains { $0["token"]?.stringValue != other },
+                "the quiet push went while the hot channel's first was still unanswered")
+        #expect(harness.metric("herald_dispatcher_busy_key_pauses_total") ?? 0 >= 1)
+        try await eventually("every hot job delivered", timeout: .seconds(30)) {
+            harness.simulators.accepted().count == 21
+        }
+        let order = harness.simulators.accepted().filter { $0["token"]?.stringValue != other }
+            .compactMap { $0[path: "payload", "aps", "alert"]?.stringValue }
+        #expect(order == (0..<20).map(String.init), "one key's jobs run in offset order across the pauses")
+        await harness.stop()
+    }
+
     @Test("with maxInFlightJobs running and APNs slow to answer, no job starts beyond the limit; every job is delivered once there is room")
     func inFlightJobsStayWithinTheLimit() async throws {
         let harness = try await DispatcherHarness.start { $0.maxInFlightJobs = 2 }

@@ -187,14 +187,16 @@ final class DispatcherHarness: Sendable {
         _ = try await activities.register(app: app.id, user: "default", input)
     }
 
-    /// Produces `job` signed with the deployment's secret, as ingest writes it.
-    func produce(_ job: PushJob) async throws {
-        try await produce(raw: job.encoded(), key: job.recordKey)
+    /// Produces `job` signed with the deployment's secret, as ingest writes it (to `partition`, or where its key
+    /// hashes).
+    func produce(_ job: PushJob, partition: Int32? = nil) async throws {
+        try await produce(raw: job.encoded(), key: job.recordKey, partition: partition)
     }
 
     /// Produces a record with `headers`, by default the deployment's signature of `raw`.
-    func produce(raw: [UInt8], key: String, headers: [(String, [UInt8])]? = nil) async throws {
-        _ = try await producer.send(topic: topics.jobs, key: key, value: raw, headers: headers ?? apps.signatureHeaders(raw))
+    func produce(raw: [UInt8], key: String, headers: [(String, [UInt8])]? = nil, partition: Int32? = nil) async throws {
+        _ = try await producer.send(topic: topics.jobs, key: key, value: raw, headers: headers ?? apps.signatureHeaders(raw),
+                                    partition: partition)
     }
 
     func produce(raw: String, key: String) async throws {

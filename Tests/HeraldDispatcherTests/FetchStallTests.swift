@@ -38,6 +38,8 @@ struct FetchStallTests {
     func skippedOffsetsAreReadAgain() async throws {
         let harness = try await DispatcherHarness.start { configuration in
             configuration.injectedOffsetGap = InjectedOffsetGap(every: 41)
+            // Four keys of 250 jobs: a pause for a busy key would read most gaps again before they were seen.
+            configuration.maxJobsPerKey = 1_000
         }
         let total = try await Self.produceJobsToEmptyChannels(harness, producers: 4, perProducer: 250, prefix: "gap")
         try await Self.waitUntilCommittedToTheEnd(harness, total: total, timeout: .seconds(60))
