@@ -47,7 +47,7 @@ struct SubscriptionsAPI: Sendable {
             let limit = try Self.pageLimit(request)
             let page = try await store.list(app: admission.app.id, deviceToken: token,
                                             after: try Self.cursor(request), limit: limit)
-            return .json(bytes: Self.json(list: page.subscriptions, nextCursor: page.next.map(Self.cursor(after:))))
+            return .json(bytes: Self.json(list: page.subscriptions, after: page.next))
         })
         router.delete(path, body: .json, gate.endpoint(.device, device: Self.bodyDevice) { request, admission in
             let removal = try SubscriptionRemoval(try request.jsonBody())
@@ -147,14 +147,28 @@ struct SubscriptionsAPI: Sendable {
         return out
     }
 
-    static func json(list subscriptions: [Subscription], nextCursor: String?) -> [UInt8] {
+    /// A page's answer holds at most about this many bytes: an answer its client does not read stays in memory
+    /// until the connection times out, so with `maxPageLimit` subscriptions of 4 KiB metadata each (2 MB) a
+    /// thousand such connections would take gigabytes.
+    static let maxPageBytes = 128 * 1024
+
+    /// The page's answer, its `nextCursor` after `next` (the id of the last subscription read), or after the last
+    /// subscription it holds when the page stopped early at `maxPageBytes`.
+    static func json(list subscriptions: [Subscription], after next: String?) -> [UInt8] {
         var out = Array(#"{"subscriptions":["#.utf8)
+        var cursorID = next
         for (index, subscription) in subscriptions.enumerated() {
-            if index > 0 { out.append(UInt8(ascii: ",")) }
+            if index > 0 {
+                guard out.count < maxPageBytes else {
+                    cursorID = subscriptions[index - 1].id
+                    break
+                }
+                out.append(UInt8(ascii: ","))
+            }
             json(subscription, into: &out)
         }
         out += "]".utf8
-        if let nextCursor {
+        if let nextCursor = cursorID.map(cursor(after:)) {
             out += #","nextCursor":"#.utf8
             JSONValue.appendQuoted(nextCursor, to: &out)
         }

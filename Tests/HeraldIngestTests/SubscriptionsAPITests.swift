@@ -487,12 +487,14 @@ import Testing
             cursor = body["nextCursor"] as? String
             largest = max(largest, page.body.count)
             pages += 1
-        } while cursor != nil && pages < 10
-        #expect(pages == 5 && seen.count == 500)
-        #expect(largest < 100 * 2400, "a page is at most 100 subscriptions: \(largest) bytes")
+        } while cursor != nil && pages < 20
+        // 100 of these (2.3 KB each) would pass 128 KiB: each page stops there, and its cursor goes on from it.
+        #expect(pages > 5 && seen.count == 500, "\(pages) pages, \(seen.count) subscriptions")
+        #expect(largest < 128 * 1024 + 2400, "a page stops at 128 KiB: \(largest) bytes")
         let wide = try await ingest.request("GET", path + "?deviceToken=\(device)&limit=500", key: key)
         let wideBody = try wide.json()
-        #expect((wideBody["subscriptions"] as? [Any])?.count == 500 && wideBody["nextCursor"] == nil)
+        let wideCount = (wideBody["subscriptions"] as? [Any])?.count ?? 0
+        #expect(wideCount > 50 && wideCount < 500 && wideBody["nextCursor"] != nil, "\(wideCount)")
         for bad in ["limit=0", "limit=501", "limit=ten", "cursor=%21%21"] {
             let answer = try await ingest.request("GET", path + "?deviceToken=\(device)&\(bad)", key: key)
             #expect(answer.status == 400, "\(bad): \(answer.text)")
