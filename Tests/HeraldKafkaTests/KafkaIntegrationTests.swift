@@ -117,6 +117,39 @@ struct KafkaIntegrationTests {
         #expect(all.last == .revoked(assigned), "closing gives the partitions back")
     }
 
+    /// librdkafka keeps a pause the application asked for across a revocation; the member that gets the partition
+    /// again knows nothing of it (the dispatcher forgets a revoked partition), so it must come back unpaused.
+    @Test func aPausedPartitionAssignedAgainIsFetched() async throws {
+        let topic = try await makeTopic("paused", partitions: 2)
+        let group = uniqueName("paused")
+        let events = Collector<KafkaRebalanceEvent>()
+        let first = try makeConsumer(group: group) { events.append($0) }
+        try await first.subscribe(topics: [topic])
+        @Sendable func holdsBoth() -> Bool {
+            if case .assigned(let partitions)? = events.all.last { return partitions.count == 2 }
+            return false
+        }
+        _ = try await pollUntil(first) { _ in holdsBoth() }
+        try #require(holdsBoth())
+        try await first.pause([KafkaTopicPartition(topic: topic, partition: 0)])
+        // A second member joins (the partitions are shared out again), then leaves (both come back to the first).
+        let second = try makeConsumer(group: group)
+        try await second.subscribe(topics: [topic])
+        let seen = events.all.count
+        async let joined = pollUntil(second, deadline: .seconds(20)) { _ in events.all.count >= seen + 2 }
+        _ = try await pollUntil(first, deadline: .seconds(20)) { _ in events.all.count >= seen + 2 }
+        _ = try await joined
+        try await second.close()
+        _ = try await pollUntil(first) { _ in events.all.count > seen + 2 && holdsBoth() }
+        try #require(holdsBoth(), "\(events.all)")
+        let producer = try makeProducer()
+        _ = try await producer.send(topic: topic, key: nil, value: Array("after".utf8), partition: 0)
+        await producer.close()
+        let read = try await pollUntil(first, deadline: .seconds(20)) { !$0.isEmpty }
+        try await first.close()
+        #expect(read.map(\.partition) == [0], "the paused partition, assigned again, is fetched")
+    }
+
     @Test func adminCreatesListsAndToleratesExistingTopics() async throws {
         let admin = try KafkaAdmin(configuration: KafkaConfiguration(brokers: try testBrokers()), logger: testLogger)
         let topic = uniqueName("admin")

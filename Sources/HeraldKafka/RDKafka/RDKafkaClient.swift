@@ -231,6 +231,9 @@ private func rdkafkaRebalance(_ handle: OpaquePointer?, _ error: rd_kafka_resp_e
             let code = rd_kafka_assign(handle, partitions)
             if code != RD_KAFKA_RESP_ERR_NO_ERROR { failure = KafkaError(code) }
         }
+        // librdkafka keeps a pause the application asked for across a revocation: a partition assigned anew starts
+        // unpaused, as its owner's bookkeeping (which forgot it when it was revoked) expects.
+        if let partitions { _ = rd_kafka_resume_partitions(handle, partitions) }
         context.onRebalance?(.assigned(changed))
     case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
         context.onRebalance?(.revoked(changed))
