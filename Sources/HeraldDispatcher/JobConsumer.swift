@@ -9,7 +9,7 @@ import HeraldRuntime
 /// Ordering: jobs with the same record key (one target: a channel, a post, a device) run one after another in
 /// offset order; jobs of other keys, in the same or another partition, run concurrently, up to
 /// `maxInFlightJobs`. A key with `maxJobsPerKey` jobs under way pauses its partition at its next record until
-/// half of them are done: a busy key (a hot channel whose fan-outs outlast the gaps between its events, a device
+/// fewer than half of them are left: a busy key (a hot channel whose fan-outs outlast the gaps between its events, a device
 /// whose pushes APNs throttles) holds up its own partition, never the others. A revoked partition's jobs are
 /// cancelled (their fan-out progress stays in Redis for the next owner); their offsets are not committed.
 ///
@@ -140,9 +140,13 @@ final class JobConsumer: Service {
         }
         try await dispatchPausingBusyKeys(records)
         try await rereadMissing()
-        if fetch.checkDue(now: .now), let recovery = fetch.recovery,
-           let stalled = fetch.stalled(try await consumer.progress(), now: .now) {
-            return .replacing(stalled: stalled, fetchWait: recovery.replacementFetchWait(after: fetch.wait))
+        if fetch.checkDue(now: .now), let recovery = fetch.recovery {
+            // A partition paused for a busy key does not move on purpose: it is no stall.
+            let paused = book.pausedPartitions()
+            let progress = try await consumer.progress().filter { !paused.contains($0.partition) }
+            if let stalled = fetch.stalled(progress, now: .now) {
+                return .replacing(stalled: stalled, fetchWait: recovery.replacementFetchWait(after: fetch.wait))
+            }
         }
         return book.inFlight >= configuration.maxInFlightJobs ? .full : .fetching
     }

@@ -11,7 +11,7 @@ final class PartitionBook: Sendable {
         var tasks: [Int64: Task<Void, Never>] = [:]
         /// Jobs started and not finished, per record key (running, or waiting for the one before).
         var queued: [[UInt8]: Int] = [:]
-        /// The key whose queue paused the partition (`JobConsumer`), until it is half as long.
+        /// The key whose queue paused the partition (`JobConsumer`), until fewer than half of its jobs are left.
         var pausedFor: [UInt8]?
         /// When missing offsets are to be read again next, and the wait after that (doubling while they stay
         /// missing, so a record the broker keeps leaving out does not turn into a seek per poll).
@@ -173,6 +173,11 @@ final class PartitionBook: Sendable {
     /// Records that `partition` is paused for `key`'s queue.
     func paused(_ partition: KafkaTopicPartition, for key: [UInt8]) {
         state.withLock { $0.tracks[partition]?.pausedFor = key }
+    }
+
+    /// The partitions paused for a busy key.
+    func pausedPartitions() -> Set<KafkaTopicPartition> {
+        state.withLock { s in Set(s.tracks.compactMap { $0.value.pausedFor == nil ? nil : $0.key }) }
     }
 
     /// The paused partitions whose key has fewer than `below` jobs left, no longer marked paused (`paused(_:for:)`
