@@ -43,6 +43,8 @@ public struct RateLimiter: Sendable {
         public var number: Int
         /// Where a cluster counts the ceiling.
         let tally: CeilingTally
+        /// `counter` is a public key's app-wide ceiling itself (`ceilingWindow`): a cluster counts it in `tally`.
+        var isCeiling = false
         /// The counters' lifetime: a little longer than the window, so they outlive it on any clock.
         public var ttlSeconds: Int
         /// Seconds from now until the window ends.
@@ -174,6 +176,7 @@ public struct RateLimiter: Sendable {
         var shared = window(for: key, device: "-", app: app, now: now)
         shared.counter = shared.ceiling!
         shared.ceiling = nil
+        shared.isCeiling = true
         return shared
     }
 
@@ -185,6 +188,12 @@ public struct RateLimiter: Sendable {
 
     /// Counts one request in `window`; returns the counters' values after it (`ceiling` 0 when not counted).
     static func count(_ window: Window, on redis: RedisClient) async throws -> (count: Int64, ceiling: Int64) {
+        if window.isCeiling, try await redis.isCluster() {
+            // Every device's read would be a call to the one node holding the ceiling: counted here instead.
+            let count = await window.tally.claim(window.counter, window: window.number, ttlSeconds: window.ttlSeconds,
+                                                 redis: redis)
+            return (count ?? Int64(window.counter.limit) + 1, 0)
+        }
         guard window.ceiling != nil, try await redis.isCluster() else { return try await countInRedis(window, on: redis) }
         guard let ceiling = await window.claimCeiling(on: redis) else { return window.ceilingRefusal }
         do {
