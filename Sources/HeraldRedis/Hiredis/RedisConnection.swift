@@ -15,6 +15,8 @@ final class RedisConnection {
     private var output: [UInt8] = []
     /// When the current wait (connect, or the batch's replies) gives up.
     private var deadline = ContinuousClock.now
+    /// A host name lookup under way (`resolve`).
+    private var lookup: NameLookup?
     private let input = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 1)
 
     init(configuration: RedisConfiguration) {
@@ -45,19 +47,15 @@ final class RedisConnection {
     private func resolve() throws(RedisError) -> [SocketAddress] {
         let (host, port) = (configuration.host, configuration.port)
         if let numeric = SocketAddress.resolve(host, port: port, numericOnly: true) { return numeric }
-        let answer = Lock<[SocketAddress]?>(nil)
-        let answered = DispatchSemaphore(value: 0)
-        Thread.named("redis-resolve") {
-            let found = SocketAddress.resolve(host, port: port, numericOnly: false) ?? []
-            answer.withLock { $0 = found }
-            answered.signal()
-        }.start()
+        // A lookup the last connect gave up on is waited for again: one thread per connection, not per attempt.
+        let lookup = self.lookup ?? NameLookup(host: host, port: port)
+        self.lookup = lookup
         let left = max(0, (deadline - .now).inMilliseconds)
-        guard answered.wait(timeout: .now() + .milliseconds(Int(left))) == .success,
-              let found = answer.withLock({ $0 }) else {
+        guard lookup.answered.wait(timeout: .now() + .milliseconds(Int(left))) == .success else {
             throw RedisError(.connection, "connect to \(address): no answer from the name resolver in time")
         }
-        return found
+        self.lookup = nil
+        return lookup.addresses.withLock { $0 }
     }
 
     /// Opens a new connection (dropping any previous one), secures it, and authenticates and selects the database.
@@ -268,5 +266,20 @@ extension RedisConfiguration {
     func handshakeError(replyAt index: Int, _ message: String) -> RedisError {
         let isAuth = index == 0 && password != nil
         return RedisError(isAuth ? .authentication : .server, "\(isAuth ? "AUTH" : "SELECT"): \(message)")
+    }
+}
+
+/// `getaddrinfo` of a host name on a thread of its own: it cannot be cancelled, so a caller waits for `answered`
+/// as long as it may, and may wait again later.
+private final class NameLookup: Sendable {
+    let answered = DispatchSemaphore(value: 0)
+    let addresses = Lock<[SocketAddress]>([])
+
+    init(host: String, port: Int) {
+        Thread.named("redis-resolve") { [addresses, answered] in
+            let found = SocketAddress.resolve(host, port: port, numericOnly: false) ?? []
+            addresses.withLock { $0 = found }
+            answered.signal()
+        }.start()
     }
 }
