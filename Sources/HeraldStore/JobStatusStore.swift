@@ -172,7 +172,8 @@ public struct JobStatusStore: Sendable {
 
     /// Counts `pushes` not yet marked in the progress record (marking them there, kept `progressTTL`; nil keeps no
     /// marks) plus `tally`, counted elsewhere; with `finish`, ends the job — unless it has ended already, in which
-    /// case nothing is written — and replaces its progress record with a `done` mark kept an hour.
+    /// case nothing is written — and replaces its progress record with a `done` mark kept an hour (without marks,
+    /// keeps what the record holds, a post's broadcast marks, an hour).
     /// `owner`: the run that writes, as it named itself in `started` ("" for a job that did not).
     public func settled(app: String, jobID: String, progressKey: String, progressTTL: Duration?, pushes: [SettledPush],
                         tally: JobStatus.Counts = .init(), finish: Finish? = nil, owner: String = "") async throws {
@@ -263,6 +264,9 @@ public struct JobStatusStore: Sendable {
           if marking then
             redis.call('DEL', progress)
             redis.call('HSET', progress, 'done', '1')
+            redis.call('EXPIRE', progress, 3600)
+          else
+            -- A job without marks may still have its broadcasts' (`b:`): kept the same hour, not the whole TTL.
             redis.call('EXPIRE', progress, 3600)
           end
         end

@@ -212,6 +212,12 @@ struct DeliveryTests {
         }
         let record = try #require(try await readTopic(harness.topics.jobs, brokers: harness.topics.brokers, expecting: 2,
                                                       timeout: .seconds(20)).last)
+        // The job keeps no marks of its pushes: its broadcast's mark is kept an hour after it settled, not a day.
+        let progress = RedisKeys(app: app.id).fanOut(group: harness.topics.group, topic: record.topic,
+                                                    partition: record.partition, offset: record.offset)
+        try await eventually("the settled job's broadcast mark kept an hour") {
+            (1...3_600).contains(try await harness.redis.command(["TTL", progress]).int ?? 0)
+        }
         #expect(await harness.service.runner.run(record))
         // The one token's push went again: a job this small keeps no marks of its pushes (at least once).
         #expect(harness.simulators.accepted().count == 2)
