@@ -86,8 +86,8 @@ struct DispatcherMetrics: Sendable {
             .labels()
         rereads = registry.counter("herald_dispatcher_offset_rereads_total",
                                    help: "Seeks back to a partition's oldest missing offset to read it again").labels()
-        pausesForBusyKeys = registry.counter("herald_dispatcher_busy_key_pauses_total",
-                                             help: "Partitions paused because one record key had its most jobs under way")
-            .labels()
+        pausesForBusyKeys = registry.counter(
+            "herald_dispatcher_busy_key_pauses_total",
+            help: "Partitions paused because one record key had its most jobs under way").labels()
     }
 }

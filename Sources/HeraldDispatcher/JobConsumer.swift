@@ -9,8 +9,8 @@ import HeraldRuntime
 /// Ordering: jobs with the same record key (one target: a channel, a post, a device) run one after another in
 /// offset order; jobs of other keys, in the same or another partition, run concurrently, up to
 /// `maxInFlightJobs`. A key with `maxJobsPerKey` jobs under way pauses its partition at its next record until
-/// fewer than half of them are left: a busy key (a hot channel whose fan-outs outlast the gaps between its events, a device
-/// whose pushes APNs throttles) holds up its own partition, never the others. A revoked partition's jobs are
+/// fewer than half of them are left: a busy key (a hot channel whose fan-outs outlast the gaps between its events,
+/// a device whose pushes APNs throttles) holds up its own partition, never the others. A revoked partition's jobs are
 /// cancelled (their fan-out progress stays in Redis for the next owner); their offsets are not committed.
 ///
 /// With `fetchStallRecovery` configured, a stalled consumer (see `FetchWatchdog`) is replaced by one with a longer

@@ -135,7 +135,8 @@ struct Gatekeeper: Sendable {
         let window = audience == .everyDevice && principal.isSharedByDevices
             ? limiter.ceilingWindow(for: principal.rateLimitKey, app: app.id)
             : limiter.window(for: principal.rateLimitKey,
-                             device: Self.rateLimitDevice(principal, principal.isSharedByDevices ? device(request) : nil),
+                             device: Self.rateLimitDevice(principal,
+                                                          principal.isSharedByDevices ? device(request) : nil),
                              app: app.id)
         let decision = try await Failures.mapping(logger) { try await limiter.hit(window) }
         guard decision.allowed else { throw refusal(decision) }

@@ -127,7 +127,9 @@ public final class KafkaConsumer: Sendable {
             })
             let error = paused ? rd_kafka_pause_partitions(client.handle, list.pointer)
                                : rd_kafka_resume_partitions(client.handle, list.pointer)
-            guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: paused ? "pause" : "resume") }
+            guard error == RD_KAFKA_RESP_ERR_NO_ERROR else {
+                throw KafkaError(error, message: paused ? "pause" : "resume")
+            }
             try list.checkErrors(paused ? "pause" : "resume")
         }
     }

@@ -61,7 +61,8 @@ public struct KafkaSecurity: Sendable, Hashable {
         // A send answers once its delivery report comes, within the message timeout: without a report for each
         // record, or with no timeout, a send would wait for ever.
         for name in ["enable.auto.commit", "enable.auto.offset.store", "enable.idempotence", "acks",
-                     "request.required.acks", "delivery.report.only.error", "message.timeout.ms", "delivery.timeout.ms"] {
+                     "request.required.acks", "delivery.report.only.error", "message.timeout.ms",
+                     "delivery.timeout.ms"] {
             reserved[name] = "Herald sets it for at-least-once delivery"
         }
         for (name, variable) in [("group.id", "HERALD_CONSUMER_GROUP"), ("group.instance.id", "HERALD_CONSUMER_INSTANCE_ID"),
