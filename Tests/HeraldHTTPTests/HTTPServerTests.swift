@@ -432,10 +432,18 @@ struct HTTPServerTests {
                     }
                     _ = try client.request("GET", "/v1/apps/a/subscriptions")
                 }
-                return try RawHTTPClient(port: port).request("GET", "/metrics")
+                // A request is counted once its answer is written, so its client can read the answer first.
+                let deadline = ContinuousClock.now + .seconds(5)
+                var text = ""
+                repeat {
+                    text = try RawHTTPClient(port: port).request("GET", "/metrics").text
+                } while !text.contains(#"herald_http_request_duration_seconds_count{route="/v1/apps/{appID}/subscriptions"} 16"#)
+                    && ContinuousClock.now < deadline
+                return text
             }
-            let text = exposition.text
+            let text = exposition
             #expect(text.contains(#"herald_http_requests_total{route="/v1/apps/{appID}/subscriptions",method="POST",status="201"} 12"#))
+            #expect(text.contains(#"herald_http_requests_total{route="/v1/apps/{appID}/subscriptions",method="GET",status="405"} 4"#))
             #expect(text.contains(#"herald_http_request_duration_seconds_count{route="/v1/apps/{appID}/subscriptions"} 16"#))
         }
     }

@@ -138,7 +138,7 @@ import Testing
         _ = try await clusterAdmin(target.port, "MIGRATE", "127.0.0.1", String(source.port), key, "0", "5000")
         for master in masters { _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", source.id) }
         // Until every node agrees again, the next test could meet the slot half moved.
-        try await eventually("every node names the slot's master again", timeout: .seconds(10)) {
+        try await eventually("every node names the slot's master again", timeout: .seconds(30)) {
             for port in try await clusterNodePorts() {
                 let owner = try await clusterMasters(asSeenBy: port).first { $0.serves(slot) }
                 guard owner?.id == source.id else { return false }
@@ -208,7 +208,7 @@ import Testing
         for master in [source] + masters.filter({ $0.id != source.id }) {
             _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", source.id)
         }
-        try await eventually("every node names the slot's master again", timeout: .seconds(10)) {
+        try await eventually("every node names the slot's master again", timeout: .seconds(30)) {
             for port in try await clusterNodePorts() {
                 guard try await clusterMasters(asSeenBy: port).first(where: { $0.serves(slot) })?.id == source.id else { return false }
             }
