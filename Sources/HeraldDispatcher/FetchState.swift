@@ -1,0 +1,64 @@
+import HeraldKafka
+import HeraldRuntime
+
+/// The fetch loop's own state: the fetch wait of the consumer in use, what it received, and, with stall
+/// recovery configured, the watchdog's readings (taken once a second).
+struct FetchState {
+    let recovery: FetchStallRecovery?
+    private(set) var wait: Duration
+    private(set) var receivedByConsumer = 0
+    private var watchdog: FetchWatchdog?
+    private var nextCheck = ContinuousClock.now + .seconds(1)
+
+    init(configuration: DispatcherConfiguration) {
+        recovery = configuration.fetchStallRecovery
+        wait = configuration.fetchMaxWait
+        watchdog = recovery.map { FetchWatchdog(stallTimeout: $0.stallTimeout) }
+    }
+
+    mutating func received(_ count: Int) {
+        guard count > 0 else { return }
+        receivedByConsumer += count
+        watchdog?.recordsArrived()
+    }
+
+    /// The fetch loop holds positions back while full: they did not move because it did not take records, so
+    /// the watchdog starts its readings again.
+    mutating func heldBack() { watchdog?.forgetReadings() }
+
+    /// True once a second when stall recovery is on.
+    mutating func checkDue(now: ContinuousClock.Instant) -> Bool {
+        guard watchdog != nil, now >= nextCheck else { return false }
+        nextCheck = now + .seconds(1)
+        return true
+    }
+
+    /// The stalled partitions when the consumer must be replaced (empty when a replacement received nothing
+    /// yet), nil when it need not.
+    mutating func stalled(_ progress: [KafkaPartitionProgress], now: ContinuousClock.Instant) -> [KafkaPartitionProgress]? {
+        guard var watchdog else { return nil }
+        defer { self.watchdog = watchdog }
+        let stalled = watchdog.stalled(progress, now: now)
+        return !stalled.isEmpty || watchdog.silentSinceReplacement(progress, now: now) ? stalled : nil
+    }
+
+    /// Records a test's injected gap left out already: each only once, so reading it again finds it.
+    private var leftOut: Set<KafkaTopicPartitionOffset> = []
+
+    /// Leaves out, once each, records at offsets that are multiples of `gap.every` when a later record of the same
+    /// partition is in the same answer: a gap in the middle of a fetch, as Tansu leaves now and then.
+    mutating func leaveOut(_ gap: InjectedOffsetGap, from records: [KafkaRecord]) -> [KafkaRecord] {
+        let last = Dictionary(records.map { ($0.partition, $0.offset) }, uniquingKeysWith: max)
+        return records.filter { record in
+            guard record.offset > 0, record.offset % gap.every == 0, record.offset < last[record.partition]! else { return true }
+            let position = KafkaTopicPartitionOffset(topic: record.topic, partition: record.partition, offset: record.offset)
+            return !leftOut.insert(position).inserted
+        }
+    }
+
+    mutating func replaced(fetchWait: Duration, at now: ContinuousClock.Instant) {
+        wait = fetchWait
+        receivedByConsumer = 0
+        watchdog?.replaced(at: now)
+    }
+}
