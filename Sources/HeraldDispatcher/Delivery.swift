@@ -101,7 +101,8 @@ struct Deliverer: Sendable {
         return await withTaskGroup(of: Bool.self) { group -> Bool in
             for (push, outcome) in unsettled {
                 group.addTask {
-                    if let settled = await settle(push, outcome, attempt: 1, first: first, last: last, context: context) {
+                    if let settled = await settle(push, outcome, attempt: 1, first: first, sent: first, last: last,
+                                                  context: context) {
                         return settled
                     }
                     return await attempt(push, context: context, holding: false, after: 1, first: first)
@@ -151,16 +152,17 @@ struct Deliverer: Sendable {
             holding = false
             let last = Date()
             if Task.isCancelled { return false }
-            if let settled = await settle(push, outcome, attempt: attempt, first: first ?? now, last: last,
+            if let settled = await settle(push, outcome, attempt: attempt, first: first ?? now, sent: now, last: last,
                                           context: context) {
                 return settled
             }
         }
     }
 
-    /// Acts on one attempt's outcome: true when the push is settled (delivered, token removed, dead-lettered),
-    /// false when cancelled, nil when it is to be sent again (the backoff has been waited).
-    private func settle(_ push: Push, _ outcome: Outcome, attempt: Int, first: Date, last: Date,
+    /// Acts on one attempt's outcome (the attempt `sent` then and answered at `last`): true when the push is
+    /// settled (delivered, token removed, dead-lettered), false when cancelled, nil when it is to be sent again
+    /// (the backoff has been waited).
+    private func settle(_ push: Push, _ outcome: Outcome, attempt: Int, first: Date, sent: Date, last: Date,
                         context: JobContext) async -> Bool? {
         var failure = DeliveryFailure(status: nil, apnsReason: nil, error: nil, attempts: attempt,
                                               firstAttemptAt: first, lastAttemptAt: last)
@@ -173,9 +175,10 @@ struct Deliverer: Sendable {
                 if let created = context.plan.createdAt { metrics.endToEnd.observe(last.timeIntervalSince(created)) }
                 return true
             case .removeToken:
-                // 410 carries when the token stopped being valid: keep what was (re-)registered after it.
-                guard await removeToken(push, app: context.plan.app.id,
-                                        keepAfter: response.status == 410 ? response.timestamp : nil) else { return false }
+                // Keep what was (re-)registered after the token stopped being valid: a 410's timestamp says
+                // when; otherwise the push was refused as sent, so a registration made since is kept.
+                let keepAfter = response.status == 410 ? response.timestamp ?? sent : sent
+                guard await removeToken(push, app: context.plan.app.id, keepAfter: keepAfter) else { return false }
                 await context.settled.record([SettledPush(token: push.token, outcome: .tokenRemoved, retries: attempt - 1)])
                 return true
             case .retry, .refreshProviderToken:
@@ -225,7 +228,7 @@ struct Deliverer: Sendable {
     /// Removes every subscription and registration of the token in the app (except those renewed after
     /// `keepAfter`), retrying while Redis fails; after `StoreRefusal.tries` answers about the data in a row the
     /// token is left (its next push is refused the same way and tries again) rather than holding the job.
-    private func removeToken(_ push: Push, app: String, keepAfter: Date?) async -> Bool {
+    private func removeToken(_ push: Push, app: String, keepAfter: Date) async -> Bool {
         var refusals = 0
         while !Task.isCancelled {
             do {

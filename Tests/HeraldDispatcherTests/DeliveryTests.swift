@@ -257,6 +257,34 @@ struct DeliveryTests {
         await harness.stop()
     }
 
+    @Test("400 BadDeviceToken removes the token's subscriptions made before the push went, not one renewed while it was answered")
+    func badTokenKeepsWhatWasRenewedAfterThePushWent() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let channel = "news-\(SecureRandom.hex(4))"
+        let bad = deviceToken("bad03")
+        try await harness.subscribe(app, channel: channel, token: bad)
+        try await harness.subscribe(app, channel: "other-\(channel)", token: bad)
+        try harness.simulators.production.setRules([
+            SimulatorRule(tokenPrefix: "bad03", status: 400, reason: "BadDeviceToken", delayMilliseconds: 1500),
+        ])
+        var job = PushJob(id: "d-\(SecureRandom.hex(4))", appId: app.id,
+                          target: .device(bad, tokenType: .alert, environment: .production))
+        job.payload = .object(["aps": .object(["alert": .string("hello")])])
+        try await harness.produce(job)
+        try await eventually("the push is waiting for its answer") {
+            harness.metric("herald_dispatcher_in_flight_pushes") == 1
+        }
+        // The device subscribes again while APNs has not answered yet.
+        try await Task.sleep(for: .milliseconds(20))
+        try await harness.subscribe(app, channel: channel, token: bad)
+        try await eventually("the job is settled") { harness.metric("herald_dispatcher_jobs_completed_total") == 1 }
+        let left = try await harness.subscriptions.list(app: app.id, deviceToken: bad).subscriptions
+        #expect(left.map(\.channel) == [channel])
+        #expect(harness.metric("herald_dispatcher_tokens_removed_total", labels: ["kind": "subscription"]) == 1)
+        await harness.stop()
+    }
+
     @Test("a token failing with 503 twice is delivered on the third attempt; one failing always is dead-lettered")
     func retries() async throws {
         let harness = try await DispatcherHarness.start(maxAttempts: 3)
