@@ -29,6 +29,8 @@ public final class APNsProviderTokenCache: Sendable {
         }
     }
 
+    /// APNs refuses a token an hour old; a kept token is replaced a few minutes before.
+    private static let maximumAge: TimeInterval = 55 * 60
     private let tokens = Lock<[Key: Token]>([:])
     private let window: TimeInterval
     private let minimumInterval: TimeInterval
@@ -36,7 +38,7 @@ public final class APNsProviderTokenCache: Sendable {
     private let signed: Counter
 
     /// - Parameters:
-    ///   - window: how long one token is used; between `minimumInterval` and 58 minutes (a token is at most a
+    ///   - window: how long one token is used; between `minimumInterval` and 58 minutes (a window's token is at most a
     ///     window and a minute old).
     ///   - now: the wall clock (injectable for tests).
     ///   - metrics: counts each signed token in `herald_apns_provider_token_refreshes_total`.
@@ -49,16 +51,21 @@ public final class APNsProviderTokenCache: Sendable {
                                  help: "APNs provider tokens (JWTs) signed").labels()
     }
 
-    /// The current window's token for `credentials` (a token re-signed after a rejection is kept until it is
-    /// `minimumInterval` old, even into the next window).
+    /// The current window's token for `credentials`. A token re-signed after a rejection (issued inside a window)
+    /// is kept, even into later windows, until a window starts `minimumInterval` after it: APNs compares issue
+    /// times, so a window's token issued sooner after it would be one update too many. It is replaced anyway
+    /// once it is `maximumAge` old, short of the hour after which APNs refuses it.
     public func token(for credentials: APNsCredentials) throws(APNsError) -> Token {
         let key = Key(credentials)
         let now = now()
         let windowStart = ((now.timeIntervalSince1970 - 60) / window).rounded(.down) * window
         return try tokens.withLock { (all: inout [Key: Token]) throws(APNsError) -> Token in
-            if let current = all[key], current.issuedAt.timeIntervalSince1970 >= windowStart
-                || now.timeIntervalSince(current.issuedAt) < minimumInterval {
-                return current
+            if let current = all[key] {
+                let issued = current.issuedAt.timeIntervalSince1970
+                if issued >= windowStart { return current }
+                if windowStart - issued < minimumInterval, now.timeIntervalSince1970 - issued < Self.maximumAge {
+                    return current
+                }
             }
             let fresh = try sign(credentials, issuedAt: windowStart)
             all[key] = fresh

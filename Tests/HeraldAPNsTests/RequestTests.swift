@@ -251,11 +251,36 @@ import Testing
         // A second request rejected with the old token gets the new one, without another signature.
         #expect(try cache.token(afterRejecting: first, for: Fixtures.credentials) == second)
         #expect(try cache.token(for: Fixtures.credentials) == second)
-        // Kept into the next window until it is 20 minutes old: a sooner change would be one update too many.
-        clock.advance(by: 19 * 60)
+        // Issued 22 minutes into its window: the next window starts 8 minutes after it, so the token is kept
+        // through that window (APNs compares issue times: a token issued sooner after it would be one update too
+        // many) and replaced by the one after's.
+        clock.advance(by: 19 * 60 + 60)
+        #expect(try cache.token(for: Fixtures.credentials) == second)
+        clock.advance(by: 18 * 60)
         #expect(try cache.token(for: Fixtures.credentials) == second)
         clock.advance(by: 60)
-        #expect(try cache.token(for: Fixtures.credentials).issuedAt == Date(timeIntervalSince1970: 1_800_001_800))
+        #expect(try cache.token(for: Fixtures.credentials).issuedAt == Date(timeIntervalSince1970: 1_800_003_600))
+    }
+
+    /// APNs refuses a token an hour old: a re-signed token kept past its window is still replaced in time.
+    @Test func aKeptTokenIsReplacedBeforeItIsAnHourOld() throws {
+        let clock = TestClock()
+        let window: TimeInterval = 58 * 60
+        let windowStart = ((clock.now.timeIntervalSince1970 / window).rounded(.down) + 1) * window // on the epoch
+        func at(_ seconds: TimeInterval) { clock.advance(by: windowStart + seconds - clock.now.timeIntervalSince1970) }
+        let cache = APNsProviderTokenCache(window: .seconds(window), now: { clock.now }, metrics: MetricsRegistry())
+        at(60)
+        let first = try cache.token(for: Fixtures.credentials)
+        at(41 * 60)
+        let second = try #require(try cache.token(afterRejecting: first, for: Fixtures.credentials))
+        at(window + 60) // the next window is a minute old and starts 17 minutes after `second`: kept
+        #expect(try cache.token(for: Fixtures.credentials) == second)
+        at(41 * 60 + 55 * 60 - 1)
+        #expect(try cache.token(for: Fixtures.credentials) == second)
+        at(41 * 60 + 55 * 60) // `second` is 55 minutes old
+        let third = try cache.token(for: Fixtures.credentials)
+        #expect(third.issuedAt == Date(timeIntervalSince1970: windowStart + window))
+        #expect(try cache.token(for: Fixtures.credentials) == third, "a window's own token is not signed again")
     }
 
     @Test func nonES256KeysAreRefused() throws {
