@@ -801,3 +801,51 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(ttl > 60 && ttl <= 120)
     }
 }
+
+/// `examples/redis-acl-rules.txt` is the Redis user README tells operators to give Herald: every command the
+/// stores run, scripts' inner calls included, must be allowed to it. (On a cluster `ACL SETUSER` reaches one node
+/// only: this runs on standalone Redis.)
+@Suite struct LeastPrivilegeUserTests {
+    static var standalone: Bool { !((try? TestEnvironment.redisURL()) ?? ",").contains(",") }
+
+    @Test("every store operation runs as the documented least-privilege user", .enabled(if: standalone))
+    func storesRunAsTheDocumentedUser() async throws {
+        let admin = try TestRedis()
+        let user = "herald-acl-" + SecureRandom.hex(4), password = SecureRandom.hex(16)
+        _ = try await admin.client.command(["ACL", "SETUSER", user, "on", ">" + password] + heraldRedisACL)
+        let url = try TestEnvironment.redisURL().replacingOccurrences(of: "redis://", with: "redis://\(user):\(password)@")
+        let redis = RedisClient(configuration: try RedisConfiguration(url: url))
+        let app = admin.app, device = token(), now = Date()
+
+        let subscriptions = SubscriptionStore(redis: redis)
+        let limiter = RateLimiter(redis: redis, limit: 100)
+        _ = try await subscriptions.upsert(app: app, try subscription("order:1:status", device),
+                                           counting: limiter.window(for: "key:pub", device: device, app: app, now: now))
+        _ = try await subscriptions.list(app: app, deviceToken: device)
+        _ = try await limiter.hit(limiter.ceilingWindow(for: "key:pub", app: app, now: now))
+        // A cluster counts a public key's ceiling by batches (CeilingTally), with a script of its own.
+        _ = try await redis.run(CeilingTally.add, keys: ["herald:{\(app)}:ceiling-test"], args: ["1", "61"])
+        let activities = ActivityStore(redis: redis)
+        let push = token()
+        _ = try await activities.register(app: app, user: "u",
+                                          try ActivityStoreTests.input(try ActivityStoreTests.app(), post: "0123abcd", token: push))
+        let channels = BroadcastChannelStore(redis: redis)
+        _ = try await channels.save(app: app, postIDHash: "0123abcd", BroadcastChannel(
+            channelID: "dHN0LXNydHktY2hubA==", environment: .production, storagePolicy: .noStorage,
+            createdAt: Timestamp.rfc3339(now)))
+        _ = try await channels.channels(app: app, postIDHash: "0123abcd")
+        let idempotency = IdempotencyStore(redis: redis)
+        _ = try await idempotency.claim(app: app, id: "event-1")
+        try await idempotency.complete(app: app, id: "event-1")
+        let status = JobStatusStore(redis: redis)
+        let job = PushJob(id: "job-" + SecureRandom.hex(4), appId: app, target: .channel("order:1:status"))
+        try await status.accepted(job)
+        _ = try await status.read(app: app, jobID: job.id)
+        #expect(try await subscriptions.removeInvalidToken(app: app, deviceToken: device) == 1)
+        #expect(try await activities.removeInvalidToken(app: app, pushToken: push) == 1)
+        try await channels.remove(app: app, postIDHash: "0123abcd", environment: .production)
+
+        await redis.close()
+        _ = try await admin.client.command(["ACL", "DELUSER", user])
+    }
+}
