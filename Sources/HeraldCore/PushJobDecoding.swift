@@ -78,8 +78,9 @@ extension PushJob {
                 let fields = try JobFields(replayOf, allowed: replayOfFields, prefix: "replayOf.")
                 decoded.replayOf = ReplayOf(
                     jobId: try fields.required(fields.reader.string("jobId"), "jobId"),
-                    dlqPartition: Int32(try fields.required(fields.reader.integer("dlqPartition", in: int32), "dlqPartition")),
-                    dlqOffset: try fields.required(fields.reader.integer("dlqOffset", in: exact), "dlqOffset"),
+                    dlqPartition: Int32(try fields.required(fields.reader.integer("dlqPartition", in: 0...int32.upperBound),
+                                                            "dlqPartition")),
+                    dlqOffset: try fields.required(fields.reader.integer("dlqOffset", in: 0...exact.upperBound), "dlqOffset"),
                     channel: try fields.reader.string("channel"), postIdHash: try fields.reader.string("postIdHash"))
                 if let channel = decoded.replayOf?.channel { try Channel.validate(channel, field: "replayOf.channel") }
                 if let post = decoded.replayOf?.postIdHash { try PostIDHash.validate(post, field: "replayOf.postIdHash") }

@@ -100,7 +100,9 @@ extension PushJob {
                 throw .invalid("liveActivity.alert", "liveActivity.alert must be a JSON object")
             }
             for (name, value) in [("staleDate", liveActivity.staleDate), ("dismissalDate", liveActivity.dismissalDate)] {
-                if let value, value < 0 { throw .invalid("liveActivity.\(name)", "liveActivity.\(name) must be UNIX seconds ≥ 0") }
+                if let value, !(0...Int64(UInt32.max)).contains(value) {
+                    throw .invalid("liveActivity.\(name)", "liveActivity.\(name) must be UNIX seconds from 0 to \(UInt32.max)")
+                }
             }
         }
         if let start {

@@ -243,6 +243,28 @@ import Testing
         }
     }
 
+    /// Past the schema's bounds the dispatcher refuses a job too: a date past 32-bit UNIX seconds, a negative dead
+    /// letter position.
+    @Test func numbersOutsideTheSchemasBoundsAreInvalidJobs() throws {
+        var late = try EventIntake.activityEvent(json(#"{"event": "update", "contentState": {}}"#), appID: "shop",
+                                                 postIDHash: "0123abcd", jobID: nil)
+        late.liveActivity?.staleDate = Int64(UInt32.max) + 1
+        #expect(throws: ValidationError.self) { try late.validate() }
+        #expect(throws: (any Error).self) { try validateAgainstSchema([late.encoded()], schema: "push-job.schema.json") }
+        late.liveActivity?.staleDate = Int64(UInt32.max)
+        try late.validate()
+        try validateAgainstSchema([late.encoded()], schema: "push-job.schema.json")
+        for (partition, offset) in [(Int32(-1), Int64(0)), (0, -1)] {
+            var replay = PushJob(id: "r", appId: "shop", target: .device(token, tokenType: .alert, environment: .sandbox))
+            replay.payload = json(#"{"aps": {}}"#)
+            replay.replayOf = PushJob.ReplayOf(jobId: "j", dlqPartition: partition, dlqOffset: offset)
+            #expect("\(partition) \(offset)") { try PushJob.decode(replay.encoded()) } throws: {
+                ($0 as? ValidationError)?.code == "invalid_job"
+            }
+            #expect(throws: (any Error).self) { try validateAgainstSchema([replay.encoded()], schema: "push-job.schema.json") }
+        }
+    }
+
     /// A failed broadcast's dead letter replays as a broadcast job: one channel, the payload as published, up to
     /// 5,120 bytes; decoded back as written, matching the schema, and refused without a payload or with a bad id.
     @Test func broadcastJobsReplayFailedBroadcasts() throws {
