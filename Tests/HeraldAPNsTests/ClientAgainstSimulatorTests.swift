@@ -436,6 +436,31 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
         await client.shutdown()
     }
 
+    /// A server that answers 503 Shutdown on every new connection gets the same backoff as one that sends GOAWAY
+    /// at once: the answer that retires a connection does not count as the connection having worked.
+    @Test(.timeLimit(.minutes(1))) func shutdownOnEveryNewConnectionBacksOff() async throws {
+        let fixture = try SimulatorFixture(port: 20529, rules: [.fail(tokenPrefix: nil, status: 503, reason: "Shutdown")])
+        let metrics = MetricsRegistry()
+        let client = try fixture.client(metrics: metrics, configure: { configuration in
+            configuration.requestTimeout = .seconds(1)
+            (configuration.reconnectInitialDelay, configuration.reconnectMaximumDelay) = (.milliseconds(200), .seconds(2))
+        })
+        let started = ContinuousClock.now
+        var shutdowns = 0
+        while ContinuousClock.now - started < .seconds(3) {
+            switch await outcome(client, SimulatorFixture.alert(SimulatorFixture.token()), fixture.credentials) {
+            case .success(let response):
+                #expect(response.status == 503 && response.reason == .shutdown)
+                shutdowns += 1
+            case .failure(let error): #expect(error.isRetriable, "\(error)")
+            }
+        }
+        let reconnects = metrics.counter("herald_apns_reconnects_total", help: "").labels().current
+        #expect(shutdowns >= 1)
+        #expect(reconnects <= 8, "\(reconnects) reconnects in 3 s")
+        await client.shutdown()
+    }
+
     /// APNs answers 503 Shutdown on a connection it is taking down: the client stops using that connection (a
     /// retry there would meet the same answer) and opens a replacement.
     @Test func aShutdownAnswerRetiresItsConnection() async throws {

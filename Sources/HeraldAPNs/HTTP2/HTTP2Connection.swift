@@ -392,9 +392,11 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         for (streamID, request) in streams where streamID > lastStreamID {
             request.notProcessed = true
         }
+        // The server's debug data, capped: a frame's worth of it is no log line.
+        let detail = String(reason.prefix(256))
         logger.warning("APNs sent GOAWAY", ["apns.last_stream_id": String(lastStreamID),
-                                            "apns.error_code": String(errorCode), "apns.reason": reason])
-        if !reason.isEmpty { goawayDetail = String(reason.prefix(256)) }
+                                            "apns.error_code": String(errorCode), "apns.reason": detail])
+        if !detail.isEmpty { goawayDetail = detail }
         if state == .ready || state == .awaitingSettings {
             state = .draining
             drainingStarted = true
@@ -443,12 +445,17 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         guard let request = streams.removeValue(forKey: stream) else { return }
         capacityChanged = true
         if request.status != 0, ending == .noError || request.responseComplete {
-            hasAnswered = true
             // APNs answers 503 Shutdown on a connection it is taking down: new requests belong on another one.
-            if request.status == 503, state == .ready,
+            // That answer does not make the connection one that worked (the pool's backoff): a server answering
+            // it on every new connection must not get a connect per push.
+            if request.status == 503,
                APNsResponse(status: 503, apnsID: nil, body: request.responseBody).reason == .shutdown {
-                state = .draining
-                drainingStarted = true
+                if state == .ready {
+                    state = .draining
+                    drainingStarted = true
+                }
+            } else {
+                hasAnswered = true
             }
             request.resolve(.success(RawResponse(status: request.status, apnsID: request.apnsID,
                                                  uniqueID: request.uniqueID, channelID: request.channelID,
