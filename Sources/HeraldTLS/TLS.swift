@@ -141,8 +141,11 @@ public final class TLSStream {
                 return .failed(TLSFailure(message: OpenSSLErrors.drain(), peerRefusedALPN: true))
             }
             let verify = SSL_get_verify_result(ssl)
-            let detail = verify != X509_V_OK ? String(cString: X509_verify_cert_error_string(verify)) : "handshake failed"
-            return .failed(TLSFailure(message: detail + OpenSSLErrors.drain()))
+            guard verify == X509_V_OK else {
+                return .failed(TLSFailure(message: String(cString: X509_verify_cert_error_string(verify)) + OpenSSLErrors.drain(),
+                                          certificateRefused: true))
+            }
+            return .failed(TLSFailure(message: "handshake failed" + OpenSSLErrors.drain()))
         }
     }
 
@@ -192,4 +195,6 @@ public struct TLSFailure: Error, Sendable {
     public var message: String
     /// The peer refused the handshake for want of a common ALPN protocol.
     public var peerRefusedALPN = false
+    /// The peer's certificate failed verification (untrusted, expired, for another host): trying again cannot help.
+    public var certificateRefused = false
 }

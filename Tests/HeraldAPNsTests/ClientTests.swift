@@ -87,6 +87,43 @@ import Testing
         server.kill()
     }
 
+    /// A handshake the server ends with an alert (its fault, not its certificate's) may pass on the next
+    /// connection: the error is one to retry, where a refused certificate is not.
+    @Test func aServersHandshakeAlertIsRetriable() async throws {
+        // Reads the ClientHello, answers a fatal internal_error alert and hangs up, every time; says when it listens.
+        let script = """
+            import socket, sys
+            listener = socket.socket(); listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", 20318)); listener.listen(8)
+            open(sys.argv[1], "w").close()
+            while True:
+                connection, _ = listener.accept(); connection.recv(65536)
+                connection.sendall(bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x50])); connection.close()
+            """
+        let listening = NSTemporaryDirectory() + "herald-alert-server-" + UUID().uuidString
+        let server = Process()
+        server.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        server.arguments = ["python3", "-c", script, listening]
+        (server.standardOutput, server.standardError) = (FileHandle.nullDevice, FileHandle.nullDevice)
+        try server.run()
+        // SIGKILL: the test process ignores SIGTERM, and its children inherit that.
+        defer { kill(server.processIdentifier, SIGKILL) }
+        let deadline = ContinuousClock.now + .seconds(10)
+        while !FileManager.default.fileExists(atPath: listening), ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        try? FileManager.default.removeItem(atPath: listening)
+        let client = try APNsClient(configuration: Fixtures.configuration(port: 20318), logger: Fixtures.logger,
+                                    metrics: MetricsRegistry())
+        let error = await apnsError {
+            _ = try await client.send(Fixtures.request(), credentials: Fixtures.credentials, environment: .production)
+        }
+        #expect(error?.code == .connectionFailed, "\(String(describing: error))")
+        #expect(error?.message.contains("internal error") == true, "\(String(describing: error))")
+        #expect(error?.isRetriable == true)
+        await client.shutdown()
+    }
+
     /// `HERALD_APNS_CA_FILE` vouches only for the configured hosts that are not Apple's: a certificate it signed
     /// for api.push.apple.com is refused, the same certificate for another configured host accepted.
     @Test func theExtraCANeverVouchesForApplesHost() async throws {

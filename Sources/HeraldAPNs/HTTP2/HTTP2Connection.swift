@@ -151,8 +151,11 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
             setWriteInterest(wantsWrite)
         case .failed(let failure) where failure.peerRefusedALPN:
             close(APNsError(.http2NotNegotiated, "\(endpoint) does not offer ALPN h2" + failure.message))
-        case .failed(let failure):
+        case .failed(let failure) where failure.certificateRefused:
             close(APNsError(.tlsFailure, "TLS with \(endpoint): \(failure.message)"))
+        case .failed(let failure):
+            // Any other failed handshake (a server's alert, a corrupted record) may pass, as a dropped one does.
+            close(APNsError(.connectionFailed, "TLS handshake with \(endpoint) failed: \(failure.message)"))
         case .closedByPeer:
             // Reset or closed without a TLS alert: the network's failure, not a certificate's, so worth a retry.
             close(APNsError(.connectionFailed, "\(endpoint) closed the connection during the TLS handshake"))
