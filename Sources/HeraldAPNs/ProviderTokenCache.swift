@@ -75,13 +75,17 @@ public final class APNsProviderTokenCache: Sendable {
 
     /// After APNs answered 403 ExpiredProviderToken to `rejected`: the token to retry with, or `nil` when the
     /// 20-minute rule forbids signing a new one yet. A token another request already replaced is not re-signed.
+    /// The new token's `iat` is the start of the current five minutes (but at least `minimumInterval` after the
+    /// rejected one's), so pods refused the same token within those minutes sign the very same new one.
     public func token(afterRejecting rejected: Token, for credentials: APNsCredentials) throws(APNsError) -> Token? {
         let key = Key(credentials)
         let now = now()
         return try tokens.withLock { (all: inout [Key: Token]) throws(APNsError) -> Token? in
             if let current = all[key], current != rejected { return current }
             if let current = all[key], now.timeIntervalSince(current.issuedAt) < minimumInterval { return nil }
-            let fresh = try sign(credentials, issuedAt: now.timeIntervalSince1970.rounded(.down))
+            let fiveMinutes = (now.timeIntervalSince1970 / 300).rounded(.down) * 300
+            let fresh = try sign(credentials, issuedAt: max(fiveMinutes,
+                                                            rejected.issuedAt.timeIntervalSince1970 + minimumInterval))
             all[key] = fresh
             return fresh
         }

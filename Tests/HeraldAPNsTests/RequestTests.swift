@@ -251,9 +251,10 @@ import Testing
         // A second request rejected with the old token gets the new one, without another signature.
         #expect(try cache.token(afterRejecting: first, for: Fixtures.credentials) == second)
         #expect(try cache.token(for: Fixtures.credentials) == second)
-        // Issued 22 minutes into its window: the next window starts 8 minutes after it, so the token is kept
-        // through that window (APNs compares issue times: a token issued sooner after it would be one update too
-        // many) and replaced by the one after's.
+        // Signed 22 minutes into its window, issued at 20 (the five-minute grid): the next window starts 10
+        // minutes after it, so the token is kept through that window (APNs compares issue times: a token issued
+        // sooner after it would be one update too many) and replaced by the one after's.
+        #expect(second.issuedAt == Date(timeIntervalSince1970: 1_800_000_000 + 20 * 60))
         clock.advance(by: 19 * 60 + 60)
         #expect(try cache.token(for: Fixtures.credentials) == second)
         clock.advance(by: 18 * 60)
@@ -273,14 +274,32 @@ import Testing
         let first = try cache.token(for: Fixtures.credentials)
         at(41 * 60)
         let second = try #require(try cache.token(afterRejecting: first, for: Fixtures.credentials))
-        at(window + 60) // the next window is a minute old and starts 17 minutes after `second`: kept
+        let issued = second.issuedAt.timeIntervalSince1970 - windowStart
+        #expect(window - issued < 20 * 60, "the next window starts under 20 minutes after `second`")
+        at(window + 60) // the next window is a minute old: `second` is kept
         #expect(try cache.token(for: Fixtures.credentials) == second)
-        at(41 * 60 + 55 * 60 - 1)
+        at(issued + 55 * 60 - 1)
         #expect(try cache.token(for: Fixtures.credentials) == second)
-        at(41 * 60 + 55 * 60) // `second` is 55 minutes old
+        at(issued + 55 * 60) // `second` is 55 minutes old
         let third = try cache.token(for: Fixtures.credentials)
         #expect(third.issuedAt == Date(timeIntervalSince1970: windowStart + window))
         #expect(try cache.token(for: Fixtures.credentials) == third, "a window's own token is not signed again")
+    }
+
+    /// Pods refused the same token a few seconds apart sign the same new one, as they share the window's.
+    @Test func podsRefusedTogetherSignTheSameToken() throws {
+        let clock = TestClock(), otherClock = TestClock()
+        clock.advance(by: 60)
+        let cache = APNsProviderTokenCache(now: { clock.now }, metrics: MetricsRegistry())
+        let otherPod = APNsProviderTokenCache(now: { otherClock.now }, metrics: MetricsRegistry())
+        let shared = try cache.token(for: Fixtures.credentials)
+        otherClock.advance(by: 61)
+        #expect(try otherPod.token(for: Fixtures.credentials) == shared)
+        clock.advance(by: 21 * 60 + 1)
+        otherClock.advance(by: 21 * 60 + 4)
+        let fresh = try #require(try cache.token(afterRejecting: shared, for: Fixtures.credentials))
+        #expect(try otherPod.token(afterRejecting: shared, for: Fixtures.credentials) == fresh)
+        #expect(fresh.issuedAt == Date(timeIntervalSince1970: 1_800_000_000 + 20 * 60))
     }
 
     @Test func nonES256KeysAreRefused() throws {
