@@ -150,7 +150,7 @@ struct BroadcastJanitor: Service {
         guard case .success(let response)? = await broadcaster.manage(
             .read(bundleID: app.apns.bundleId, channelID: channel.channelID), credentials: credentials,
             environment: channel.environment), response.reason == .channelNotRegistered else { return }
-        try await channels.remove(app: app.id, postIDHash: post, environment: channel.environment)
+        try await channels.remove(app: app.id, postIDHash: post, channel)
         cleaned.labels("forgotten").increment()
         logger.warning("broadcast channel gone at APNs; forgotten", [
             "app": app.id, "post": post, "apns.environment": channel.environment.rawValue,

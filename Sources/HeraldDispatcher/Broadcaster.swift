@@ -116,7 +116,7 @@ struct Broadcaster: Sendable {
             return false
         }
         guard await store("forget the channel", {
-            try await channels.remove(app: app.id, postIDHash: post, environment: channel.environment)
+            try await channels.remove(app: app.id, postIDHash: post, channel)
         }) != nil else { return Task.isCancelled ? nil : false }
         return true
     }
@@ -143,7 +143,7 @@ struct Broadcaster: Sendable {
                 if response.reason == .channelNotRegistered, let post {
                     // Deleted at APNs (or never there): later updates would fail the same way.
                     _ = await store("forget the channel", {
-                        try await channels.remove(app: plan.app.id, postIDHash: post, environment: channel.environment)
+                        try await channels.remove(app: plan.app.id, postIDHash: post, channel)
                     })
                 }
             } catch let error as APNsError {

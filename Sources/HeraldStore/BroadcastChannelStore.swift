@@ -109,9 +109,11 @@ public struct BroadcastChannelStore: Sendable {
         _ = try await redis.command(["HDEL", RedisKeys(app: app).broadcast(postIDHash), environment.rawValue + ":refused"])
     }
 
-    /// Forgets one channel (deleted at APNs, or unknown to it); a post left without channels leaves the index.
-    public func remove(app: String, postIDHash: String, environment: APNsEnvironment) async throws {
-        try await forget(app: app, postIDHash: postIDHash, field: environment.rawValue)
+    /// Forgets `channel` (deleted at APNs, or unknown to it) unless the post has another channel in its
+    /// environment by now (an answer about an old channel must not forget its successor); a post left without
+    /// channels leaves the index.
+    public func remove(app: String, postIDHash: String, _ channel: BroadcastChannel) async throws {
+        try await forget(app: app, postIDHash: postIDHash, field: channel.environment.rawValue, channelID: channel.channelID)
     }
 
     /// Marks the post as in use now (a publish), so the janitor leaves its channels alone.
@@ -128,13 +130,13 @@ public struct BroadcastChannelStore: Sendable {
 
     /// Takes an indexed post without channels (only refusals) out of the index.
     public func unindexIfEmpty(app: String, postIDHash: String) async throws {
-        try await forget(app: app, postIDHash: postIDHash, field: "")
+        try await forget(app: app, postIDHash: postIDHash, field: "", channelID: "")
     }
 
-    private func forget(app: String, postIDHash: String, field: String) async throws {
+    private func forget(app: String, postIDHash: String, field: String, channelID: String) async throws {
         let keys = RedisKeys(app: app)
         _ = try await redis.run(Self.forget, keys: [keys.broadcast(postIDHash), keys.broadcastIndex],
-                                args: [field, postIDHash] + APNsEnvironment.allCases.map(\.rawValue))
+                                args: [field, postIDHash, channelID] + APNsEnvironment.allCases.map(\.rawValue))
     }
 
     /// Every indexed post's channels, read a page of posts at a time.
@@ -178,19 +180,24 @@ public struct BroadcastChannelStore: Sendable {
     static let refusalSeconds = 86_400
 
     /// Lua shared by `forget` and `refuse`: returns 0 while the post (KEYS[1]) has a channel in an environment
-    /// whose field is one of ARGV[3...].
-    private static let returnWhileAChannelIsLeft = """
-        for i = 3, #ARGV do
+    /// whose field is one of ARGV[first...].
+    private static func returnWhileAChannelIsLeft(first: Int) -> String {
+        """
+        for i = \(first), #ARGV do
           if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then return 0 end
         end
         """
+    }
 
-    /// KEYS: the post's channels, the index. ARGV: the environment to forget ("" for none), the post, then every
-    /// environment's field name. The post leaves the index once no environment has a channel (what refusals are
-    /// left expire).
+    /// KEYS: the post's channels, the index. ARGV: the environment to forget ("" for none), the post, the channel
+    /// id it must hold to be forgotten, then every environment's field name. The post leaves the index once no
+    /// environment has a channel (what refusals are left expire).
     static let forget = RedisScript(source: """
-        if ARGV[1] ~= '' then redis.call('HDEL', KEYS[1], ARGV[1]) end
-        \(returnWhileAChannelIsLeft)
+        if ARGV[1] ~= '' then
+          local stored = redis.call('HGET', KEYS[1], ARGV[1])
+          if stored and cjson.decode(stored)['channelId'] == ARGV[3] then redis.call('HDEL', KEYS[1], ARGV[1]) end
+        end
+        \(returnWhileAChannelIsLeft(first: 4))
         redis.call('ZREM', KEYS[2], ARGV[2])
         redis.call('EXPIRE', KEYS[1], \(refusalSeconds))
         return 1
@@ -200,7 +207,7 @@ public struct BroadcastChannelStore: Sendable {
     /// post without a channel expires with its refusals.
     static let refuse = RedisScript(source: """
         redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-        \(returnWhileAChannelIsLeft)
+        \(returnWhileAChannelIsLeft(first: 3))
         redis.call('EXPIRE', KEYS[1], \(refusalSeconds))
         return 1
         """)

@@ -830,9 +830,9 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         _ = try await activities.register(app: app, user: "u",
                                           try ActivityStoreTests.input(try ActivityStoreTests.app(), post: "0123abcd", token: push))
         let channels = BroadcastChannelStore(redis: redis)
-        _ = try await channels.save(app: app, postIDHash: "0123abcd", BroadcastChannel(
-            channelID: "dHN0LXNydHktY2hubA==", environment: .production, storagePolicy: .noStorage,
-            createdAt: Timestamp.rfc3339(now)))
+        let channel = BroadcastChannel(channelID: "dHN0LXNydHktY2hubA==", environment: .production,
+                                       storagePolicy: .noStorage, createdAt: Timestamp.rfc3339(now))
+        _ = try await channels.save(app: app, postIDHash: "0123abcd", channel)
         _ = try await channels.channels(app: app, postIDHash: "0123abcd")
         let idempotency = IdempotencyStore(redis: redis)
         _ = try await idempotency.claim(app: app, id: "event-1")
@@ -843,9 +843,31 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         _ = try await status.read(app: app, jobID: job.id)
         #expect(try await subscriptions.removeInvalidToken(app: app, deviceToken: device) == 1)
         #expect(try await activities.removeInvalidToken(app: app, pushToken: push) == 1)
-        try await channels.remove(app: app, postIDHash: "0123abcd", environment: .production)
+        try await channels.remove(app: app, postIDHash: "0123abcd", channel)
 
         await redis.close()
         _ = try await admin.client.command(["ACL", "DELUSER", user])
+    }
+}
+
+@Suite struct BroadcastChannelStoreTests {
+    /// An answer about a post's old channel (a late ChannelNotRegistered, a second janitor's delete) forgets that
+    /// channel only, never the one made after it.
+    @Test func removingAnOldChannelKeepsItsSuccessor() async throws {
+        let redis = try TestRedis()
+        let store = BroadcastChannelStore(redis: redis.client)
+        func channel(_ id: String) -> BroadcastChannel {
+            BroadcastChannel(channelID: id, environment: .production, storagePolicy: .noStorage, createdAt: "2026-12-06T00:00:00Z")
+        }
+        let old = channel("b2xkLWNoYW5uZWw="), new = channel("bmV3LWNoYW5uZWw=")
+        _ = try await store.save(app: redis.app, postIDHash: "0123abcd", old)
+        try await store.remove(app: redis.app, postIDHash: "0123abcd", old)
+        _ = try await store.save(app: redis.app, postIDHash: "0123abcd", new)
+        try await store.remove(app: redis.app, postIDHash: "0123abcd", old)
+        #expect(try await store.channels(app: redis.app, postIDHash: "0123abcd") == [new])
+        #expect(try await store.indexedChannels(app: redis.app).map(\.post) == ["0123abcd"])
+        try await store.remove(app: redis.app, postIDHash: "0123abcd", new)
+        #expect(try await store.channels(app: redis.app, postIDHash: "0123abcd").isEmpty)
+        #expect(try await store.indexedChannels(app: redis.app).isEmpty)
     }
 }
