@@ -66,6 +66,8 @@ struct BroadcastJanitor: Service {
             let posts = try await channels.idlePosts(app: app.id, before: before, limit: BroadcastChannelStore.pageSize)
             var progressed = false
             for post in posts {
+                // Used since the page was read (an update, a create asked again): not idle after all.
+                guard let used = try await channels.lastUsed(app: app.id, postIDHash: post), used < before else { continue }
                 for channel in try await channels.channels(app: app.id, postIDHash: post) {
                     guard let deleted = await broadcaster.delete(channel, app: app, credentials: credentials, post: post) else {
                         return

@@ -23,7 +23,11 @@ struct Broadcaster: Sendable {
         guard let state = await store("read the post's channel", { try await channels.state(app: app, postIDHash: post,
                                                                                               environment: request.environment) })
         else { return !Task.isCancelled }
-        if case .ready = state { return true }
+        if case .ready = state {
+            // Asked for again, the post is in use: the janitor leaves its channels to a later idle spell.
+            return await store("mark the post's channels in use", { try await channels.touch(app: app, postIDHash: post) }) != nil
+                || !Task.isCancelled
+        }
         let bundle = plan.app.apns.bundleId
         guard let answer = await manage(.create(bundleID: bundle, storagePolicy: request.storagePolicy),
                                         credentials: plan.credentials, environment: request.environment) else { return false }

@@ -42,7 +42,10 @@ struct BroadcastAPI: Sendable {
         let app = job.appId
         switch try await channels.state(app: app, postIDHash: post, environment: wanted.environment) {
         case .ready(let channel):
-            return try existing(channel, wanted: wanted)
+            let answer = try existing(channel, wanted: wanted)
+            // Asked for again, the post is in use: the janitor leaves its channels to a later idle spell.
+            try await channels.touch(app: app, postIDHash: post)
+            return answer
         case .refused:
             // Asked again: the capability may have been enabled since.
             try await channels.clearRefusal(app: app, postIDHash: post, environment: wanted.environment)

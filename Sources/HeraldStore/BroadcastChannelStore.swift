@@ -121,6 +121,11 @@ public struct BroadcastChannelStore: Sendable {
         _ = try await redis.command(["ZADD", RedisKeys(app: app).broadcastIndex, Self.nowMilliseconds, postIDHash])
     }
 
+    /// When the post's channels were last made, asked for or updated (UNIX ms); nil once it has none.
+    public func lastUsed(app: String, postIDHash: String) async throws -> Int64? {
+        try await redis.command(["ZSCORE", RedisKeys(app: app).broadcastIndex, postIDHash]).string.flatMap { Int64($0) }
+    }
+
     /// Posts whose channels were last made or updated before `before` (UNIX ms), oldest first.
     public func idlePosts(app: String, before: Int64, limit: Int) async throws -> [String] {
         let reply = try await redis.command(["ZRANGEBYSCORE", RedisKeys(app: app).broadcastIndex, "-inf", "(\(before)",

@@ -376,6 +376,26 @@ import Testing
         #expect(secret.status == 404 && secret.headers["ratelimit-limit"] == "2", "\(secret.status) \(secret.headers)")
     }
 
+    /// A producer asking for a post's existing channel again (200) marks the post in use, as an update does: the
+    /// janitor deletes only channels of posts idle that long.
+    @Test func askingForAnExistingChannelMarksThePostInUse() async throws {
+        let ingest = try await IngestHarness.start()
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0], post = postHash()
+        let channel = BroadcastChannel(channelID: "ZXhpc3RpbmctY2hubA==", environment: .production,
+                                       storagePolicy: .noStorage, createdAt: "2026-12-01T00:00:00Z")
+        let channels = BroadcastChannelStore(redis: ingest.redis)
+        _ = try await channels.save(app: app.id, postIDHash: post, channel)
+        // Made two days ago and never used since.
+        let old = Int64(Date().timeIntervalSince1970 * 1000) - 2 * 86_400_000
+        _ = try await ingest.redis.command(["ZADD", RedisKeys(app: app.id).broadcastIndex, String(old), post])
+        let asked = try await ingest.request("POST", "/v1/apps/\(app.id)/activities/\(post)/broadcast", key: app.secretKey,
+                                             json: #"{"environment": "production", "storagePolicy": "noStorage"}"#)
+        #expect(asked.status == 200, "\(asked.status) \(asked.text)")
+        let used = try #require(try await channels.lastUsed(app: app.id, postIDHash: post))
+        #expect(Int64(Date().timeIntervalSince1970 * 1000) - used < 60_000, "marked in use now")
+    }
+
     // MARK: Logs
 
     /// Runs the real `herald-ingest` at debug level, sends it registrations (accepted, renewed, refused for every
