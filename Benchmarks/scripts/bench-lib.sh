@@ -10,13 +10,13 @@ bench_build() { # product… (release, Benchmarks package)
   local product
   for product in "$@"; do
     swift build -c release --package-path "$HERALD_ROOT/Benchmarks" --scratch-path "$BENCH_SCRATCH" \
-      --product "$product" >&2
+      --product "$product" >&2 || return
   done
 }
 bench_bin_path() { swift build -c release --package-path "$HERALD_ROOT/Benchmarks" --scratch-path "$BENCH_SCRATCH" --show-bin-path; }
 herald_build() { # product… (release, root package)
   local product
-  for product in "$@"; do swift build -c release --product "$product" >&2; done
+  for product in "$@"; do swift build -c release --product "$product" >&2 || return; done
 }
 herald_bin_path() { swift build -c release --show-bin-path; }
 
