@@ -109,10 +109,15 @@ struct BroadcastJanitor: Service {
         guard !atAPNs.isEmpty else { return [] }
         // Read after the lists: a channel listed but saved since is then known.
         let inRedis = try await channels.indexedChannels(app: app.id)
+        // Apple lists a bundle's channels: those of another app with the same bundle id are no orphans.
+        var siblings: Set<String> = []
+        for other in apps.directory.apps.values where other.id != app.id && other.apns.bundleId == app.apns.bundleId {
+            siblings.formUnion(try await channels.indexedChannels(app: other.id).map(\.channel.channelID))
+        }
         for (environment, listed) in atAPNs.sorted(by: { $0.key.rawValue < $1.key.rawValue }) {
             let known = inRedis.filter { $0.channel.environment == environment }
             try await deleteOrphans(app, credentials: credentials, environment: environment,
-                                    orphans: listed.subtracting(known.map(\.channel.channelID)))
+                                    orphans: listed.subtracting(known.map(\.channel.channelID)).subtracting(siblings))
             for (post, channel) in known where !listed.contains(channel.channelID) {
                 try await forgetIfGone(app, credentials: credentials, post: post, channel: channel)
             }

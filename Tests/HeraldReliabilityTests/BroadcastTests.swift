@@ -192,4 +192,41 @@ struct BroadcastTests {
         await simulator.child.stop()
         cleanUp(directory, keep: false)
     }
+
+    /// Apple lists a bundle's channels: two apps of one bundle id see each other's channels there, and neither
+    /// janitor takes the other's for orphans.
+    @Test("two apps of one bundle id keep each other's channels")
+    func appsSharingABundleKeepEachOthersChannels() async throws {
+        let directory = try scratchDirectory("herald-broadcast-shared-")
+        let apps = try TestApps(count: 2, bundleID: "com.example.shared" + SecureRandom.hex(3))
+        defer { apps.remove() }
+        let topics = FaultTopics(brokers: try TestEnvironment.kafkaBrokers())
+        let stack = try await FaultStack.start(apps: apps, redisURL: try TestEnvironment.redisURL(), topics: topics,
+                                               directory: directory, channelCount: 1, perChannel: 1,
+                                               dispatcherExtra: ["HERALD_BROADCAST_JANITOR_INTERVAL_SECONDS": "1"])
+        var made: [String] = []
+        for app in apps.apps {
+            let post = SecureRandom.hex(8)
+            let response = try await stack.ingest.request("POST", "/v1/apps/\(app.id)/activities/\(post)/broadcast",
+                                                          key: app.secretKey, json: #"{"environment": "production"}"#)
+            try #require(response.status == 201, "\(response.text)")
+            made.append(try #require(JSONValue(parsing: Array(response.text.utf8))?["channelId"]?.stringValue))
+        }
+        // An orphan is deleted once seen in two rounds an interval apart: give it four.
+        try await Task.sleep(for: .seconds(5))
+        var configuration = APNsConfiguration()
+        (configuration.manageProductionURL, configuration.extraCAFile) = (stack.simulator.manageURL, stack.simulator.caFile)
+        let apns = try APNsClient(configuration: configuration, logger: faultLogger)
+        let app = apps.apps[0]
+        let listed = try await apns.manage(.list(bundleID: app.bundleID), credentials: APNsCredentials(
+            teamID: app.teamID, keyID: app.keyID, privateKey: app.apnsKey), environment: .production).channels ?? []
+        #expect(Set(listed) == Set(made))
+        #expect(await stack.dispatcher.metric("herald_broadcast_janitor_channels_total",
+                                              labels: ["action": "orphan_deleted"]) ?? 0 == 0)
+        await apns.shutdown()
+        await stack.dispatcher.child.stop()
+        await stack.ingest.child.stop()
+        await stack.simulator.child.stop()
+        cleanUp(directory, keep: false)
+    }
 }

@@ -41,8 +41,9 @@ public struct TestApps: Sendable {
     /// The apps file as herald-ingest loads it: channel-grant secrets, no APNs or job-signing keys.
     public let ingestDirectory: AppDirectory
 
-    /// `count` apps; `oauthAlgorithm` picks the kind of every app's OAuth issuer key.
-    public init(count: Int = 2, oauthAlgorithm: SignatureAlgorithm = .es256) throws {
+    /// `count` apps; `oauthAlgorithm` picks the kind of every app's OAuth issuer key; `bundleID`, when given, is
+    /// every app's (apps of one iOS app).
+    public init(count: Int = 2, oauthAlgorithm: SignatureAlgorithm = .es256, bundleID: String? = nil) throws {
         folder = FileManager.default.temporaryDirectory.appendingPathComponent("herald-apps-\(SecureRandom.hex(6))")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         var entries: [Entry] = []
@@ -54,7 +55,7 @@ public struct TestApps: Sendable {
             let jobSecret = SharedSecret.generateText(), grantSecret = SharedSecret.generateText()
             try "\(jobSecret)\n".write(to: folder.appendingPathComponent("\(id)-jobs.secret"), atomically: true, encoding: .utf8)
             try grantSecret.write(to: folder.appendingPathComponent("\(id)-grants.secret"), atomically: true, encoding: .utf8)
-            let entry = Entry(id: id, bundleID: "com.example.\(id.replacingOccurrences(of: "-", with: ""))",
+            let entry = Entry(id: id, bundleID: bundleID ?? "com.example.\(id.replacingOccurrences(of: "-", with: ""))",
                               publicKey: NewAPIKey.generate(kind: .public).key,
                               secretKey: NewAPIKey.generate(kind: .secret).key,
                               userKey: NewAPIKey.generate(kind: .public).key,
