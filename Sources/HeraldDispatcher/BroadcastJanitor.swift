@@ -12,8 +12,8 @@ import HeraldStore
 /// - forgets channels Redis has but APNs no longer knows (the Broadcast capability turned off deletes them all).
 ///
 /// Several dispatchers running it at once is harmless: a second delete answers ChannelNotRegistered, which counts
-/// as deleted. An app is listed in an environment while it has channels there in Redis or had some at APNs at
-/// the last look, so apps that never broadcast cost Apple no requests.
+/// as deleted. An app is listed in an environment once it asked APNs for a channel there, while it has channels
+/// there in Redis, or had some at APNs at the last look, so apps that never broadcast cost Apple no requests.
 struct BroadcastJanitor: Service {
     let apps: AppRegistry
     let channels: BroadcastChannelStore
@@ -85,13 +85,15 @@ struct BroadcastJanitor: Service {
         }
     }
 
-    /// Lists the app's channels at APNs in each environment it has or had channels in; returns those listed.
+    /// Lists the app's channels at APNs in each environment it has or had channels in, or asked APNs for one in;
+    /// returns those listed.
     private func reconcile(_ app: App, credentials: APNsCredentials,
                            listedLastRound: Set<AppEnvironment>) async throws -> Set<AppEnvironment> {
         let known = try await channels.indexedChannels(app: app.id)
+        let used = try await channels.usedEnvironments(app: app.id)
         let environments = APNsEnvironment.allCases.filter { environment in
             listedLastRound.contains(AppEnvironment(app: app.id, environment: environment))
-                || known.contains { $0.channel.environment == environment }
+                || used.contains(environment) || known.contains { $0.channel.environment == environment }
         }
         var atAPNs: [APNsEnvironment: Set<String>] = [:]
         for environment in environments {

@@ -28,6 +28,8 @@ struct Broadcaster: Sendable {
             return await store("mark the post's channels in use", { try await channels.touch(app: app, postIDHash: post) }) != nil
                 || !Task.isCancelled
         }
+        guard await store("note the environment", { try await channels.markEnvironmentUsed(app: app, request.environment) })
+            != nil else { return !Task.isCancelled }
         let bundle = plan.app.apns.bundleId
         guard let answer = await manage(.create(bundleID: bundle, storagePolicy: request.storagePolicy),
                                         credentials: plan.credentials, environment: request.environment) else { return false }

@@ -121,6 +121,18 @@ public struct BroadcastChannelStore: Sendable {
         _ = try await redis.command(["ZADD", RedisKeys(app: app).broadcastIndex, Self.nowMilliseconds, postIDHash])
     }
 
+    /// Records that the app asks APNs for channels in `environment`: one made there whose answer was lost is
+    /// found by the janitor's list of that environment even when Redis knows no channel there.
+    public func markEnvironmentUsed(app: String, _ environment: APNsEnvironment) async throws {
+        _ = try await redis.command(["SADD", RedisKeys(app: app).broadcastEnvironments, environment.rawValue])
+    }
+
+    /// The environments the app ever asked APNs for channels in.
+    public func usedEnvironments(app: String) async throws -> Set<APNsEnvironment> {
+        let names = try await redis.command(["SMEMBERS", RedisKeys(app: app).broadcastEnvironments]).strings ?? []
+        return Set(names.compactMap(APNsEnvironment.init(rawValue:)))
+    }
+
     /// When the post's channels were last made, asked for or updated (UNIX ms); nil once it has none.
     public func lastUsed(app: String, postIDHash: String) async throws -> Int64? {
         try await redis.command(["ZSCORE", RedisKeys(app: app).broadcastIndex, postIDHash]).string.flatMap { Int64($0) }

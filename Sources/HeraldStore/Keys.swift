@@ -75,6 +75,7 @@ public struct RedisKeys: Sendable {
     public func broadcast(_ postIDHash: String) -> String { key("bcast:", postIDHash) }
     public var broadcastIndex: String { prefix + "bcastidx" }
     public var broadcastOrphans: String { prefix + "bcastorphan" }
+    public var broadcastEnvironments: String { prefix + "bcastenv" }
     public func idempotency(_ id: String) -> String { key("idem:", id) }
     public func jobStatus(_ id: String) -> String { key("job:", id) }
     /// In the app's slot with the job's status, which one script updates with it.

@@ -229,4 +229,44 @@ struct BroadcastTests {
         await stack.simulator.child.stop()
         cleanUp(directory, keep: false)
     }
+
+    /// A channel made at APNs whose save never happened (a crash, a lost answer), in an environment where Redis
+    /// knows no channel at all: the janitor still lists that environment, and deletes the orphan.
+    @Test("an orphan in an environment with no channel left in Redis is deleted")
+    func anOrphanAloneInItsEnvironmentIsDeleted() async throws {
+        let directory = try scratchDirectory("herald-broadcast-lone-orphan-")
+        let apps = try TestApps(count: 1)
+        defer { apps.remove() }
+        let app = apps.apps[0]
+        let topics = FaultTopics(brokers: try TestEnvironment.kafkaBrokers())
+        let stack = try await FaultStack.start(apps: apps, redisURL: try TestEnvironment.redisURL(), topics: topics,
+                                               directory: directory, channelCount: 1, perChannel: 1,
+                                               dispatcherExtra: ["HERALD_BROADCAST_JANITOR_INTERVAL_SECONDS": "1"])
+        let post = SecureRandom.hex(8)
+        let made = try await stack.ingest.request("POST", "/v1/apps/\(app.id)/activities/\(post)/broadcast",
+                                                  key: app.secretKey, json: #"{"environment": "production"}"#)
+        try #require(made.status == 201, "\(made.text)")
+        let orphan = try #require(JSONValue(parsing: Array(made.text.utf8))?["channelId"]?.stringValue)
+        // Redis loses the post's only channel, as if the save after Apple's answer never happened.
+        let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
+        _ = try await redis.command(["DEL", RedisKeys(app: app.id).broadcast(post)])
+        _ = try await redis.command(["ZREM", RedisKeys(app: app.id).broadcastIndex, post])
+        var configuration = APNsConfiguration()
+        (configuration.manageProductionURL, configuration.extraCAFile) = (stack.simulator.manageURL, stack.simulator.caFile)
+        let apns = try APNsClient(configuration: configuration, logger: faultLogger)
+        let credentials = APNsCredentials(teamID: app.teamID, keyID: app.keyID, privateKey: app.apnsKey)
+        try await eventually("the orphan deleted at APNs", timeout: .seconds(20)) {
+            let listed = try? await apns.manage(.list(bundleID: app.bundleID), credentials: credentials,
+                                                environment: .production).channels
+            return listed.map { !$0.contains(orphan) } ?? false
+        }
+        #expect(await stack.dispatcher.metric("herald_broadcast_janitor_channels_total",
+                                              labels: ["action": "orphan_deleted"]) == 1)
+        await apns.shutdown()
+        await redis.close()
+        await stack.dispatcher.child.stop()
+        await stack.ingest.child.stop()
+        await stack.simulator.child.stop()
+        cleanUp(directory, keep: false)
+    }
 }

@@ -834,6 +834,8 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
                                        storagePolicy: .noStorage, createdAt: Timestamp.rfc3339(now))
         _ = try await channels.save(app: app, postIDHash: "0123abcd", channel)
         _ = try await channels.channels(app: app, postIDHash: "0123abcd")
+        try await channels.markEnvironmentUsed(app: app, .production)
+        #expect(try await channels.usedEnvironments(app: app) == [.production])
         let idempotency = IdempotencyStore(redis: redis)
         _ = try await idempotency.claim(app: app, id: "event-1")
         try await idempotency.complete(app: app, id: "event-1")
