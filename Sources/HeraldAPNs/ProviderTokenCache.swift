@@ -67,7 +67,9 @@ public final class APNsProviderTokenCache: Sendable {
                     return current
                 }
             }
-            let fresh = try sign(credentials, issuedAt: windowStart)
+            // A kept token replaced for its age: its successor is still issued 20 minutes after it.
+            let issuedAt = all[key].map { max(windowStart, $0.issuedAt.timeIntervalSince1970 + minimumInterval) } ?? windowStart
+            let fresh = try sign(credentials, issuedAt: issuedAt)
             all[key] = fresh
             return fresh
         }

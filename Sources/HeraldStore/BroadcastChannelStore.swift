@@ -116,9 +116,10 @@ public struct BroadcastChannelStore: Sendable {
         try await forget(app: app, postIDHash: postIDHash, field: channel.environment.rawValue, channelID: channel.channelID)
     }
 
-    /// Marks the post as in use now (a publish), so the janitor leaves its channels alone.
+    /// Marks the post as in use now (a publish, a create asked again), so the janitor leaves its channels alone; a
+    /// post no longer indexed (its channels just deleted) stays out.
     public func touch(app: String, postIDHash: String) async throws {
-        _ = try await redis.command(["ZADD", RedisKeys(app: app).broadcastIndex, Self.nowMilliseconds, postIDHash])
+        _ = try await redis.command(["ZADD", RedisKeys(app: app).broadcastIndex, "XX", Self.nowMilliseconds, postIDHash])
     }
 
     /// Records that the app asks APNs for channels in `environment`: one made there whose answer was lost is

@@ -20,6 +20,7 @@ import HeraldCrypto
 /// | `herald:{app:a:<token>}:acttok` | zset, TTL | `<id><postIdHash>` of a push token's registrations, scored by expiry (ms) |
 /// | `herald:{app}:bcast:<hash>` | hash | a post's broadcast channels: `<environment>` → channel JSON, `<environment>:refused` → APNs' last refusal (`BroadcastChannelStore`) |
 /// | `herald:{app}:bcastidx` | zset | posts with broadcast channels, scored by their last create or update (ms), for the janitor |
+/// | `herald:{app}:bcastenv` | set | the environments the app asked APNs for a channel in, for the janitor's lists |
 /// | `herald:{app}:bcastorphan` | hash | `<environment>:<channelId>` → when the janitor first saw the channel at APNs but not in Redis (ms) |
 /// | `herald:{app}:idem:<id>` | string, 24 h | idempotency marker of a producer request |
 /// | `herald:{app}:job:<id>` | hash, 24 h | a job's status: acceptedAt, target, startedAt, finishedAt, counts (`JobStatusStore`) |

@@ -247,10 +247,17 @@ struct BroadcastTests {
                                                   key: app.secretKey, json: #"{"environment": "production"}"#)
         try #require(made.status == 201, "\(made.text)")
         let orphan = try #require(JSONValue(parsing: Array(made.text.utf8))?["channelId"]?.stringValue)
-        // Redis loses the post's only channel, as if the save after Apple's answer never happened.
+        // Redis loses the post's only channel, as if the save after Apple's answer never happened; a dispatcher
+        // started then has never seen a channel in that environment.
+        await stack.dispatcher.child.stop()
         let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
         _ = try await redis.command(["DEL", RedisKeys(app: app.id).broadcast(post)])
         _ = try await redis.command(["ZREM", RedisKeys(app: app.id).broadcastIndex, post])
+        let dispatcher = try DispatcherProcess(apps: apps, simulator: stack.simulator, topics: topics,
+                                               redisURL: try TestEnvironment.redisURL(), directory: directory,
+                                               name: "dispatcher-after",
+                                               extra: ["HERALD_BROADCAST_JANITOR_INTERVAL_SECONDS": "1"])
+        try await dispatcher.waitForAssignment()
         var configuration = APNsConfiguration()
         (configuration.manageProductionURL, configuration.extraCAFile) = (stack.simulator.manageURL, stack.simulator.caFile)
         let apns = try APNsClient(configuration: configuration, logger: faultLogger)
@@ -260,11 +267,11 @@ struct BroadcastTests {
                                                 environment: .production).channels
             return listed.map { !$0.contains(orphan) } ?? false
         }
-        #expect(await stack.dispatcher.metric("herald_broadcast_janitor_channels_total",
-                                              labels: ["action": "orphan_deleted"]) == 1)
+        #expect(await dispatcher.metric("herald_broadcast_janitor_channels_total",
+                                        labels: ["action": "orphan_deleted"]) == 1)
         await apns.shutdown()
         await redis.close()
-        await stack.dispatcher.child.stop()
+        await dispatcher.child.stop()
         await stack.ingest.child.stop()
         await stack.simulator.child.stop()
         cleanUp(directory, keep: false)

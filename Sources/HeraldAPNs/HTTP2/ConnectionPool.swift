@@ -149,8 +149,9 @@ final class ConnectionPool {
         } else {
             slots[index].openAt = .now + backoff()
             consecutiveFailures += 1
-            // As for a connection that failed before it was ready: nothing can carry the queue now.
-            if !slots.contains(where: { $0.connection?.state == .ready }) {
+            // As for a connection that failed before it was ready: nothing can carry the queue now. (One that
+            // answered 503 Shutdown worked as far as it went: the queue waits for its replacement.)
+            if !connection.answeredAnything, !slots.contains(where: { $0.connection?.state == .ready }) {
                 failQueue(APNsError(.connectionFailed, "\(key.endpoint) dropped the connection before answering anything"
                                     + connection.goawayNote))
             }

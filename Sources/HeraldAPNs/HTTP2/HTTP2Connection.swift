@@ -22,9 +22,11 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     private(set) var wasReady = false
     /// When SETTINGS made it ready.
     private(set) var readyAt: ContinuousClock.Instant?
-    /// Whether any request got its answer here: a connection the server drops before answering anything is a
-    /// failed attempt, for the pool's backoff, even after its handshake.
+    /// Whether a request got an answer here other than 503 Shutdown: a connection the server drops (or shuts down)
+    /// before that is a failed attempt, for the pool's backoff, even after its handshake.
     private(set) var hasAnswered = false
+    /// Whether any request got its answer here, 503 Shutdown included.
+    private(set) var answeredAnything = false
     /// The debug data of the server's GOAWAY (APNs puts `{"reason": …}` there), for the requests it refused.
     private(set) var goawayDetail: String?
     /// `" (GOAWAY <debug data>)"` for messages about requests the GOAWAY refused; empty without one.
@@ -448,6 +450,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         guard let request = streams.removeValue(forKey: stream) else { return }
         capacityChanged = true
         if request.status != 0, ending == .noError || request.responseComplete {
+            answeredAnything = true
             // APNs answers 503 Shutdown on a connection it is taking down: new requests belong on another one.
             // That answer does not make the connection one that worked (the pool's backoff): a server answering
             // it on every new connection must not get a connect per push.
