@@ -13,6 +13,10 @@ public struct APNsSimulatorConfiguration: Sendable {
     public var providerKeys: [ProviderKey]
     /// Bundle ids pushes may target (the topic without its push-type suffix); empty accepts any bundle id.
     public var allowedTopics: Set<String>
+    /// Bundle ids that belong to particular teams: only those teams' provider tokens may push to them (else 400
+    /// TopicDisallowed) or manage their channels (403 TopicMismatch), as with Apple, where a key pushes only to
+    /// its own team's apps. Bundle ids not listed here take any team's tokens. See `allowTopics(_:)`.
+    public var topicOwners: [String: Set<String>] = [:]
     /// Programmed failures at start (the rules file, when given, replaces them).
     public var rules: [SimulatorRule]
     /// A rules file (`{"rules": [...]}`), re-read when it changes. See `SimulatorRule`.
@@ -90,13 +94,35 @@ public struct APNsSimulatorConfiguration: Sendable {
     }
 }
 
+extension APNsSimulatorConfiguration {
+    /// Adds `BUNDLE_ID` (any team may push to it) or `TEAMID:BUNDLE_ID` (only that team may) to the allowed topics.
+    public mutating func allowTopics(_ specifications: [String]) throws(ConfigurationError) {
+        for specification in specifications {
+            let parts = specification.split(separator: ":", omittingEmptySubsequences: false).map(String.init)
+            guard (1...2).contains(parts.count), !parts.contains(where: \.isEmpty) else {
+                throw ConfigurationError("topic", "expected BUNDLE_ID or TEAMID:BUNDLE_ID, got \"\(specification)\"")
+            }
+            let bundle = parts[parts.count - 1]
+            allowedTopics.insert(bundle)
+            if parts.count == 2 { topicOwners[bundle, default: []].insert(parts[0]) }
+        }
+    }
+
+    /// Whether a provider token of `team` may address `bundle`: an allowed bundle id, and the team's own when it
+    /// has owners.
+    func team(_ team: String, mayUse bundle: String) -> Bool {
+        (allowedTopics.isEmpty || allowedTopics.contains(bundle)) && topicOwners[bundle].map { $0.contains(team) } ?? true
+    }
+}
+
 /// The simulator's JSON configuration file: keys and topics, for setups with more than a flag's worth.
 ///
 /// ```json
 /// {"keys": [{"teamId": "TEAM123456", "keyId": "KEY1234567", "path": "keys/shop.p8"}],
-///  "topics": ["com.example.shop"]}
+///  "topics": ["TEAM123456:com.example.shop", "com.example.anyteam"]}
 /// ```
-/// `path` is relative to the file's folder and may name a `.p8`, a public key or a certificate.
+/// `path` is relative to the file's folder and may name a `.p8`, a public key or a certificate. A topic is
+/// `BUNDLE_ID` or `TEAMID:BUNDLE_ID` (see `allowTopics(_:)`).
 public struct SimulatorConfigFile: Sendable {
     public var keys: [ProviderKey]
     public var topics: [String]

@@ -362,7 +362,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         let outcome: Result<(status: Int, headers: [(String, String)], body: [UInt8]?), APNsRejection>
         if isManagement {
             outcome = BroadcastValidator.managementRoute(request).flatMap { operation, bundle in
-                if let rejection = refusal(request, now: now) {
+                if let rejection = refusal(request, bundle: bundle, now: now) {
                     return .failure(rejection)
                 }
                 return BroadcastValidator.manage(operation, bundle: bundle, request: request, book: book,
@@ -370,7 +370,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
             }
         } else {
             outcome = BroadcastValidator.broadcastRoute(request).flatMap { bundle in
-                if let rejection = refusal(request, now: now) {
+                if let rejection = refusal(request, bundle: bundle, now: now) {
                     return .failure(rejection)
                 }
                 return BroadcastValidator.broadcast(request, bundle: bundle, book: book,
@@ -396,9 +396,8 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         return answer
     }
 
-    /// Checks the provider token and returns its `iat` (the first good one raises the stream limit, as APNs
-    /// does).
-    private func authenticate(_ request: IncomingRequest, now: Double) -> Result<Double, APNsRejection> {
+    /// Checks the provider token and returns it (the first good one raises the stream limit, as APNs does).
+    private func authenticate(_ request: IncomingRequest, now: Double) -> Result<VerifiedToken, APNsRejection> {
         switch simulator.verifier.verify(authorization: request.header("authorization"), now: now) {
         case .failure(let rejection):
             return .failure(rejection)
@@ -408,15 +407,22 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
                 concurrencyRaised = true
                 submitSettings(maxConcurrentStreams: simulator.configuration.maxConcurrentStreams)
             }
-            return .success(verified.issuedAt)
+            return .success(verified)
         }
     }
 
-    /// Duplicate headers or a bad provider token, checked before a channel request's own rules.
-    private func refusal(_ request: IncomingRequest, now: Double) -> APNsRejection? {
+    /// Duplicate headers, a bad provider token, or one of a team that does not own `bundle` (403 TopicMismatch),
+    /// checked before a channel request's own rules.
+    private func refusal(_ request: IncomingRequest, bundle: String, now: Double) -> APNsRejection? {
         if let rejection = RequestValidator.duplicates(request) { return rejection }
-        if case .failure(let rejection) = authenticate(request, now: now) { return rejection }
-        return nil
+        switch authenticate(request, now: now) {
+        case .failure(let rejection): return rejection
+        case .success(let provider):
+            guard let owners = simulator.configuration.topicOwners[bundle], !owners.contains(provider.teamID) else {
+                return nil
+            }
+            return APNsRejection(403, "TopicMismatch")
+        }
     }
 
     private func evaluate(_ request: IncomingRequest, now: Double) -> Result<AcceptedPush, APNsRejection> {
@@ -426,16 +432,21 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         case .success(let value): token = value
         }
         if let rejection = RequestValidator.duplicates(request) { return .failure(rejection) }
-        let issuedAt: Double
+        let provider: VerifiedToken
         switch authenticate(request, now: now) {
         case .failure(let rejection): return .failure(rejection)
-        case .success(let value): issuedAt = value
+        case .success(let value): provider = value
         }
-        return RequestValidator.notification(request, token: token, allowedTopics: simulator.configuration.allowedTopics)
-            .map { push in
+        let configuration = simulator.configuration
+        return RequestValidator.notification(request, token: token,
+                                             mayUse: { configuration.team(provider.teamID, mayUse: $0) })
+            .flatMap { push in
+                guard simulator.tokenTopics.bind(push.token, to: push.topic) else {
+                    return .failure(APNsRejection(400, "DeviceTokenNotForTopic"))
+                }
                 var push = push
-                push.providerTokenIssuedAt = issuedAt
-                return push
+                push.providerTokenIssuedAt = provider.issuedAt
+                return .success(push)
             }
     }
 

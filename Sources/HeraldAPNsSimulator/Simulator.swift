@@ -30,6 +30,8 @@ public final class APNsSimulator: Sendable {
     let broadcastRecorder: LineRecorder?
     /// Broadcast channels created through the management listener.
     public let channels: ChannelBook
+    /// The topic each device token was first pushed to (DeviceTokenNotForTopic).
+    let tokenTopics = TokenTopicBook(limit: 1_000_000)
     let stopping = Atomic<Bool>(false)
     let liveThreads = Atomic<Int>(0)
     let openConnections = Atomic<Int>(0)

@@ -118,8 +118,9 @@ enum RequestValidator {
     }
 
     /// Everything after authentication: topic, push type, priority, expiration, collapse id, apns-id, payload.
+    /// `mayUse` says whether the provider token may push to a bundle id (400 TopicDisallowed if not).
     static func notification(_ request: IncomingRequest, token: String,
-                             allowedTopics: Set<String>) -> Result<AcceptedPush, APNsRejection> {
+                             mayUse: (String) -> Bool) -> Result<AcceptedPush, APNsRejection> {
         guard let topic = request.header("apns-topic"), !topic.isEmpty else {
             return .failure(APNsRejection(400, "MissingTopic"))
         }
@@ -130,9 +131,7 @@ enum RequestValidator {
         guard let bundle = bundleID(of: topic, for: pushType) else {
             return .failure(APNsRejection(400, "InvalidPushType"))
         }
-        if !allowedTopics.isEmpty, !allowedTopics.contains(bundle) {
-            return .failure(APNsRejection(400, "TopicDisallowed"))
-        }
+        guard mayUse(bundle) else { return .failure(APNsRejection(400, "TopicDisallowed")) }
 
         var priority = 10
         if let raw = request.header("apns-priority") {

@@ -22,7 +22,10 @@ let usage = """
                                                                   certificate (repeatable; at least one key needed)
       --config FILE               HERALD_SIM_CONFIG_FILE          JSON {"keys": [{"teamId","keyId","path"}],
                                                                   "topics": [...]} (paths relative to the file)
-      --topic BUNDLE_ID           HERALD_SIM_TOPICS (comma-separated) allowed bundle ids (repeatable; none = any)
+      --topic [TEAMID:]BUNDLE_ID  HERALD_SIM_TOPICS (comma-separated) allowed bundle ids (repeatable; none = any);
+                                                                  with TEAMID only that team's tokens may push to it
+                                                                  (else 400 TopicDisallowed, 403 TopicMismatch for
+                                                                  its channels)
       --rules FILE                HERALD_SIM_RULES_FILE           programmed failures, re-read when it changes
       --record FILE               HERALD_SIM_RECORD_FILE          one JSON line per accepted push
       --record-rejected FILE      HERALD_SIM_REJECTED_FILE        one JSON line per rejected request
@@ -179,13 +182,13 @@ do {
     }
     var configuration = APNsSimulatorConfiguration(
         listen: listen, certificateChainPath: certificate, privateKeyPath: certificateKey, providerKeys: keys,
-        allowedTopics: Set(topics),
         rulesPath: option("rules") ?? environment.optionalString("HERALD_SIM_RULES_FILE"),
         recordPath: option("record") ?? environment.optionalString("HERALD_SIM_RECORD_FILE"),
         rejectedRecordPath: option("record-rejected") ?? environment.optionalString("HERALD_SIM_REJECTED_FILE"),
         maxConcurrentStreams: maxStreams,
         responseDelay: high == 0 ? nil : .milliseconds(low) ... .milliseconds(high))
     configuration.development = environmentName == "development"
+    try configuration.allowTopics(topics)
     if let manageText = option("manage-listen") ?? environment.optionalString("HERALD_SIM_MANAGE_ADDR") {
         guard let manage = HostPort(manageText) else {
             throw ConfigurationError("HERALD_SIM_MANAGE_ADDR", "expected host:port, got \"\(manageText)\"")

@@ -142,6 +142,22 @@ struct RuleTests {
         #expect(RequestValidator.duplicates(request)?.reason == "DuplicateHeaders")
     }
 
+    @Test("a topic is BUNDLE_ID (any team) or TEAMID:BUNDLE_ID (that team only)")
+    func topicOwnership() throws {
+        var configuration = APNsSimulatorConfiguration(listen: HostPort(host: "127.0.0.1", port: 0),
+                                                       certificateChainPath: "", privateKeyPath: "", providerKeys: [])
+        try configuration.allowTopics(["com.example.any", "TEAM123456:com.example.shop", "OTHERTEAM1:com.example.shop"])
+        #expect(configuration.allowedTopics == ["com.example.any", "com.example.shop"])
+        #expect(configuration.topicOwners == ["com.example.shop": ["TEAM123456", "OTHERTEAM1"]])
+        #expect(configuration.team("TEAM123456", mayUse: "com.example.shop"))
+        #expect(configuration.team("RIVALTEAM1", mayUse: "com.example.any"))
+        #expect(!configuration.team("RIVALTEAM1", mayUse: "com.example.shop"))
+        #expect(!configuration.team("TEAM123456", mayUse: "com.example.unlisted"))
+        for bad in ["", "TEAM123456:", ":com.example.shop", "TEAM123456:com.example.shop:extra"] {
+            #expect(throws: ConfigurationError.self, "\(bad)") { try configuration.allowTopics([bad]) }
+        }
+    }
+
     @Test("delayed answers leave in due order, each once, across the queue's compactions")
     func dueQueueOrder() {
         var queue = DueQueue<Int>()

@@ -44,6 +44,53 @@ struct SimulatorTests {
         #expect(harness.simulator.statistics.accepted == 2)
     }
 
+    @Test("a device token belongs to the topic it was first pushed to: another topic gets 400 DeviceTokenNotForTopic")
+    func tokenBelongsToItsTopic() async throws {
+        let harness = try Harness()
+        let token = deviceToken(), liveActivityToken = deviceToken()
+        func liveActivity(_ token: String) throws -> HTTPRequest {
+            try harness.alert(token, body: #"{"aps":{"timestamp":1700000000,"event":"update","content-state":{}}}"#)
+                .with("apns-topic", bundleID + ".push-type.liveactivity").with("apns-push-type", "liveactivity")
+        }
+        let responses = try await curl(harness, [
+            try harness.alert(token), try liveActivity(token), try liveActivity(liveActivityToken),
+            try harness.alert(liveActivityToken), try harness.alert(token),
+        ])
+        await harness.stop()
+        #expect(responses.map(\.status) == [200, 400, 200, 400, 200])
+        #expect(responses.map(\.reason) == [nil, "DeviceTokenNotForTopic", nil, "DeviceTokenNotForTopic", nil])
+    }
+
+    @Test("a team's provider token pushes only to its own bundle ids and manages only their channels")
+    func teamsOwnTheirTopics() async throws {
+        let rival = "com.example.rival", shared = "com.example.shared"
+        let harness = try Harness(topics: [bundleID, rival, shared]) { configuration in
+            configuration.topicOwners = [bundleID: [teamID], rival: ["RIVALTEAM1"]]
+        }
+        func list(_ bundle: String) -> HTTPRequest {
+            HTTPRequest(method: "GET", path: harness.manageBase + "/1/apps/\(bundle)/all-channels",
+                        headers: [("authorization", "bearer " + harness.providerToken)], body: nil)
+        }
+        var broadcast = try harness.alert(deviceToken()).with("apns-topic", nil).with("apns-push-type", "liveactivity")
+            .with("apns-channel-id", "AAAAAAAAAAAAAAAAAAAAAA==")
+        broadcast.path = "/4/broadcasts/apps/" + rival
+        let cases: [(String, HTTPRequest, Int, String?)] = [
+            ("own bundle", try harness.alert(deviceToken()), 200, nil),
+            ("another team's bundle", try harness.alert(deviceToken()).with("apns-topic", rival), 400, "TopicDisallowed"),
+            ("a bundle of no team", try harness.alert(deviceToken()).with("apns-topic", shared), 200, nil),
+            ("own channels", list(bundleID), 200, nil),
+            ("another team's channels", list(rival), 403, "TopicMismatch"),
+            ("a broadcast to another team's channel", broadcast, 403, "TopicMismatch"),
+        ]
+        let responses = try await curl(harness, cases.map(\.1))
+        await harness.stop()
+        try #require(responses.count == cases.count)
+        for (index, (name, _, status, reason)) in cases.enumerated() {
+            #expect(responses[index].status == status, "\(name): \(responses[index].body)")
+            #expect(responses[index].reason == reason, "\(name)")
+        }
+    }
+
     @Test("provider token problems get Apple's 403 reasons")
     func providerTokenRejections() async throws {
         let harness = try Harness()
@@ -141,7 +188,7 @@ struct SimulatorTests {
         let background = push.with("apns-push-type", "background")
         var backgroundOK = background.with("apns-priority", "5")
         backgroundOK.body = #"{"aps":{"content-available":1}}"#
-        var voip = push.with("apns-push-type", "voip").with("apns-topic", bundleID + ".voip")
+        var voip = path("/3/device/" + deviceToken()).with("apns-push-type", "voip").with("apns-topic", bundleID + ".voip")
         voip.body = #"{"call":""# + String(repeating: "x", count: 4990) + #""}"#
         var bigAlert = push
         bigAlert.body = #"{"aps":{"alert":""# + String(repeating: "x", count: 4080) + #""}}"#

@@ -30,14 +30,18 @@ final class SimulatorPair: Sendable {
         productionRecord = directory + "/production.jsonl"
         sandboxRecord = directory + "/sandbox.jsonl"
         let keys = apps.apps.map { ProviderKey(teamID: $0.teamID, keyID: $0.keyID, publicKey: $0.apnsKey.publicKey) }
-        production = try Self.make(record: productionRecord, tls: tls, keys: keys)
-        sandbox = try Self.make(record: sandboxRecord, tls: tls, keys: keys)
+        // Each app's bundle id belongs to its team: a push signed with another app's key is refused.
+        let owners = Dictionary(apps.apps.map { ($0.bundleID, Set([$0.teamID])) }, uniquingKeysWith: { $0.union($1) })
+        production = try Self.make(record: productionRecord, tls: tls, keys: keys, owners: owners)
+        sandbox = try Self.make(record: sandboxRecord, tls: tls, keys: keys, owners: owners)
     }
 
-    private static func make(record: String, tls: SimulatorCertificates.Files, keys: [ProviderKey]) throws -> APNsSimulator {
+    private static func make(record: String, tls: SimulatorCertificates.Files, keys: [ProviderKey],
+                             owners: [String: Set<String>]) throws -> APNsSimulator {
         var configuration = APNsSimulatorConfiguration(
             listen: HostPort(host: "127.0.0.1", port: 0), certificateChainPath: tls.serverCertificate,
             privateKeyPath: tls.serverKey, providerKeys: keys, recordPath: record)
+        configuration.topicOwners = owners
         configuration.manageListen = HostPort(host: "127.0.0.1", port: 0)
         configuration.broadcastRecordPath = record + ".broadcasts"
         let simulator = try APNsSimulator(configuration: configuration, logger: testLogger, metrics: MetricsRegistry())

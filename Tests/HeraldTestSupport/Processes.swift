@@ -216,8 +216,10 @@ public final class SimulatorProcess: Sendable {
                          "--rules", rulesPath, "--log-level", "warning", "--manage-listen", "127.0.0.1:\(managePort)",
                          "--record-broadcasts", broadcastRecordPath]
         for bundle in noBroadcast { arguments += ["--no-broadcast", bundle] }
+        // Each app's bundle id belongs to its team: a push signed with another app's key is refused.
         for app in apps.apps {
-            arguments += ["--key", "\(app.teamID):\(app.keyID):\(apps.folder.appendingPathComponent("\(app.id).p8").path)"]
+            arguments += ["--key", "\(app.teamID):\(app.keyID):\(apps.folder.appendingPathComponent("\(app.id).p8").path)",
+                          "--topic", "\(app.teamID):\(app.bundleID)"]
         }
         child = try ChildProcess("herald-apns-sim", executable: try builtExecutable("herald-apns-sim"),
                                  arguments: arguments, environment: [:], logPath: directory + "/sim.log")

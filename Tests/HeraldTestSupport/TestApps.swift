@@ -13,7 +13,9 @@ public struct TestApps: Sendable {
         public let secretKey: String
         /// A public key with a user (`user-<id>`), for Live Activity registrations.
         public let userKey: String
-        public let teamID = "TEAM123456"
+        /// Each app is its own Apple developer team, so a simulator that binds bundle ids to teams refuses a push
+        /// signed with another app's key.
+        public let teamID: String
         public let keyID: String
         public let apnsKey: PrivateKey
         /// The OAuth issuer's signing key (ES256, or RS256 when the apps were made with `oauthAlgorithm: .rs256`)
@@ -59,7 +61,7 @@ public struct TestApps: Sendable {
                               publicKey: NewAPIKey.generate(kind: .public).key,
                               secretKey: NewAPIKey.generate(kind: .secret).key,
                               userKey: NewAPIKey.generate(kind: .public).key,
-                              keyID: keyID, apnsKey: try PrivateKey.generateP256(),
+                              teamID: String(("T" + SecureRandom.hex(8).uppercased()).prefix(10)), keyID: keyID, apnsKey: try PrivateKey.generateP256(),
                               oauthKey: oauthKey, issuer: "https://auth-\(id).example.com",
                               jobSecret: try SharedSecret(bytes: Array(jobSecret.utf8)),
                               jobSecretPath: folder.appendingPathComponent("\(id)-jobs.secret").path, grantSecret: grantSecret)

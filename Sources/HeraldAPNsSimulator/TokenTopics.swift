@@ -1,0 +1,36 @@
+import HeraldRuntime
+
+/// The topic each device token was first pushed to. APNs issues a token to one app and push type (a Live Activity
+/// token is not the app's device token), so a later push of the token to another topic gets 400
+/// DeviceTokenNotForTopic. Remembers up to `limit` tokens; tokens beyond it are not bound, so memory stays bounded.
+final class TokenTopicBook: Sendable {
+    private struct Book {
+        /// Token → index into `topics` (a handful of topics are shared by every token).
+        var tokens: [String: Int] = [:]
+        var topics: [String] = []
+        var topicIndex: [String: Int] = [:]
+    }
+
+    private let book = Lock(Book())
+    private let limit: Int
+
+    init(limit: Int) { self.limit = limit }
+
+    /// False when `token` is bound to a topic other than `topic`; else binds it (if there is room) and returns true.
+    func bind(_ token: String, to topic: String) -> Bool {
+        book.withLock { book in
+            if let bound = book.tokens[token] { return book.topics[bound] == topic }
+            guard book.tokens.count < limit else { return true }
+            let index: Int
+            if let known = book.topicIndex[topic] {
+                index = known
+            } else {
+                index = book.topics.count
+                book.topics.append(topic)
+                book.topicIndex[topic] = index
+            }
+            book.tokens[token] = index
+            return true
+        }
+    }
+}
