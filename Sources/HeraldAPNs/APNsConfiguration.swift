@@ -114,6 +114,9 @@ public struct APNsConfiguration: Sendable {
     /// First reconnect delay after a failure; doubles per consecutive failure up to `reconnectMaximumDelay`.
     public var reconnectInitialDelay: Duration = .milliseconds(500)
     public var reconnectMaximumDelay: Duration = .seconds(30)
+    /// A pool (provider key, endpoint) that sent nothing for this long closes its connections and is forgotten: a
+    /// key replaced by rotation, or an app gone quiet. Its next request opens a new pool.
+    public var idlePoolLifetime: Duration = .seconds(3600)
     /// Requests waiting for a free stream per pool; beyond it `send` fails fast with `.queueFull`.
     public var maximumQueuedRequests = 10_000
     /// Our own cap on streams per connection, below the server's SETTINGS_MAX_CONCURRENT_STREAMS.

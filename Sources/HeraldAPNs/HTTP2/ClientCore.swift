@@ -108,6 +108,12 @@ final class ClientCore: @unchecked Sendable {  // @unchecked: every method runs 
     }
 
     func tick(now: ContinuousClock.Instant) {
+        for (key, pool) in pools where pool.isIdle(now: now) {
+            pools[key] = nil
+            pool.retire()
+            logger.info("APNs pool idle: connections closed", ["apns.endpoint": key.endpoint.description,
+                                                               "apns.key_id": key.keyID])
+        }
         for pool in pools.values { pool.tick(now: now, opening: shutdownDeadline == nil) }
         if shutdownDeadline != nil { finishShutdownIfDone(now: now) }
     }

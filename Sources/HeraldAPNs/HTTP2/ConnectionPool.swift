@@ -22,6 +22,8 @@ final class ConnectionPool {
     private var queueHead = 0
     private var consecutiveFailures = 0
     private var dispatchNeeded = false
+    /// When a request last came in (see `APNsConfiguration.idlePoolLifetime`).
+    private(set) var lastUsed = ContinuousClock.now
 
     init(key: PoolKey, core: ClientCore, logger: Logger) {
         self.key = key
@@ -45,6 +47,7 @@ final class ConnectionPool {
             return request.fail(.queueFull, "\(queuedCount) requests already wait for \(key.endpoint)")
         }
         queue.append(request)
+        lastUsed = .now
         needsDispatch()
     }
 
@@ -200,6 +203,16 @@ final class ConnectionPool {
     /// Drops a cancelled request from wherever it is.
     func cancel(_ request: PendingRequest) {
         for connection in connections { connection.cancel(request) }
+    }
+
+    /// True when nothing waits or is in flight and nothing came in for `idlePoolLifetime`.
+    func isIdle(now: ContinuousClock.Instant) -> Bool {
+        queuedCount == 0 && inFlight == 0 && now - lastUsed >= core.configuration.idlePoolLifetime
+    }
+
+    /// Closes every connection (GOAWAY first). The core has forgotten the pool, so nothing reopens them.
+    func retire() {
+        for connection in connections { connection.terminate(failing: APNsError(.shutdown, "the pool was idle")) }
     }
 
     /// Closes connections that are still being established (used at shutdown).
