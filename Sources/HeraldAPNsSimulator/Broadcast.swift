@@ -114,6 +114,9 @@ enum BroadcastValidator {
     static func manage(_ operation: Management, bundle: String, request: IncomingRequest, book: ChannelBook,
                        enabled: Bool) -> Result<(status: Int, headers: [(String, String)], body: [UInt8]?), APNsRejection> {
         guard enabled else { return .failure(APNsRejection(400, "FeatureNotEnabled")) }
+        if let requestID = request.header("apns-request-id"), !RequestValidator.isCanonicalUUID(requestID) {
+            return .failure(APNsRejection(400, "BadMessageId"))
+        }
         switch operation {
         case .create:
             guard let body = JSONValue(parsing: request.body), let object = body.objectValue else {

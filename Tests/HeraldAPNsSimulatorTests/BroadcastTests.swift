@@ -102,6 +102,8 @@ import Testing
             ("PUT", try manage(harness, "PUT", "channels", body: "{}"), 405, "MethodNotAllowed"),
             ("other path", try manage(harness, "GET", "channel"), 404, "BadPath"),
             ("no capability", disabled, 400, "FeatureNotEnabled"),
+            ("apns-request-id not a UUID", try manage(harness, "GET", "all-channels").with("apns-request-id", "12345"), 400,
+             "BadMessageId"),
             ("expired provider token", try manage(harness, "GET", "all-channels", jwt: try harness.jwt(age: 7200)), 403,
              "ExpiredProviderToken"),
         ]
