@@ -62,26 +62,32 @@ struct BroadcastJanitor: Service {
 
     private func deleteIdle(_ app: App, credentials: APNsCredentials) async throws {
         let before = Int64((Date().timeIntervalSince1970 - idle.inSeconds) * 1000)
+        // Posts left in the index (a channel APNs refused to delete) are skipped, so a page of them cannot keep
+        // the janitor from the idle posts behind it.
+        var left = 0
         while !Task.isCancelled {
-            let posts = try await channels.idlePosts(app: app.id, before: before, limit: BroadcastChannelStore.pageSize)
-            var progressed = false
+            let posts = try await channels.idlePosts(app: app.id, before: before, skipping: left,
+                                                     limit: BroadcastChannelStore.pageSize)
             for post in posts {
-                // Used since the page was read (an update, a create asked again): not idle after all.
+                // Used since the page was read (an update, a create asked again): not idle after all, and out of
+                // the range read.
                 guard let used = try await channels.lastUsed(app: app.id, postIDHash: post), used < before else { continue }
+                var refused = false
                 for channel in try await channels.channels(app: app.id, postIDHash: post) {
                     guard let deleted = await broadcaster.delete(channel, app: app, credentials: credentials, post: post) else {
                         return
                     }
-                    guard deleted else { continue }
-                    progressed = true
+                    guard deleted else {
+                        refused = true
+                        continue
+                    }
                     cleaned.labels("idle_deleted").increment()
                     logger.info("broadcast channel of an idle post deleted",
                                 ["app": app.id, "post": post, "apns.channel_id": channel.channelID])
                 }
-                try await channels.unindexIfEmpty(app: app.id, postIDHash: post)
+                if refused { left += 1 } else { try await channels.unindexIfEmpty(app: app.id, postIDHash: post) }
             }
-            // A page whose channels APNs keeps refusing to delete is left for the next round.
-            guard posts.count == BroadcastChannelStore.pageSize, progressed else { return }
+            guard posts.count == BroadcastChannelStore.pageSize else { return }
         }
     }
 

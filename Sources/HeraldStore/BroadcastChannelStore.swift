@@ -139,10 +139,11 @@ public struct BroadcastChannelStore: Sendable {
         try await redis.command(["ZSCORE", RedisKeys(app: app).broadcastIndex, postIDHash]).string.flatMap { Int64($0) }
     }
 
-    /// Posts whose channels were last made or updated before `before` (UNIX ms), oldest first.
-    public func idlePosts(app: String, before: Int64, limit: Int) async throws -> [String] {
+    /// Posts whose channels were last made or updated before `before` (UNIX ms), oldest first, after the first
+    /// `offset` of them.
+    public func idlePosts(app: String, before: Int64, skipping offset: Int = 0, limit: Int) async throws -> [String] {
         let reply = try await redis.command(["ZRANGEBYSCORE", RedisKeys(app: app).broadcastIndex, "-inf", "(\(before)",
-                                             "LIMIT", "0", String(limit)])
+                                             "LIMIT", String(offset), String(limit)])
         return reply.array?.compactMap(\.string) ?? []
     }
 

@@ -112,7 +112,7 @@ struct BroadcastTests {
     }
 
     /// The janitor, every second with posts idle after 5 s: an idle post's channel is deleted while a busy one's
-    /// stays; a channel APNs has but Redis lost is deleted at APNs once seen so twice; one Redis has but APNs
+    /// stays, even behind a page of idle posts whose channels APNs refuses to delete; a channel APNs has but Redis lost is deleted at APNs once seen so twice; one Redis has but APNs
     /// lost is forgotten; the channel count at APNs is exported.
     @Test("the janitor deletes idle and orphaned channels, forgets vanished ones, and counts what APNs has")
     func janitorKeepsChannelsTidy() async throws {
@@ -146,6 +146,14 @@ struct BroadcastTests {
                                      key: app.publicKey).status == 200
         }
         let (idle, busy, orphaned, vanished) = (SecureRandom.hex(8), SecureRandom.hex(8), SecureRandom.hex(8), SecureRandom.hex(8))
+        // Ahead of them in the idle index, a full page of posts whose channels APNs refuses to delete (ids it cannot
+        // read): the janitor must still reach the idle post behind them.
+        let store = BroadcastChannelStore(redis: redis)
+        for index in 0..<BroadcastChannelStore.pageSize {
+            _ = try await store.save(app: app.id, postIDHash: "refused\(index)", BroadcastChannel(
+                channelID: "refused-\(index)", environment: .production, storagePolicy: .noStorage,
+                createdAt: "2026-01-01T00:00:00Z"))
+        }
         _ = try await create(idle)
         let busyID = try await create(busy)
         let orphanID = try await create(orphaned), vanishedID = try await create(vanished)
