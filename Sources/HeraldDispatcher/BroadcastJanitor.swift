@@ -62,8 +62,8 @@ struct BroadcastJanitor: Service {
 
     private func deleteIdle(_ app: App, credentials: APNsCredentials) async throws {
         let before = Int64((Date().timeIntervalSince1970 - idle.inSeconds) * 1000)
-        // Posts left in the index (a channel APNs refused to delete) are skipped, so a page of them cannot keep
-        // the janitor from the idle posts behind it.
+        // Posts left in the index (a channel APNs refused) are skipped, so a page of them cannot keep the janitor
+        // from the idle posts behind them.
         var left = 0
         while !Task.isCancelled {
             let posts = try await channels.idlePosts(app: app.id, before: before, skipping: left,
@@ -72,20 +72,19 @@ struct BroadcastJanitor: Service {
                 // Used since the page was read (an update, a create asked again): not idle after all, and out of
                 // the range read.
                 guard let used = try await channels.lastUsed(app: app.id, postIDHash: post), used < before else { continue }
-                var refused = false
                 for channel in try await channels.channels(app: app.id, postIDHash: post) {
-                    guard let deleted = await broadcaster.delete(channel, app: app, credentials: credentials, post: post) else {
-                        return
+                    switch await broadcaster.delete(channel, app: app, credentials: credentials, post: post) {
+                    case .deleted?:
+                        cleaned.labels("idle_deleted").increment()
+                        logger.info("broadcast channel of an idle post deleted",
+                                    ["app": app.id, "post": post, "apns.channel_id": channel.channelID])
+                    case .refused?:
+                        break  // the channel stays; tried again next round
+                    case .failed?, nil:
+                        return  // the next round tries again
                     }
-                    guard deleted else {
-                        refused = true
-                        continue
-                    }
-                    cleaned.labels("idle_deleted").increment()
-                    logger.info("broadcast channel of an idle post deleted",
-                                ["app": app.id, "post": post, "apns.channel_id": channel.channelID])
                 }
-                if refused { left += 1 } else { try await channels.unindexIfEmpty(app: app.id, postIDHash: post) }
+                if try await !channels.unindexIfEmpty(app: app.id, postIDHash: post) { left += 1 }
             }
             guard posts.count == BroadcastChannelStore.pageSize else { return }
         }

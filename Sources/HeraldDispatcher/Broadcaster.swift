@@ -100,10 +100,10 @@ struct Broadcaster: Sendable {
         guard let list = await store("read the post's channels", { try await channels.channels(app: app, postIDHash: post) })
         else { return !Task.isCancelled }
         for channel in list {
-            guard let deleted = await delete(channel, app: plan.app, credentials: plan.credentials, post: post) else {
+            guard let deletion = await delete(channel, app: plan.app, credentials: plan.credentials, post: post) else {
                 return false
             }
-            if deleted {
+            if deletion == .deleted {
                 logger.info("final update sent; broadcast channel deleted",
                             ["app": app, "post": post, "apns.channel_id": channel.channelID])
             }
@@ -111,20 +111,32 @@ struct Broadcaster: Sendable {
         return true
     }
 
-    /// Deletes one of the post's channels at APNs, then forgets it. True when gone, false when APNs kept refusing
-    /// (logged; the channel stays in Redis), nil when cancelled.
-    func delete(_ channel: BroadcastChannel, app: App, credentials: APNsCredentials, post: String) async -> Bool? {
+    /// What became of a channel delete.
+    enum ChannelDeletion {
+        /// Gone at APNs (or APNs never knew it) and forgotten.
+        case deleted
+        /// APNs refused this channel (a 400 about it, such as BadChannelId); the channel stays in Redis.
+        case refused
+        /// APNs refused the app or could not be reached, or Redis failed: other deletes would fare no better now.
+        case failed
+    }
+
+    /// Deletes one of the post's channels at APNs, then forgets it; failures are logged. Nil when cancelled.
+    func delete(_ channel: BroadcastChannel, app: App, credentials: APNsCredentials, post: String) async -> ChannelDeletion? {
         guard let answer = await manage(.delete(bundleID: app.apns.bundleId, channelID: channel.channelID),
                                         credentials: credentials, environment: channel.environment) else { return nil }
         guard case .success(let response) = answer, response.isSuccess || response.reason == .channelNotRegistered else {
             logger.error("APNs did not delete a broadcast channel",
                          ["app": app.id, "post": post, "apns.channel_id": channel.channelID, "answer": "\(answer)"])
-            return false
+            if case .success(let response) = answer, response.status == 400, response.reason != .featureNotEnabled {
+                return .refused
+            }
+            return .failed
         }
         guard await store("forget the channel", {
             try await channels.remove(app: app.id, postIDHash: post, channel)
-        }) != nil else { return Task.isCancelled ? nil : false }
-        return true
+        }) != nil else { return Task.isCancelled ? nil : .failed }
+        return .deleted
     }
 
     /// `post`: the channel's post, when known (a replay may not know it).

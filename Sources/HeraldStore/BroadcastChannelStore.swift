@@ -147,15 +147,19 @@ public struct BroadcastChannelStore: Sendable {
         return reply.array?.compactMap(\.string) ?? []
     }
 
-    /// Takes an indexed post without channels (only refusals) out of the index.
-    public func unindexIfEmpty(app: String, postIDHash: String) async throws {
+    /// Takes an indexed post without channels (only refusals) out of the index; false when a channel is left.
+    @discardableResult
+    public func unindexIfEmpty(app: String, postIDHash: String) async throws -> Bool {
         try await forget(app: app, postIDHash: postIDHash, field: "", channelID: "")
     }
 
-    private func forget(app: String, postIDHash: String, field: String, channelID: String) async throws {
+    /// True when the post has no channel left (and is out of the index).
+    @discardableResult
+    private func forget(app: String, postIDHash: String, field: String, channelID: String) async throws -> Bool {
         let keys = RedisKeys(app: app)
-        _ = try await redis.run(Self.forget, keys: [keys.broadcast(postIDHash), keys.broadcastIndex],
-                                args: [field, postIDHash, channelID] + APNsEnvironment.allCases.map(\.rawValue))
+        let reply = try await redis.run(Self.forget, keys: [keys.broadcast(postIDHash), keys.broadcastIndex],
+                                        args: [field, postIDHash, channelID] + APNsEnvironment.allCases.map(\.rawValue))
+        return reply == .integer(1)
     }
 
     /// Every indexed post's channels, read a page of posts at a time.

@@ -146,14 +146,6 @@ struct BroadcastTests {
                                      key: app.publicKey).status == 200
         }
         let (idle, busy, orphaned, vanished) = (SecureRandom.hex(8), SecureRandom.hex(8), SecureRandom.hex(8), SecureRandom.hex(8))
-        // Ahead of them in the idle index, a full page of posts whose channels APNs refuses to delete (ids it cannot
-        // read): the janitor must still reach the idle post behind them.
-        let store = BroadcastChannelStore(redis: redis)
-        for index in 0..<BroadcastChannelStore.pageSize {
-            _ = try await store.save(app: app.id, postIDHash: "refused\(index)", BroadcastChannel(
-                channelID: "refused-\(index)", environment: .production, storagePolicy: .noStorage,
-                createdAt: "2026-01-01T00:00:00Z"))
-        }
         _ = try await create(idle)
         let busyID = try await create(busy)
         let orphanID = try await create(orphaned), vanishedID = try await create(vanished)
@@ -176,6 +168,17 @@ struct BroadcastTests {
             return !listed.contains(orphanID) && forgotten
         }
         #expect(try await stored(idle), "not idle yet")
+        // Ahead of it in the idle index, a full page of posts whose channels APNs refuses to delete (ids it cannot
+        // read): the janitor must still reach the idle post behind them.
+        let store = BroadcastChannelStore(redis: redis)
+        var backdated = ["ZADD", RedisKeys(app: app.id).broadcastIndex]
+        for index in 0..<BroadcastChannelStore.pageSize {
+            _ = try await store.save(app: app.id, postIDHash: "refused\(index)", BroadcastChannel(
+                channelID: "refused-\(index)", environment: .production, storagePolicy: .noStorage,
+                createdAt: "2026-01-01T00:00:00Z"))
+            backdated += [String(index + 1), "refused\(index)"]
+        }
+        _ = try await redis.command(backdated)
         try await eventually("the idle post's channel deleted", timeout: .seconds(20)) {
             !((try? await stored(idle)) ?? true)
         }
