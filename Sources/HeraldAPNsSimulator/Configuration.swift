@@ -108,10 +108,28 @@ extension APNsSimulatorConfiguration {
         }
     }
 
-    /// Whether a provider token of `team` may address `bundle`: an allowed bundle id, and the team's own when it
-    /// has owners.
+    /// Whether pushes may address `bundle`: any bundle id when none is listed. A listed bundle id covers its
+    /// extensions' too (`com.example.shop.widget` under `com.example.shop`), as an app's key pushes to every
+    /// bundle of its team.
+    func allows(_ bundle: String) -> Bool {
+        allowedTopics.isEmpty || Self.listed(bundle, in: allowedTopics) != nil
+    }
+
+    /// False when `bundle` (or the bundle id it extends) belongs to teams other than `team`.
+    func team(_ team: String, owns bundle: String) -> Bool {
+        guard let owned = Self.listed(bundle, in: topicOwners.keys) else { return true }
+        return topicOwners[owned]!.contains(team)
+    }
+
+    /// Whether a provider token of `team` may push to `bundle`.
     func team(_ team: String, mayUse bundle: String) -> Bool {
-        (allowedTopics.isEmpty || allowedTopics.contains(bundle)) && topicOwners[bundle].map { $0.contains(team) } ?? true
+        allows(bundle) && self.team(team, owns: bundle)
+    }
+
+    /// `bundle`, or the longest of `list` that `bundle` extends (`a.b` for `a.b.c`); nil when none.
+    private static func listed(_ bundle: String, in list: some Collection<String>) -> String? {
+        if list.contains(bundle) { return bundle }
+        return list.filter { bundle.hasPrefix($0 + ".") }.max { $0.utf8.count < $1.utf8.count }
     }
 }
 

@@ -402,7 +402,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         case .failure(let rejection):
             return .failure(rejection)
         case .success(let verified):
-            guard tokens.accept(verified) else { return .failure(APNsRejection(429, "TooManyProviderTokenUpdates")) }
+            if let rejection = tokens.refusal(of: verified) { return .failure(rejection) }
             if !concurrencyRaised {
                 concurrencyRaised = true
                 submitSettings(maxConcurrentStreams: simulator.configuration.maxConcurrentStreams)
@@ -418,10 +418,7 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         switch authenticate(request, now: now) {
         case .failure(let rejection): return rejection
         case .success(let provider):
-            guard let owners = simulator.configuration.topicOwners[bundle], !owners.contains(provider.teamID) else {
-                return nil
-            }
-            return APNsRejection(403, "TopicMismatch")
+            return simulator.configuration.team(provider.teamID, owns: bundle) ? nil : APNsRejection(403, "TopicMismatch")
         }
     }
 

@@ -136,24 +136,30 @@ final class ProviderTokenVerifier: Sendable {
     }
 }
 
-/// Apple's refresh rule, per connection: a connection that switches a key's token to one issued less than
-/// `minimumInterval` after the token it replaces gets 429 TooManyProviderTokenUpdates (and keeps the old one).
+/// Apple's rules per connection: every token on it is of the team of the first one (403 UnrelatedKeyIdInToken
+/// otherwise: one connection serves one team), and a connection that switches a key's token to one issued less
+/// than `minimumInterval` after the token it replaces gets 429 TooManyProviderTokenUpdates (and keeps the old one).
 struct ProviderTokenTracker {
     var minimumInterval: Double
+    private var team: String?
     private var current: [String: VerifiedToken] = [:]
 
     init(minimumInterval: Duration) { self.minimumInterval = minimumInterval.inSeconds }
 
-    /// True when this token may be used on the connection now.
-    mutating func accept(_ token: VerifiedToken) -> Bool {
+    /// Nil when this token may be used on the connection now; else Apple's answer.
+    mutating func refusal(of token: VerifiedToken) -> APNsRejection? {
+        if let team, team != token.teamID { return APNsRejection(403, "UnrelatedKeyIdInToken") }
+        team = token.teamID
         let key = token.teamID + "/" + token.keyID
         guard let previous = current[key] else {
             current[key] = token
-            return true
+            return nil
         }
-        if previous.token == token.token { return true }
-        guard token.issuedAt - previous.issuedAt >= minimumInterval else { return false }
+        if previous.token == token.token { return nil }
+        guard token.issuedAt - previous.issuedAt >= minimumInterval else {
+            return APNsRejection(429, "TooManyProviderTokenUpdates")
+        }
         current[key] = token
-        return true
+        return nil
     }
 }

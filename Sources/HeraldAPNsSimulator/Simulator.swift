@@ -87,8 +87,7 @@ public final class APNsSimulator: Sendable {
     public var managePort: UInt16 { boundManagePort.load(ordering: .acquiring) }
 
     func broadcastEnabled(_ bundle: String) -> Bool {
-        !configuration.broadcastDisabledBundles.contains(bundle)
-            && (configuration.allowedTopics.isEmpty || configuration.allowedTopics.contains(bundle))
+        !configuration.broadcastDisabledBundles.contains(bundle) && configuration.allows(bundle)
     }
 
     /// Counters since start.

@@ -5,8 +5,9 @@ import HeraldRuntime
 /// DeviceTokenNotForTopic. Remembers up to `limit` tokens; tokens beyond it are not bound, so memory stays bounded.
 final class TokenTopicBook: Sendable {
     private struct Book {
-        /// Token → index into `topics` (a handful of topics are shared by every token).
-        var tokens: [String: Int] = [:]
+        /// Token's hash → index into `topics` (a handful of topics are shared by every token). Hashes rather than
+        /// the tokens keep a million entries to tens of MB; a collision between two tokens is a ~1e-8 chance.
+        var tokens: [Int: Int32] = [:]
         var topics: [String] = []
         var topicIndex: [String: Int] = [:]
     }
@@ -19,7 +20,8 @@ final class TokenTopicBook: Sendable {
     /// False when `token` is bound to a topic other than `topic`; else binds it (if there is room) and returns true.
     func bind(_ token: String, to topic: String) -> Bool {
         book.withLock { book in
-            if let bound = book.tokens[token] { return book.topics[bound] == topic }
+            let hash = token.hashValue
+            if let bound = book.tokens[hash] { return book.topics[Int(bound)] == topic }
             guard book.tokens.count < limit else { return true }
             let index: Int
             if let known = book.topicIndex[topic] {
@@ -29,7 +31,7 @@ final class TokenTopicBook: Sendable {
                 book.topics.append(topic)
                 book.topicIndex[topic] = index
             }
-            book.tokens[token] = index
+            book.tokens[hash] = Int32(index)
             return true
         }
     }

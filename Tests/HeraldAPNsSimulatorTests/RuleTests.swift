@@ -153,6 +153,10 @@ struct RuleTests {
         #expect(configuration.team("RIVALTEAM1", mayUse: "com.example.any"))
         #expect(!configuration.team("RIVALTEAM1", mayUse: "com.example.shop"))
         #expect(!configuration.team("TEAM123456", mayUse: "com.example.unlisted"))
+        // An extension's bundle id is its app's team's.
+        #expect(configuration.team("TEAM123456", mayUse: "com.example.shop.widget"))
+        #expect(!configuration.team("RIVALTEAM1", mayUse: "com.example.shop.widget"))
+        #expect(!configuration.team("TEAM123456", mayUse: "com.example.shopping"))
         for bad in ["", "TEAM123456:", ":com.example.shop", "TEAM123456:com.example.shop:extra"] {
             #expect(throws: ConfigurationError.self, "\(bad)") { try configuration.allowTopics([bad]) }
         }
@@ -224,7 +228,7 @@ struct RuleTests {
         }
     }
 
-    @Test("the token refresh rule compares issue times per key")
+    @Test("a connection serves one team, and the token refresh rule compares issue times per key")
     func tokenTracker() {
         var tracker = ProviderTokenTracker(minimumInterval: .seconds(1200))
         let first = VerifiedToken(token: "a", teamID: "T", keyID: "K", issuedAt: 1000)
@@ -234,8 +238,10 @@ struct RuleTests {
             VerifiedToken(token: "c", teamID: "T", keyID: "OTHER", issuedAt: 1001),
             VerifiedToken(token: "d", teamID: "T", keyID: "K", issuedAt: 2200),
             first,
+            VerifiedToken(token: "e", teamID: "OTHERTEAM", keyID: "K2", issuedAt: 3000),
         ]
-        let accepted = sequence.map { tracker.accept($0) }
-        #expect(accepted == [true, true, false, true, true, false])
+        let answers = sequence.map { tracker.refusal(of: $0)?.description }
+        #expect(answers == [nil, nil, "429 TooManyProviderTokenUpdates", nil, nil, "429 TooManyProviderTokenUpdates",
+                            "403 UnrelatedKeyIdInToken"])
     }
 }

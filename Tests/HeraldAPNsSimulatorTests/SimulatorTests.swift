@@ -173,6 +173,25 @@ struct SimulatorTests {
         #expect(responses[4].status == 429)
     }
 
+    @Test("a connection serves the team of its first provider token: another team's gets 403 UnrelatedKeyIdInToken")
+    func oneTeamPerConnection() async throws {
+        let otherKey = try PrivateKey.generateP256()
+        let harness = try Harness { configuration in
+            configuration.providerKeys.append(ProviderKey(teamID: "OTHERTEAM1", keyID: "OTHERKEY01",
+                                                          publicKey: otherKey.publicKey))
+        }
+        let otherTeam = try harness.jwt(kid: "OTHERKEY01", iss: "OTHERTEAM1", key: otherKey)
+        let responses = try await curl(harness, [try harness.alert(deviceToken()),
+                                                 try harness.alert(deviceToken(), jwt: otherTeam)])
+        let alone = try await curl(harness, [try harness.alert(deviceToken(), jwt: otherTeam)])
+        await harness.stop()
+        try #require(responses.count == 2 && alone.count == 1)
+        #expect(!responses[1].newConnection)
+        #expect(responses.map(\.status) == [200, 403])
+        #expect(responses[1].reason == "UnrelatedKeyIdInToken")
+        #expect(alone[0].status == 200, "on its own connection")
+    }
+
     @Test("each header rule gets Apple's status and reason")
     func headerRules() async throws {
         let harness = try Harness()
