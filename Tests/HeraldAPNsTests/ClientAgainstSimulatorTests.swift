@@ -484,15 +484,15 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
     @Test func aPoolUnusedForItsIdleLifetimeClosesItsConnections() async throws {
         let fixture = try SimulatorFixture(port: 20525)
         let metrics = MetricsRegistry()
-        let client = try fixture.client(metrics: metrics, configure: { $0.idlePoolLifetime = .seconds(1) })
+        let client = try fixture.client(metrics: metrics, configure: { $0.idlePoolLifetime = .seconds(3) })
         let open = metrics.gauge("herald_apns_connections", help: "").labels()
         #expect(try await client.send(SimulatorFixture.alert(SimulatorFixture.token()), credentials: fixture.credentials,
                                       environment: .production).status == 200)
         #expect(await eventually(timeout: .seconds(5)) { await client.connections().count == 2 })
         // A rotated key's pool, say: nothing sent for the lifetime, so its connections close and stay closed.
-        #expect(await eventually(timeout: .seconds(5)) { await client.connections().isEmpty })
+        #expect(await eventually(timeout: .seconds(8)) { await client.connections().isEmpty })
         #expect(open.current == 0)
-        try await Task.sleep(for: .seconds(1.5))
+        try await Task.sleep(for: .seconds(1))
         #expect(await client.connections().isEmpty, "nothing reopened them")
         #expect(try await client.send(SimulatorFixture.alert(SimulatorFixture.token()), credentials: fixture.credentials,
                                       environment: .production).status == 200)

@@ -88,7 +88,7 @@ struct FaultRollingRestartTests {
         for dispatcher in dispatchers { await dispatcher.child.stop() }
         for ingest in ingests { await ingest.child.stop() }
         await simulator.child.stop()
-        cleanUp(directory, keep: tally.missing.count > 0 || tally.strangers > 0)
+        cleanUp(directory, keep: tally.missing.count > 0 || tally.strangers > 0 || tally.deadLettered > 0)
     }
 
     /// Both members own partitions and together all four.
