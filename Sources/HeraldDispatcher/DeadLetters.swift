@@ -133,10 +133,12 @@ struct DeliveryFailure: Sendable {
 }
 
 /// Writes dead letters and waits for the broker's acknowledgement, trying again until it comes: a push is only
-/// settled (and its job's offset committable) once its dead letter is stored.
+/// settled (and its job's offset committable) once its dead letter is stored. Letters are signed as jobs are
+/// (`herald-signature`), so a replay can tell them from records others wrote to the topic.
 struct DeadLetterWriter: Sendable {
     let producer: KafkaProducer
     let topic: String
+    let signing: JobSigning
     let retryDelay: Duration
     let metrics: DispatcherMetrics
     let logger: Logger
@@ -148,7 +150,7 @@ struct DeadLetterWriter: Sendable {
         let disposition = (letter.disposition ?? .rejected).rawValue
         while !Task.isCancelled {
             do {
-                _ = try await producer.send(topic: topic, key: key, value: value)
+                _ = try await producer.send(topic: topic, key: key, value: value, headers: signing.headers(for: value))
                 metrics.deadLetters.labels(letter.metricReason, disposition).increment()
                 logger.warning("dead-lettered", [
                     "dlq.reason": disposition, "job.id": letter.jobId ?? "", "app": letter.appId,

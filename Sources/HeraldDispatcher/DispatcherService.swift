@@ -29,6 +29,7 @@ public final class DispatcherService: Service {
         let activities = ActivityStore(redis: redis, ttl: configuration.activityTTL)
         let limit = ConcurrencyLimit(limit: configuration.maxInFlightPushes)
         let deadLetters = DeadLetterWriter(producer: producer, topic: configuration.deadLetterTopic,
+                                           signing: configuration.jobSigning,
                                            retryDelay: configuration.infrastructureRetryDelay, metrics: counters,
                                            logger: logger)
         let deliverer = Deliverer(apns: apns, subscriptions: subscriptions, activities: activities,

@@ -21,9 +21,13 @@ final class DLQEntry: Sendable {
     let letter: DeadLetter?
     /// The record's text (a replay copies the payload from it).
     let record: [UInt8]
+    /// The record's headers (its `herald-signature`).
+    let headers: [(name: String, value: [UInt8])]
 
-    init(partition: Int32, offset: Int64, time: Date?, letter: DeadLetter?, record: [UInt8]) {
+    init(partition: Int32, offset: Int64, time: Date?, letter: DeadLetter?, record: [UInt8],
+         headers: [(name: String, value: [UInt8])] = []) {
         (self.partition, self.offset, self.time, self.letter, self.record) = (partition, offset, time, letter, record)
+        self.headers = headers
     }
 }
 
@@ -160,7 +164,7 @@ final class DLQReader {
         let letter = try? DeadLetter.decode(record.value)
         return DLQEntry(partition: record.partition, offset: record.offset,
                         time: record.timestamp ?? letter.flatMap { Timestamp.parse($0.deadLetteredAt) }, letter: letter,
-                        record: record.value)
+                        record: record.value, headers: record.headers)
     }
 
     /// The broker sent nothing for `stall` though partitions have not reached their end (fetches refused, say a

@@ -93,8 +93,10 @@ enum ReplayCommand {
                               includeRemoved: flags.has("include-removed"), includeReplayed: flags.has("include-replayed"),
                               json: flags.has("json"))
         let connections = try Connections()
-        // Replayed jobs are signed as ingest signs events: the dispatcher refuses unsigned ones.
-        let signing = options.dryRun ? JobSigning.unverified : try JobSigning(EnvironmentReader())
+        // Replayed jobs are signed as ingest signs events: the dispatcher refuses unsigned ones. The secret also
+        // tells the dispatchers' dead letters from anyone else's (a dry run checks them when it has the secret).
+        let signing = options.dryRun ? (try? JobSigning(EnvironmentReader())) ?? .unverified
+            : try JobSigning(EnvironmentReader())
         let redis = try connections.redis()
         do {
             let code = try await run(options, filter: filter, connections: connections, signing: signing, redis: redis)
@@ -261,6 +263,13 @@ final class Replay {
             summary.matched += 1
             summary.byReason[letter.reason, default: 0] += 1
             counters.matched.add(1, ordering: .relaxed)
+            // Only what this deployment's dispatchers wrote is signed again: anyone else able to write to the
+            // topic could otherwise push as any app through a routine replay.
+            if case .signed(let secret) = signing,
+               !JobSignature.verifies(entry.headers, record: entry.record, secrets: [secret]) {
+                skip("unsigned")
+                continue
+            }
             guard letter.deviceToken != nil || letter.channelId != nil, letter.payload != nil else {
                 skip("not_replayable")
                 continue
@@ -480,6 +489,7 @@ struct ReplaySummary {
         "token_removed": "the token has no subscription or registration left (unregistered since); --include-removed sends anyway",
         "channel_removed": "the broadcast channel is gone from its post (ended or idle since); --include-removed sends anyway",
         "not_replayable": "no device, channel or payload to send again (e.g. invalid_job)",
+        "unsigned": "no herald-signature by the deployment's job-signing secret: not written by this deployment's dispatchers",
         "invalid_job": "the replayed job would not pass validation (e.g. payload too large, or a priority Apple refuses for its push type)",
     ]
 

@@ -181,12 +181,16 @@ struct CtlHarness {
         return letter
     }
 
-    /// Writes dead letters as the dispatcher does (key `<app>/device/<token>`); returns where each went.
+    /// Writes dead letters as the dispatcher does (key `<app>/device/<token>`, signed with the deployment's secret,
+    /// or with `secret`, or unsigned when `signed` is false); returns where each went.
     @discardableResult
-    func publish(_ letters: [DeadLetter]) async throws -> [KafkaDeliveryReport] {
+    func publish(_ letters: [DeadLetter], signed: Bool = true, secret: SharedSecret? = nil) async throws -> [KafkaDeliveryReport] {
+        let deployment = try SharedSecret(path: jobSigningSecretPath)
         var reports: [KafkaDeliveryReport] = []
         for letter in letters {
-            reports.append(try await producer.send(topic: dlqTopic, key: letter.recordKey, value: letter.encoded()))
+            let value = letter.encoded()
+            let headers = signed ? JobSignature.headers(for: value, secret: secret ?? deployment) : []
+            reports.append(try await producer.send(topic: dlqTopic, key: letter.recordKey, value: value, headers: headers))
         }
         return reports
     }

@@ -9,7 +9,7 @@ import Testing
 
 @Suite("heraldctl replay", .serialized)
 struct ReplayCommandTests {
-    @Test("re-publishes matching dead letters as valid device jobs marked replayOf, once; skips removed tokens")
+    @Test("re-publishes matching dead letters as valid device jobs marked replayOf, once; skips removed tokens and letters the dispatchers did not sign")
     func replayOnce() async throws {
         let harness = try await CtlHarness.make()
         defer { Task { await harness.close() } }
@@ -25,13 +25,18 @@ struct ReplayCommandTests {
             + [harness.deadLetter(token: removed), harness.deadLetter(token: expired),
                harness.deadLetter(token: nil, reason: "invalid_job", status: nil)]
         let reports = try await harness.publish(letters)
+        // Letters for a registered token that someone else wrote to the topic: unsigned, or signed with another secret.
+        let forged = [harness.deadLetter(token: registered[0]), harness.deadLetter(token: registered[1])]
+        try await harness.publish([forged[0]], signed: false)
+        try await harness.publish([forged[1]], secret: try SharedSecret(bytes: SecureRandom.bytes(32)))
 
         let first = try await harness.heraldctl(["replay", "--json"])
         #expect(first.status == 3, "skipped tokens: exit 3\n\(first.stdout)\n\(first.stderr)")
         let summary = try first.json()
         #expect(summary["republished"]?.numberValue == 4)
-        #expect(summary["matched"]?.numberValue == 7)
-        #expect(summary["skipped"] == .object(["token_removed": .number(2), "not_replayable": .number(1)]))
+        #expect(summary["matched"]?.numberValue == 9)
+        #expect(summary["skipped"] == .object(["token_removed": .number(2), "not_replayable": .number(1),
+                                               "unsigned": .number(2)]))
         #expect(summary["failed"]?.numberValue == 0)
         let name = try #require(summary["replay"]?.stringValue)
 
