@@ -27,13 +27,13 @@ struct DLQFilter: Sendable {
         }
         canonical = parts.joined(separator: "\n")
 
-        apps = Self.list(flags["app"])
+        apps = try Self.list(flags["app"], flag: "app")
         since = try flags["since"].map { try Self.time($0, flag: "--since", now: now) }
         until = try flags["until"].map { try Self.time($0, flag: "--until", now: now) }
         if let since, let until, since >= until {
             throw ConfigurationError("--since", "must be before --until (\(Timestamp.rfc3339(since)) ≥ \(Timestamp.rfc3339(until)))")
         }
-        for value in Self.list(flags["status"]) {
+        for value in try Self.list(flags["status"], flag: "status") {
             if value.lowercased() == "none" {
                 statuses.insert(nil)
             } else if let status = Int(value), (100...599).contains(status) {
@@ -42,8 +42,8 @@ struct DLQFilter: Sendable {
                 throw ConfigurationError("--status", "expected HTTP statuses such as 410,503 or none (no answer from APNs), got \"\(value)\"")
             }
         }
-        reasons = Set(Self.list(flags["reason"]).map { $0.lowercased() })
-        for value in Self.list(flags["push-type"]) {
+        reasons = Set(try Self.list(flags["reason"], flag: "reason").map { $0.lowercased() })
+        for value in try Self.list(flags["push-type"], flag: "push-type") {
             guard APNsPushType(rawValue: value) != nil else {
                 throw ConfigurationError("--push-type", "unknown push type \"\(value)\"; one of "
                                          + APNsPushType.allCases.map(\.rawValue).joined(separator: ", "))
@@ -74,9 +74,13 @@ struct DLQFilter: Sendable {
     /// whatever the `Double` rounding of either side.
     static func milliseconds(_ date: Date) -> Int64 { Int64((date.timeIntervalSince1970 * 1000).rounded()) }
 
-    private static func list(_ value: String?) -> Set<String> {
+    /// A comma-separated filter; given but empty (`--app "$UNSET"`) is an error, not "no filter", which would
+    /// match every app's letters.
+    private static func list(_ value: String?, flag: String) throws(ConfigurationError) -> Set<String> {
         guard let value else { return [] }
-        return Set(value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
+        let items = Set(value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
+        guard !items.isEmpty else { throw ConfigurationError("--\(flag)", "is empty; leave it out to match every value") }
+        return items
     }
 
     private static func check(_ body: () throws(ValidationError) -> Void) throws {

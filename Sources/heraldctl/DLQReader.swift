@@ -148,6 +148,8 @@ final class DLQReader {
             let filter = self.filter
             let entries = parallelMap(kept) { Self.entry($0, filter: filter) }.compactMap { $0 }
             if try await !body(entries) { return }
+            // Time spent sending (a paced or slow replay) is not broker silence.
+            if !kept.isEmpty { lastRecordAt = .now }
         }
     }
 

@@ -215,6 +215,11 @@ struct ReplayCommandTests {
         #expect(badName.status == 2 && badName.stderr.contains("--name"))
         let badSince = try await harness.heraldctl(["replay", "--since", "soon"])
         #expect(badSince.status == 2 && badSince.stderr.contains("--since"))
+        // An empty list (a script's unset variable) would otherwise match every app's letters.
+        for flag in ["--app", "--reason", "--status", "--push-type"] {
+            let empty = try await harness.heraldctl(["replay", flag, " , "])
+            #expect(empty.status == 2 && empty.stderr.contains(flag), "\(flag): \(empty.stderr)")
+        }
 
         let noRedis = try await harness.heraldctl(["replay"], environment: ["HERALD_REDIS_URL": "redis://127.0.0.1:1/0"])
         #expect(noRedis.status == 1)
