@@ -88,8 +88,10 @@ struct Gatekeeper: Sendable {
     /// round trip instead of two): it counts in `meter.window(device:)`, then records an allowed decision with
     /// `meter.record(_:)` or throws `refuse(_:_:)` for a refused one. A request whose handler fails before counting
     /// (bad input) is counted here instead, so every admitted request counts once and over the limit 429 wins over
-    /// any other answer, as with `endpoint`. `admission.headers` is empty: the wrapper adds them to the answer.
+    /// any other answer, as with `endpoint`: in the window of the valid device token `device` finds in the request,
+    /// if any. `admission.headers` is empty: the wrapper adds them to the answer.
     func selfCountingEndpoint(_ audience: Audience, appFromPath: Bool = true, oauth: Bool = false,
+                              device: @escaping @Sendable (HTTPRequest) -> String? = { _ in nil },
                               _ body: @escaping @Sendable (HTTPRequest, Admission, Meter) async throws -> HTTPResponse)
         -> HTTPHandler {
         { request in
@@ -100,14 +102,14 @@ struct Gatekeeper: Sendable {
             let admission = Admission(app: app, principal: principal, headers: [:])
             do {
                 var response = try await body(request, admission, meter)
-                let decision = try await decision(of: meter, principal: principal, app: app)
+                let decision = try await decision(of: meter, device: device(request))
                 Self.setHeaders(decision, on: &response.headers)
                 return response
             } catch {
                 guard var failure = Failures.http(error, logger: logger) as? HTTPError else { throw error }
                 // After a 503 Redis is failing: counting now would only wait for the same deadline again.
                 guard failure.status != 503 else { throw failure }
-                let decision = try await decision(of: meter, principal: principal, app: app)
+                let decision = try await decision(of: meter, device: device(request))
                 failure.headers.merge(Self.headers(decision)) { old, _ in old }
                 throw failure
             }
@@ -121,9 +123,10 @@ struct Gatekeeper: Sendable {
     }
 
     /// The meter's decision, counting the request now if the handler did not; throws the 429 past the limit.
-    private func decision(of meter: Meter, principal: Principal, app: App) async throws -> RateLimiter.Decision {
+    private func decision(of meter: Meter, device: @autoclosure () -> String?) async throws -> RateLimiter.Decision {
         if let decision = meter.decision { return decision }
-        let decision = try await Failures.mapping(logger) { try await limiter.hit(meter.window(device: nil)) }
+        let window = meter.window(device: device())
+        let decision = try await Failures.mapping(logger) { try await limiter.hit(window) }
         guard decision.allowed else { throw refuse(meter, decision) }
         meter.record(decision)
         return decision

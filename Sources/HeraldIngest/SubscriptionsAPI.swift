@@ -17,7 +17,7 @@ struct SubscriptionsAPI: Sendable {
     func register(on router: inout Router) {
         let path = "/v1/apps/{appID}/subscriptions"
         // The rate-limit count rides in the upsert script: one Redis round trip per subscription.
-        router.post(path, gate.selfCountingEndpoint(.device) { request, admission, meter in
+        router.post(path, gate.selfCountingEndpoint(.device, device: Self.namedDevice) { request, admission, meter in
             let input = try SubscriptionInput(try request.jsonBody())
             if admission.app.isPrivate(channel: input.channel) { try checkGrant(request, input, app: admission.app) }
             let subscription: Subscription, created: Bool
@@ -106,6 +106,13 @@ struct SubscriptionsAPI: Sendable {
     /// The device a request is about, for its rate limit (nil when absent or malformed: the handler refuses it).
     @Sendable static func queryDevice(_ request: HTTPRequest) -> String? {
         request.query["deviceToken"].flatMap { try? DeviceToken.normalized($0, field: "deviceToken") }
+    }
+
+    /// The valid device token a subscription body names, even when the rest of it is refused: the refusal counts
+    /// in that device's window, not in the key's one window for requests that name no device.
+    @Sendable static func namedDevice(_ request: HTTPRequest) -> String? {
+        guard let token = (try? request.jsonBody())?["deviceToken"]?.stringValue else { return nil }
+        return try? DeviceToken.normalized(token, field: "deviceToken")
     }
 
     @Sendable static func bodyDevice(_ request: HTTPRequest) -> String? {

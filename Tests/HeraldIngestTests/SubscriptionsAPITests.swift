@@ -410,6 +410,11 @@ import Testing
         // A request that does not say which device (bad input) counts in the key's one window for those.
         let bad = try await ingest.request("POST", path, key: app.publicKey, json: #"{"channel": "c", "deviceToken": "not-hex"}"#)
         #expect(bad.status == 400 && bad.headers["ratelimit-remaining"] == "239", "\(bad.status) \(bad.headers)")
+        // One that names a valid device counts in that device's window: a release sending bad bodies does not use up
+        // the window every device's refusals would share.
+        let named = try await ingest.request("POST", path, key: app.publicKey,
+                                             json: #"{"channel": "", "deviceToken": "\#(deviceToken())", "tokenType": "alert"}"#)
+        #expect(named.status == 400 && named.headers["ratelimit-remaining"] == "239", "\(named.status) \(named.headers)")
 
         // The abuser is refused; another device behind the same key still gets in, and so does the secret key.
         let other = try await ingest.request("GET", path + "?deviceToken=\(deviceToken())", key: app.publicKey)
