@@ -53,7 +53,8 @@ enum ReplayCommand {
           0  every matching dead letter is re-published (now or by an earlier run of this replay)
           1  failed: Kafka or Redis unreachable, or some jobs were not acknowledged (run again to retry them)
           2  bad usage or filter
-          3  done, but some matching dead letters were skipped (token removed, not replayable); the summary says why
+          3  done, but some matching dead letters were skipped (token removed, not replayable, unsigned) or some
+             records could not be read; the summary says why
           4  stopped before the end (--limit reached, or interrupted); run the same command again to continue
 
         Examples:
@@ -481,7 +482,9 @@ struct ReplaySummary {
     var exit: ReplayCommand.Exit {
         if stop == .error || failed > 0 { return .failed }
         if stop != nil { return .incomplete }
-        if !skipped.isEmpty { return .skipped }
+        // A record this version cannot read may be a letter the filters would have matched (one written by a newer
+        // dispatcher, say): not "all done".
+        if !skipped.isEmpty || unreadable > 0 { return .skipped }
         return .done
     }
 

@@ -242,5 +242,11 @@ struct ReplayCommandTests {
         let firstLine = slow.stderr.split(separator: "\n").first { $0.contains("replay auto-") } ?? ""
         #expect(!firstLine.contains("100%") && firstLine.contains("awaiting the broker"), "\(firstLine)")
         #expect(summaryValue(slow.stdout, "re-published") == 4)
+
+        // A record this version cannot read is not "every matching letter sent": exit 3, counted.
+        _ = try await harness.producer.send(topic: harness.dlqTopic, key: Array("x".utf8), value: Array("{\"version\": 99}".utf8))
+        let unreadable = try await harness.heraldctl(["replay", "--json"])
+        #expect(unreadable.status == 3, "\(unreadable.stdout)\n\(unreadable.stderr)")
+        #expect(try unreadable.json()["unreadable"]?.numberValue == 1)
     }
 }
