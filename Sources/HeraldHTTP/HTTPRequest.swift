@@ -46,7 +46,10 @@ public struct HTTPRequest: Sendable {
     /// much cheaper than `JSONDecoder` on the hot endpoints.
     public func jsonBody() throws(HTTPError) -> JSONValue {
         guard !body.isEmpty else { throw HTTPError.invalidJSON("the request body is empty") }
-        guard let value = JSONValue(parsing: body) else { throw HTTPError.invalidJSON("the request body is not valid JSON") }
+        guard let value = JSONValue(parsing: body) else {
+            throw HTTPError.invalidJSON("the request body is not valid JSON (an integer beyond ±2^53, which JSON numbers "
+                                        + "do not carry exactly, counts as invalid: send such ids as strings)")
+        }
         return value
     }
 

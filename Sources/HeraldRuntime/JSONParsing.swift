@@ -23,7 +23,7 @@ extension JSONValue {
     }
 
     /// Compact JSON text with object keys sorted (deterministic, so sizes and hashes are stable); integral
-    /// numbers below 9e15 are written as integers.
+    /// numbers up to ±2^53 are written as integers.
     public func encoded() -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(256)
@@ -38,7 +38,7 @@ extension JSONValue {
         case .bool(let flag): out += (flag ? "true" : "false").utf8
         case .number(let number):
             // Integral numbers stay integers on the wire (`1`, not `1.0`), as in `encode(to:)`.
-            if number == number.rounded(), abs(number) < 9e15 {
+            if number == number.rounded(), abs(number) <= 9_007_199_254_740_992 {
                 out += String(Int64(number)).utf8
             } else {
                 out += "\(number)".utf8
@@ -277,16 +277,21 @@ private struct JSONParser {
         return code
     }
 
-    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`
+    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`. An integer written out whole that a Double cannot hold
+    /// exactly (beyond ±2^53, such as a 64-bit id) is refused rather than passed on changed.
     private mutating func number() -> JSONValue? {
         let start = index
         if index < bytes.count, bytes[index] == UInt8(ascii: "-") { index += 1 }
         guard index < bytes.count else { return nil }
+        var integerDigits = 1
         if bytes[index] == UInt8(ascii: "0") {
             index += 1
         } else {
-            guard digits() > 0 else { return nil }
+            integerDigits = digits()
+            guard integerDigits > 0 else { return nil }
         }
+        let wholeInteger = index == bytes.count || (bytes[index] != UInt8(ascii: ".") && bytes[index] != UInt8(ascii: "e")
+                                                    && bytes[index] != UInt8(ascii: "E"))
         if index < bytes.count, bytes[index] == UInt8(ascii: ".") {
             index += 1
             guard digits() > 0 else { return nil }
@@ -298,6 +303,9 @@ private struct JSONParser {
         }
         let text = String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)
         guard let number = Double(text), number.isFinite else { return nil }
+        if wholeInteger, integerDigits > 15 {
+            guard let integer = Int64(text), Int64(exactly: number) == integer else { return nil }
+        }
         return .number(number)
     }
 

@@ -27,6 +27,21 @@ import Testing
         #expect(JSONValue(parsing: [0x22, 0xFF, 0xFE, 0x22]) == nil, "invalid UTF-8")
     }
 
+    /// A 64-bit id sent as a number would reach the device changed (a Double holds integers exactly up to 2^53):
+    /// such an integer is refused; up to 2^53 integers keep their digits both ways.
+    @Test func refusesIntegersADoubleCannotHoldAndWritesTheRestWhole() throws {
+        for text in ["9007199254740993", "-9007199254740993", "12345678901234567890", #"{"orderId": 1234567890123456789}"#] {
+            #expect(JSONValue(parsing: Array(text.utf8)) == nil, "\(text)")
+        }
+        for text in ["9007199254740992", "-9007199254740992", "9000000000000001", "123456789012345"] {
+            let value = try #require(JSONValue(parsing: Array(text.utf8)), "\(text)")
+            #expect(String(decoding: value.encoded(), as: UTF8.self) == text)
+        }
+        // Written with a fraction or an exponent, a number is a Double by its writer's choice.
+        #expect(JSONValue(parsing: Array("1e20".utf8)) == .number(1e20))
+        #expect(JSONValue(parsing: Array("12345678901234567890.5".utf8)) != nil)
+    }
+
     /// Found by scripts/fuzz (activities): `JSONDecoder` kept the first `push_token`, this parser the last, so the
     /// activities endpoint and the other readers judged one body differently. A member named twice is refused.
     @Test func refusesAMemberNamedTwice() {
