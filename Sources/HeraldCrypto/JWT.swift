@@ -49,9 +49,10 @@ public struct JSONWebToken: Sendable {
         guard parts.count == 3 else { throw .malformed("expected three dot-separated parts") }
         guard let headerBytes = Base64URL.decode(parts[0]), let claimBytes = Base64URL.decode(parts[1]),
               let signature = Base64URL.decode(parts[2]) else { throw .malformed("invalid base64url") }
-        // The strict parser: a claim named twice (`sub`, `iss`) makes the token malformed, not ambiguous.
-        guard case .object(let header)? = JSONValue(parsing: headerBytes),
-              case .object(let claims)? = JSONValue(parsing: claimBytes) else {
+        // The strict parser: a claim named twice (`sub`, `iss`) makes the token malformed, not ambiguous. A large
+        // integer in a claim Herald never reads (an issuer's numeric user id) is no reason to refuse the token.
+        guard case .object(let header)? = JSONValue(parsing: headerBytes, exactIntegers: false),
+              case .object(let claims)? = JSONValue(parsing: claimBytes, exactIntegers: false) else {
             throw .malformed("header and claims must be JSON objects, each member named once")
         }
         self.header = header

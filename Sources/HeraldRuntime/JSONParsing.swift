@@ -11,9 +11,12 @@ extension JSONValue {
     /// included), nest deeper than `maximumParsingDepth`, hold a number no `Double` can represent, or name a member
     /// of an object twice (RFC 8259 leaves the meaning open, and readers differ: `JSONDecoder` keeps the first, a
     /// dictionary the last, so a body could be checked as one thing and used as another).
-    public init?(parsing bytes: [UInt8]) {
+    ///
+    /// `exactIntegers`: also nil for an integer written out whole beyond ±2^53 (a 64-bit id), which a `Double`
+    /// would pass on changed; false for documents read but never passed on (a third party's JWT claims).
+    public init?(parsing bytes: [UInt8], exactIntegers: Bool = true) {
         let parsed: JSONValue? = bytes.withUnsafeBufferPointer { buffer in
-            var parser = JSONParser(bytes: buffer)
+            var parser = JSONParser(bytes: buffer, exactIntegers: exactIntegers)
             guard let value = parser.value(depth: 0) else { return nil }
             parser.skipWhitespace()
             return parser.index == buffer.count ? value : nil
@@ -108,9 +111,10 @@ extension JSONValue {
 /// A recursive-descent parser over a byte buffer; every failure returns nil.
 private struct JSONParser {
     let bytes: UnsafeBufferPointer<UInt8>
+    let exactIntegers: Bool
     var index = 0
 
-    init(bytes: UnsafeBufferPointer<UInt8>) { self.bytes = bytes }
+    init(bytes: UnsafeBufferPointer<UInt8>, exactIntegers: Bool) { (self.bytes, self.exactIntegers) = (bytes, exactIntegers) }
 
     mutating func skipWhitespace() {
         while index < bytes.count {
@@ -277,8 +281,8 @@ private struct JSONParser {
         return code
     }
 
-    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`. An integer written out whole that a Double cannot hold
-    /// exactly (beyond ±2^53, such as a 64-bit id) is refused rather than passed on changed.
+    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`. With `exactIntegers`, an integer written out whole beyond
+    /// ±2^53 (such as a 64-bit id) is refused rather than passed on changed or in exponent form.
     private mutating func number() -> JSONValue? {
         let start = index
         if index < bytes.count, bytes[index] == UInt8(ascii: "-") { index += 1 }
@@ -303,8 +307,8 @@ private struct JSONParser {
         }
         let text = String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)
         guard let number = Double(text), number.isFinite else { return nil }
-        if wholeInteger, integerDigits > 15 {
-            guard let integer = Int64(text), Int64(exactly: number) == integer else { return nil }
+        if exactIntegers, wholeInteger, integerDigits > 15 {
+            guard let integer = Int64(text), integer.magnitude <= 1 << 53 else { return nil }
         }
         return .number(number)
     }
