@@ -23,11 +23,14 @@ final class DLQEntry: Sendable {
     let record: [UInt8]
     /// The record's headers (its `herald-signature`).
     let headers: [(name: String, value: [UInt8])]
+    /// The app its record key names (`<appId>/…`), if any: for records that are not readable letters.
+    let keyApp: String?
 
     init(partition: Int32, offset: Int64, time: Date?, letter: DeadLetter?, record: [UInt8],
-         headers: [(name: String, value: [UInt8])] = []) {
+         headers: [(name: String, value: [UInt8])] = [], key: [UInt8]? = nil) {
         (self.partition, self.offset, self.time, self.letter, self.record) = (partition, offset, time, letter, record)
         self.headers = headers
+        keyApp = key.flatMap { String(decoding: $0, as: UTF8.self).split(separator: "/", maxSplits: 1).first.map(String.init) }
     }
 }
 
@@ -166,7 +169,7 @@ final class DLQReader {
         let letter = try? DeadLetter.decode(record.value)
         return DLQEntry(partition: record.partition, offset: record.offset,
                         time: record.timestamp ?? letter.flatMap { Timestamp.parse($0.deadLetteredAt) }, letter: letter,
-                        record: record.value, headers: record.headers)
+                        record: record.value, headers: record.headers, key: record.key)
     }
 
     /// The broker sent nothing for `stall` though partitions have not reached their end (fetches refused, say a

@@ -19,7 +19,7 @@ enum ReplayCommand {
 
         Usage:
           heraldctl replay [FILTERS] [--name NAME] [--dry-run] [--limit N] [--rate JOBS_PER_S] [--include-removed]
-                           [--include-replayed] [--json]
+                           [--include-replayed] [--include-unsigned] [--json]
 
         Filters: the same as `heraldctl dlq list` (see heraldctl dlq --help): --app, --since, --until, --status,
         --reason, --push-type, --channel, --post. Check what they select with `dlq list` or --dry-run first.
@@ -35,6 +35,9 @@ enum ReplayCommand {
                               (skipped by default: the device was unregistered, or the post ended, since)
           --include-replayed  also send dead letters of jobs that were themselves replays (skipped by default, so
                               a replay that fails again does not feed the next run; counted apart in the summary)
+          --include-unsigned  also send dead letters without a signature by the deployment's secret (skipped by
+                              default: anyone able to write to the topic could have put them there); for letters
+                              written before dispatchers signed them, or under another secret: check them first
           --json              print the summary as one JSON object (with --dry-run, preceded by the jobs)
 
         Safe to run twice: each re-published dead letter is recorded in Redis (set herald:replay:{NAME}:sent of
@@ -85,19 +88,20 @@ enum ReplayCommand {
         let name = try replayName(flags, filter: filter)
         let limit = try flags.int("limit", default: 0, range: 0...Int.max)
         let rate = try flags["rate"].map { raw -> Double in
-            guard let value = Double(raw), value > 0, value.isFinite else {
-                throw ConfigurationError("--rate", "expected jobs per second above 0, got \"\(raw)\"")
+            guard let value = Double(raw), value >= 0.01, value.isFinite else {
+                throw ConfigurationError("--rate", "expected jobs per second, at least 0.01, got \"\(raw)\"")
             }
             return value
         }
         let options = Options(name: name, limit: limit, rate: rate, dryRun: flags.has("dry-run"),
                               includeRemoved: flags.has("include-removed"), includeReplayed: flags.has("include-replayed"),
-                              json: flags.has("json"))
+                              includeUnsigned: flags.has("include-unsigned"), json: flags.has("json"))
         let connections = try Connections()
         // Replayed jobs are signed as ingest signs events: the dispatcher refuses unsigned ones. The secret also
-        // tells the dispatchers' dead letters from anyone else's (a dry run checks them when it has the secret).
-        let signing = options.dryRun ? (try? JobSigning(EnvironmentReader())) ?? .unverified
-            : try JobSigning(EnvironmentReader())
+        // tells the dispatchers' dead letters from anyone else's: a dry run without either variable checks none.
+        let environment = EnvironmentReader()
+        let signing = options.dryRun && environment.optionalString("HERALD_JOB_SIGNING_SECRET_FILE") == nil
+            && environment.optionalString("HERALD_JOB_SIGNATURES") == nil ? .unverified : try JobSigning(environment)
         let redis = try connections.redis()
         do {
             let code = try await run(options, filter: filter, connections: connections, signing: signing, redis: redis)
@@ -168,6 +172,7 @@ enum ReplayCommand {
         var dryRun: Bool
         var includeRemoved: Bool
         var includeReplayed: Bool
+        var includeUnsigned: Bool
         var json: Bool
     }
 }
@@ -253,7 +258,8 @@ final class Replay {
         var candidates: [(entry: DLQEntry, member: String)] = []
         for entry in entries {
             guard let letter = entry.letter else {
-                summary.unreadable += 1
+                // Counted when it could be one the filters select: not one keyed for another app.
+                if filter.apps.isEmpty || entry.keyApp.map(filter.apps.contains) != false { summary.unreadable += 1 }
                 continue
             }
             guard filter.matches(letter, at: entry.time) else { continue }
@@ -266,7 +272,7 @@ final class Replay {
             counters.matched.add(1, ordering: .relaxed)
             // Only what this deployment's dispatchers wrote is signed again: anyone else able to write to the
             // topic could otherwise push as any app through a routine replay.
-            if case .signed(let secret) = signing,
+            if case .signed(let secret) = signing, !options.includeUnsigned,
                !JobSignature.verifies(entry.headers, record: entry.record, secrets: [secret]) {
                 skip("unsigned")
                 continue
@@ -492,7 +498,7 @@ struct ReplaySummary {
         "token_removed": "the token has no subscription or registration left (unregistered since); --include-removed sends anyway",
         "channel_removed": "the broadcast channel is gone from its post (ended or idle since); --include-removed sends anyway",
         "not_replayable": "no device, channel or payload to send again (e.g. invalid_job)",
-        "unsigned": "no herald-signature by the deployment's job-signing secret: not written by this deployment's dispatchers",
+        "unsigned": "no signature by the deployment's secret: written by someone else, or before dispatchers signed their letters; --include-unsigned sends anyway",
         "invalid_job": "the replayed job would not pass validation (e.g. payload too large, or a priority Apple refuses for its push type)",
     ]
 

@@ -114,7 +114,8 @@ func runCommand() async {
         case ("redis", "migrate"): try await RedisCommand.migrate(Flags(rest.dropFirst(), allowed: [], switches: ["dry-run"]))
         case ("replay", _):
             let code = try await ReplayCommand.run(Flags(rest, allowed: DLQFilter.flagNames.union(["name", "limit", "rate"]),
-                                                         switches: ["dry-run", "include-removed", "include-replayed", "json"]))
+                                                         switches: ["dry-run", "include-removed", "include-replayed",
+                                                                    "include-unsigned", "json"]))
             exit(code)
         default: throw ConfigurationError(arguments.joined(separator: " "), "unknown command (see heraldctl --help)")
         }

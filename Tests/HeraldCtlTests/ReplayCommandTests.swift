@@ -71,6 +71,11 @@ struct ReplayCommandTests {
         #expect(summaryValue(text.stdout, "re-published") == 2)
         #expect(text.stdout.contains("not_replayable"))
         #expect(try await harness.jobs(count: 6).count == 6)
+
+        // Letters from before dispatchers signed theirs, once the operator checked them.
+        let unsigned = try await harness.heraldctl(["replay", "--include-unsigned", "--name", name, "--json"])
+        #expect(try unsigned.json()["republished"]?.numberValue == 2, "\(unsigned.stdout)")
+        #expect(try await harness.jobs(count: 8).count == 8)
     }
 
     @Test("filters choose what is replayed; --dry-run lists it and publishes nothing; exit 0 when all went")
@@ -248,5 +253,8 @@ struct ReplayCommandTests {
         let unreadable = try await harness.heraldctl(["replay", "--json"])
         #expect(unreadable.status == 3, "\(unreadable.stdout)\n\(unreadable.stderr)")
         #expect(try unreadable.json()["unreadable"]?.numberValue == 1)
+        let otherApp = try await harness.heraldctl(["replay", "--app", "other", "--json"])
+        let otherSummary = try otherApp.json()
+        #expect(otherApp.status == 0 && otherSummary["unreadable"]?.numberValue == 0, "keyed for app x")
     }
 }
