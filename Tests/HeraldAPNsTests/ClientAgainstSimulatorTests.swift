@@ -484,7 +484,7 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
     @Test func aPoolUnusedForItsIdleLifetimeClosesItsConnections() async throws {
         let fixture = try SimulatorFixture(port: 20525)
         let metrics = MetricsRegistry()
-        let client = try fixture.client(metrics: metrics, configure: { $0.idlePoolLifetime = .seconds(3) })
+        let client = try fixture.client(metrics: metrics, configure: { $0.idlePoolLifetime = .seconds(2) })
         let open = metrics.gauge("herald_apns_connections", help: "").labels()
         #expect(try await client.send(SimulatorFixture.alert(SimulatorFixture.token()), credentials: fixture.credentials,
                                       environment: .production).status == 200)
@@ -492,7 +492,7 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
         // A rotated key's pool, say: nothing sent for the lifetime, so its connections close and stay closed.
         #expect(await eventually(timeout: .seconds(8)) { await client.connections().isEmpty })
         #expect(open.current == 0)
-        try await Task.sleep(for: .seconds(1))
+        try await Task.sleep(for: .milliseconds(500))
         #expect(await client.connections().isEmpty, "nothing reopened them")
         #expect(try await client.send(SimulatorFixture.alert(SimulatorFixture.token()), credentials: fixture.credentials,
                                       environment: .production).status == 200)
