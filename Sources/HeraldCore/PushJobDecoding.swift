@@ -29,7 +29,7 @@ extension PushJob {
     /// Decodes a record of `herald.jobs`. Like the schema, it refuses fields the format does not define, so a
     /// misspelt field (`collapseID`) is dead-lettered rather than silently dropped. Call `validate()` next.
     public static func decode(_ bytes: [UInt8]) throws(ValidationError) -> PushJob {
-        guard let root = JSONValue(parsing: bytes) else { throw ValidationError(code: "invalid_job", message: "not a push job: invalid JSON (an integer beyond ±2^53 counts as invalid: send such ids as strings)") }
+        guard let root = JSONValue(parsing: bytes) else { throw ValidationError(code: "invalid_job", message: "not a push job: invalid JSON (\(JSONValue.inexactIntegerHint))") }
         return try decode(root)
     }
 

@@ -47,8 +47,7 @@ public struct HTTPRequest: Sendable {
     public func jsonBody() throws(HTTPError) -> JSONValue {
         guard !body.isEmpty else { throw HTTPError.invalidJSON("the request body is empty") }
         guard let value = JSONValue(parsing: body) else {
-            throw HTTPError.invalidJSON("the request body is not valid JSON (an integer beyond ±2^53, which JSON numbers "
-                                        + "do not carry exactly, counts as invalid: send such ids as strings)")
+            throw HTTPError.invalidJSON("the request body is not valid JSON (\(JSONValue.inexactIntegerHint))")
         }
         return value
     }

@@ -7,6 +7,12 @@ extension JSONValue {
     /// Deepest nesting `init(parsing:)` accepts; deeper documents are refused rather than recursed into.
     public static let maximumParsingDepth = 64
 
+    /// 2^53: a `Double` holds every integer up to it exactly, and integers up to it are written out whole.
+    public static let largestExactInteger: Int64 = 1 << 53
+
+    /// What to tell a sender whose JSON was refused, as a larger integer may be why.
+    public static let inexactIntegerHint = "an integer beyond ±2^53 counts as invalid: send such ids as strings"
+
     /// Parses exactly one JSON value (surrounding whitespace allowed); nil when `bytes` are not valid JSON (UTF-8
     /// included), nest deeper than `maximumParsingDepth`, hold a number no `Double` can represent, or name a member
     /// of an object twice (RFC 8259 leaves the meaning open, and readers differ: `JSONDecoder` keeps the first, a
@@ -41,7 +47,7 @@ extension JSONValue {
         case .bool(let flag): out += (flag ? "true" : "false").utf8
         case .number(let number):
             // Integral numbers stay integers on the wire (`1`, not `1.0`), as in `encode(to:)`.
-            if number == number.rounded(), abs(number) <= 9_007_199_254_740_992 {
+            if number == number.rounded(), abs(number) <= Double(Self.largestExactInteger) {
                 out += String(Int64(number)).utf8
             } else {
                 out += "\(number)".utf8
@@ -308,7 +314,7 @@ private struct JSONParser {
         let text = String(decoding: UnsafeBufferPointer(rebasing: bytes[start..<index]), as: UTF8.self)
         guard let number = Double(text), number.isFinite else { return nil }
         if exactIntegers, wholeInteger, integerDigits > 15 {
-            guard let integer = Int64(text), integer.magnitude <= 1 << 53 else { return nil }
+            guard let integer = Int64(text), integer.magnitude <= JSONValue.largestExactInteger.magnitude else { return nil }
         }
         return .number(number)
     }

@@ -27,7 +27,7 @@ public enum JSONValue: Sendable, Hashable, Codable {
         case .bool(let value): try container.encode(value)
         case .number(let value):
             // Integral numbers stay integers on the wire (`1`, not `1.0`).
-            if value == value.rounded(), abs(value) <= 9_007_199_254_740_992 { try container.encode(Int64(value)) }
+            if value == value.rounded(), abs(value) <= Double(Self.largestExactInteger) { try container.encode(Int64(value)) }
             else { try container.encode(value) }
         case .string(let value): try container.encode(value)
         case .array(let value): try container.encode(value)

@@ -120,8 +120,7 @@ enum SendCommand {
                 throw ConfigurationError("--payload-file", "cannot read \(path)")
             }
             guard let value = JSONValue(parsing: Array(data)), value.objectValue != nil else {
-                throw ConfigurationError("--payload-file", "\(path) is not a JSON object (integers beyond ±2^53 "
-                                         + "count as invalid: write such ids as strings)")
+                throw ConfigurationError("--payload-file", "\(path) is not a JSON object (\(JSONValue.inexactIntegerHint))")
             }
             return value
         }

@@ -82,13 +82,8 @@ struct SimulatorTests {
             ("another team's channels", list(rival), 403, "TopicMismatch"),
             ("a broadcast to another team's channel", broadcast, 403, "TopicMismatch"),
         ]
-        let responses = try await curl(harness, cases.map(\.1))
-        await harness.stop()
-        try #require(responses.count == cases.count)
-        for (index, (name, _, status, reason)) in cases.enumerated() {
-            #expect(responses[index].status == status, "\(name): \(responses[index].body)")
-            #expect(responses[index].reason == reason, "\(name)")
-        }
+        // Pushes answer with apns-id, channel requests with apns-request-id: ids are checked by the other tests.
+        try await expectAnswers(harness, cases, idHeader: nil)
     }
 
     @Test("provider token problems get Apple's 403 reasons")
@@ -255,14 +250,7 @@ struct SimulatorTests {
             ("alert payload over 4096 bytes", bigAlert, 413, "PayloadTooLarge"),
             ("voip payload of 5000 bytes", voip, 200, nil),
         ]
-        let responses = try await curl(harness, cases.map(\.1))
-        await harness.stop()
-        try #require(responses.count == cases.count)
-        for (index, (name, _, status, reason)) in cases.enumerated() {
-            #expect(responses[index].status == status, "\(name)")
-            #expect(responses[index].reason == reason, "\(name): \(responses[index].body)")
-            #expect(isLowercaseUUID(responses[index].headers["apns-id"]), "\(name)")
-        }
+        try await expectAnswers(harness, cases, idHeader: "apns-id")
         #expect(bigAlert.body!.utf8.count > 4096)
         let rejected = try harness.rejected()
         #expect(rejected.count == cases.filter { $0.2 != 200 }.count)

@@ -120,6 +120,20 @@ struct HTTPRequest {
     }
 }
 
+/// Sends every case (name, request, status, reason) over one connection, stops the simulator, and checks each
+/// answer's status and reason, and that its `idHeader` (`apns-id`, `apns-request-id`), when named, is a lowercase
+/// UUID.
+func expectAnswers(_ harness: Harness, _ cases: [(String, HTTPRequest, Int, String?)], idHeader: String?) async throws {
+    let answers = try await curl(harness, cases.map(\.1))
+    await harness.stop()
+    try #require(answers.count == cases.count)
+    for (index, (name, _, status, reason)) in cases.enumerated() {
+        #expect(answers[index].status == status, "\(name): \(answers[index].body)")
+        #expect(answers[index].reason == reason, "\(name): \(answers[index].body)")
+        if let idHeader { #expect(isLowercaseUUID(answers[index].headers[idHeader]), "\(name)") }
+    }
+}
+
 struct HTTPResponse {
     var status: Int
     var headers: [String: String]
