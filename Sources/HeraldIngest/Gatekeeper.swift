@@ -47,9 +47,7 @@ struct Gatekeeper: Sendable {
                 for (name, value) in admission.headers { response.headers[name] = value }
                 return response
             } catch {
-                guard var failure = Failures.http(error, logger: logger) as? HTTPError else { throw error }
-                failure.headers.merge(admission.headers) { old, _ in old }
-                throw failure
+                throw counted(error, headers: admission.headers, request: request)
             }
         }
     }
@@ -106,13 +104,32 @@ struct Gatekeeper: Sendable {
                 Self.setHeaders(decision, on: &response.headers)
                 return response
             } catch {
-                guard var failure = Failures.http(error, logger: logger) as? HTTPError else { throw error }
-                // After a 503 Redis is failing: counting now would only wait for the same deadline again.
-                guard failure.status != 503 else { throw failure }
-                let decision = try await decision(of: meter, device: device(request))
-                failure.headers.merge(Self.headers(decision)) { old, _ in old }
-                throw failure
+                let mapped = Failures.http(error, logger: logger)
+                if mapped is CancellationError { throw mapped }
+                // After a 503 Redis is failing: counting now would only wait for the same deadline again. A request
+                // the handler already counted still says where its window stands.
+                let decision = (mapped as? HTTPError)?.status == 503 ? meter.decision
+                    : try await decision(of: meter, device: device(request))
+                throw counted(mapped, headers: decision.map(Self.headers) ?? [:], request: request)
             }
+        }
+    }
+
+    /// `error` as the answer to a counted request, carrying its `RateLimit-*` `headers`: an unexpected failure
+    /// becomes here the 500 it would have become anyway (and is logged here), so that it carries them too.
+    private func counted(_ error: any Error, headers: [String: String], request: HTTPRequest) -> any Error {
+        switch Failures.http(error, logger: logger) {
+        case var failure as HTTPError:
+            failure.headers.merge(headers) { old, _ in old }
+            return failure
+        case let cancellation as CancellationError:
+            return cancellation
+        case let unexpected:
+            logger.error("handler failed", ["http.route": request.route, "http.request_id": request.requestID,
+                                            "error": "\(unexpected)"])
+            var failure = HTTPError.internalError
+            failure.headers = headers
+            return failure
         }
     }
 

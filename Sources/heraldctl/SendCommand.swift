@@ -24,7 +24,8 @@ enum SendCommand {
           --direct (with --device-token only) sends straight to APNs with the app's key from HERALD_APPS_FILE,
           exactly as the dispatcher would (HERALD_APNS_PRODUCTION_URL, HERALD_APNS_SANDBOX_URL, HERALD_APNS_CA_FILE),
           and prints Apple's answer: status, reason, apns-id and apns-unique-id (Apple's development environment
-          only: the key to the Push Notifications Console's delivery log).
+          only: the key to the Push Notifications Console's delivery log). --timeout bounds the connection and
+          the answer each (default 10 s).
 
           --dry-run prints the exact request and sends nothing: the job record (topic, key, headers, value), or
           with --direct the HTTP/2 request (headers, the provider token shortened, payload).
@@ -39,8 +40,8 @@ enum SendCommand {
 
           Exit codes:
             0  delivered: APNs answered 200, or every push of the job was delivered
-            1  failed: Kafka, Redis or APNs unreachable, the job not finished within --timeout, or APNs refused the
-               push (its answer is printed)
+            1  failed: Kafka, Redis or APNs unreachable, the job not finished or APNs not answering within
+               --timeout, or APNs refused the push (its answer is printed)
             2  bad usage or configuration
             3  done, but some pushes were not delivered (their tokens removed, or dead-lettered): see the counts
 
@@ -59,7 +60,9 @@ enum SendCommand {
         defer { output.flush() }
         if flags.has("direct") {
             guard case .device = job.target else { throw ConfigurationError("--direct", "needs --device-token") }
-            return try await direct(job, dryRun: flags.has("dry-run"), json: flags.has("json"), output: output)
+            let timeout = try flags.int("timeout", default: 10, range: 1...3600)
+            return try await direct(job, dryRun: flags.has("dry-run"), json: flags.has("json"),
+                                    timeout: .seconds(timeout), output: output)
         }
         let timeout = try flags.int("timeout", default: 60, range: 1...3600)
         return try await throughKafka(job, dryRun: flags.has("dry-run"), json: flags.has("json"),
@@ -196,7 +199,8 @@ enum SendCommand {
 
     // MARK: Straight to APNs
 
-    private static func direct(_ job: PushJob, dryRun: Bool, json: Bool, output: Output) async throws -> Int32 {
+    private static func direct(_ job: PushJob, dryRun: Bool, json: Bool, timeout: Duration,
+                               output: Output) async throws -> Int32 {
         let env = EnvironmentReader()
         let appsFile = env.string("HERALD_APPS_FILE", default: "config/apps.json")
         let apps = try AppRegistry(loading: appsFile, for: .dispatcher)
@@ -207,6 +211,8 @@ enum SendCommand {
         do { made = try DeviceJobRequest.make(job, app: app) } catch { throw ConfigurationError("--app", error.message) }
         var configuration = try APNsConfiguration(environment: env)
         configuration.connectionsPerEndpoint = 1
+        configuration.connectTimeout = timeout
+        configuration.requestTimeout = timeout
         let client: APNsClient
         do { client = try APNsClient(configuration: configuration, logger: Logger(label: "heraldctl", minimumLevel: .error)) }
         catch { throw ConfigurationError("HERALD_APNS_CA_FILE", "\(error)") }

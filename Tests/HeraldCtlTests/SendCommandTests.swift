@@ -81,6 +81,7 @@ struct SendCommandTests {
         let app = apps.apps[0]
         let simulator = try SimulatorProcess(apps: apps, directory: directory, rules: [
             .object(["tokenPrefix": .string("dead"), "status": .number(410), "reason": .string("Unregistered")]),
+            .object(["tokenPrefix": .string("5104"), "delayMs": .number(6000)]),
         ])
         try await simulator.waitUntilListening()
         let apns = ["HERALD_APPS_FILE": apps.path, "HERALD_APNS_PRODUCTION_URL": simulator.url,
@@ -120,6 +121,13 @@ struct SendCommandTests {
             #expect(usage.status == 2, "\(bad): \(usage.stderr)")
         }
         #expect(simulator.accepted().count == 1)
+
+        // --timeout bounds the wait for APNs' answer.
+        let started = ContinuousClock.now
+        let slow = try await harness.heraldctl(["send", "--app", app.id, "--device-token", token(prefix: "5104"),
+                                                "--alert-title", "Hi", "--direct", "--timeout", "1"], environment: apns)
+        #expect(slow.status == 1 && slow.stderr.contains("no answer from APNs"), "\(slow.stdout) \(slow.stderr)")
+        #expect(ContinuousClock.now - started < .seconds(5), "answered by the 1 s timeout, not the 6 s delay")
         await simulator.child.stop()
         try? FileManager.default.removeItem(atPath: directory)
     }
