@@ -28,9 +28,14 @@ enum DLQCommand {
 
         The topic is read up to where it ended when the command started; it is never held in memory whole.
 
+        With HERALD_JOB_SIGNING_SECRET_FILE set (the deployment's job-signing secret), both also say which dead
+        letters this deployment's dispatchers signed: `heraldctl replay` sends only those unless
+        --include-unsigned.
+
         --json: list prints {"deadLetters": [...], "matched": n, "shown": n, "scanned": n, "byReason": {...}};
         stats prints {"matched": n, "scanned": n, "unreadable": n, "first": time, "last": time, "until": last + 1 ms,
-        "byReason": {...}, "byStatus": {...}, "byApp": {...}, "byPushType": {...}}.
+        "byReason": {...}, "byStatus": {...}, "byApp": {...}, "byPushType": {...}}. With the secret, each listed
+        dead letter has "signed": true|false, and both documents "bySignature": {"signed": n, "unsigned": n}.
 
         Examples:
           heraldctl dlq list --since 2h
@@ -38,7 +43,8 @@ enum DLQCommand {
           heraldctl dlq stats --since 1d --json | jq .byReason
           heraldctl dlq list --channel order-1234 --status none --limit 0 --json > failed.json
 
-        Environment: HERALD_KAFKA_BROKERS [127.0.0.1:9092], HERALD_TOPIC_DLQ [herald.dlq].
+        Environment: HERALD_KAFKA_BROKERS [127.0.0.1:9092], HERALD_TOPIC_DLQ [herald.dlq],
+        HERALD_JOB_SIGNING_SECRET_FILE (optional).
         Exit codes: 0 done (also when nothing matched), 1 failed (Kafka unreachable, topic missing: the reason is
         printed), 2 bad usage or filter.
         """
@@ -47,6 +53,7 @@ enum DLQCommand {
         let filter = try DLQFilter(flags)
         let limit = try flags.int("limit", default: 100, range: 0...Int.max)
         let json = flags.has("json")
+        let secret = try signingSecret()
         let connections = try Connections()
         let reader = try await DLQReader.open(connections, filter: filter)
         var counts = Counts()
@@ -57,10 +64,11 @@ enum DLQCommand {
         } else {
             out.write(Row.header + "\n")
         }
-        let scanned = try await scan(reader, filter, connections, counts: &counts) { entry, letter in
+        let scanned = try await scan(reader, filter, connections, secret: secret, counts: &counts) { entry, letter, signed in
             guard limit == 0 || shown < limit else { return }
             if json {
-                out.write((shown == 0 ? "\n" : ",\n") + String(decoding: Row.json(entry, letter).encoded(), as: UTF8.self))
+                let row = Row.json(entry, letter, signed: signed)
+                out.write((shown == 0 ? "\n" : ",\n") + String(decoding: row.encoded(), as: UTF8.self))
             } else {
                 out.write(Row.text(entry, letter).escapingControls + "\n")
             }
@@ -69,11 +77,19 @@ enum DLQCommand {
         if json {
             var summary = "\n],\"matched\":\(counts.matched),\"shown\":\(shown),\"scanned\":\(scanned),\"byReason\":"
             summary += String(decoding: JSONValue.object(counts.byReason.mapValues { .number(Double($0)) }).encoded(), as: UTF8.self)
+            if secret != nil {
+                summary += ",\"bySignature\":"
+                    + String(decoding: JSONValue.object(counts.bySignature.mapValues { .number(Double($0)) }).encoded(), as: UTF8.self)
+            }
             out.write(summary + "}\n")
         } else {
             var footer = "\n\(counts.matched) of \(scanned) dead letters in \(connections.dlqTopic) matched"
             if shown < counts.matched { footer += " (\(shown) shown; --limit 0 shows all)" }
             if counts.unreadable > 0 { footer += "; \(counts.unreadable) records were not readable dead letters" }
+            if let unsigned = counts.bySignature["unsigned"] {
+                footer += "; \(unsigned) not signed by this deployment's dispatchers: a replay skips them "
+                    + "(--include-unsigned sends them)"
+            }
             out.write(footer + "\n")
             if !counts.byReason.isEmpty {
                 out.write("by reason:\n" + table(counts.byReason) + "\n")
@@ -83,10 +99,12 @@ enum DLQCommand {
     }
 
     /// Reads the whole topic once through `reader` and closes it: counts the records that match `filter` (and
-    /// those that are not readable dead letters) and hands each match to `each`. Returns how many records were
-    /// scanned; a failure comes back explained for the operator.
-    private static func scan(_ reader: DLQReader, _ filter: DLQFilter, _ connections: Connections, counts: inout Counts,
-                             each: (DLQEntry, DeadLetter) -> Void = { _, _ in }) async throws -> Int {
+    /// those that are not readable dead letters) and hands each match to `each`, with whether it carries a
+    /// signature by `secret` (nil without one). Returns how many records were scanned; a failure comes back
+    /// explained for the operator.
+    private static func scan(_ reader: DLQReader, _ filter: DLQFilter, _ connections: Connections, secret: SharedSecret?,
+                             counts: inout Counts,
+                             each: (DLQEntry, DeadLetter, Bool?) -> Void = { _, _, _ in }) async throws -> Int {
         do {
             try await reader.read { entries in
                 for entry in entries {
@@ -95,8 +113,9 @@ enum DLQCommand {
                         continue
                     }
                     guard filter.matches(letter, at: entry.time) else { continue }
-                    counts.add(letter, at: entry.time)
-                    each(entry, letter)
+                    let signed = secret.map { JobSignature.verifies(entry.headers, record: entry.record, secrets: [$0]) }
+                    counts.add(letter, at: entry.time, signed: signed)
+                    each(entry, letter, signed)
                 }
                 return true
             }
@@ -110,14 +129,15 @@ enum DLQCommand {
 
     static func stats(_ flags: Flags) async throws {
         let filter = try DLQFilter(flags)
+        let secret = try signingSecret()
         let connections = try Connections()
         let reader = try await DLQReader.open(connections, filter: filter)
         var counts = Counts()
-        let scanned = try await scan(reader, filter, connections, counts: &counts)
+        let scanned = try await scan(reader, filter, connections, secret: secret, counts: &counts)
         let out = Output()
         if flags.has("json") {
             func object(_ counts: [String: Int]) -> JSONValue { .object(counts.mapValues { .number(Double($0)) }) }
-            let document: JSONValue = .object([
+            var document: [String: JSONValue] = [
                 "matched": .number(Double(counts.matched)), "scanned": .number(Double(scanned)),
                 "unreadable": .number(Double(counts.unreadable)),
                 "first": counts.first.map { .string(Self.time($0)) } ?? .null,
@@ -126,8 +146,9 @@ enum DLQCommand {
                 "until": counts.last.map { .string(Self.time($0, plus: 1)) } ?? .null,
                 "byReason": object(counts.byReason), "byStatus": object(counts.byStatus),
                 "byApp": object(counts.byApp), "byPushType": object(counts.byPushType),
-            ])
-            out.write(String(decoding: document.encoded(), as: UTF8.self) + "\n")
+            ]
+            if secret != nil { document["bySignature"] = object(counts.bySignature) }
+            out.write(String(decoding: JSONValue.object(document).encoded(), as: UTF8.self) + "\n")
         } else {
             var text = "\(counts.matched) of \(scanned) dead letters in \(connections.dlqTopic) matched"
             if let first = counts.first, let last = counts.last {
@@ -137,7 +158,9 @@ enum DLQCommand {
             if counts.unreadable > 0 { text += "; \(counts.unreadable) records were not readable dead letters" }
             text += "\n"
             for (title, values) in [("by reason", counts.byReason), ("by status", counts.byStatus),
-                                    ("by app", counts.byApp), ("by push type", counts.byPushType)] where !values.isEmpty {
+                                    ("by app", counts.byApp), ("by push type", counts.byPushType),
+                                    ("by signature (a replay sends only signed ones)", counts.bySignature)]
+                where !values.isEmpty {
                 text += "\n\(title):\n" + table(values) + "\n"
             }
             out.write(text)
@@ -145,12 +168,20 @@ enum DLQCommand {
         out.flush()
     }
 
-    /// Counts, largest first, as aligned lines.
+    /// The deployment's job-signing secret, when HERALD_JOB_SIGNING_SECRET_FILE names one.
+    private static func signingSecret() throws -> SharedSecret? {
+        guard let path = EnvironmentReader().optionalString("HERALD_JOB_SIGNING_SECRET_FILE") else { return nil }
+        do { return try SharedSecret(path: path) } catch {
+            throw ConfigurationError("HERALD_JOB_SIGNING_SECRET_FILE", error.message)
+        }
+    }
+
     /// A record time as `--since`/`--until` take it, `plus` milliseconds later.
     static func time(_ date: Date, plus: Int64 = 0) -> String {
         Timestamp.rfc3339(milliseconds: DLQFilter.milliseconds(date) + plus)
     }
 
+    /// Counts, largest first, as aligned lines.
     static func table(_ counts: [String: Int]) -> String {
         let rows = counts.map { (key: $0.key.escapingControls, value: $0.value) }
             .sorted { ($0.value, $1.key) > ($1.value, $0.key) }
@@ -168,11 +199,14 @@ struct Counts {
     var byStatus: [String: Int] = [:]
     var byApp: [String: Int] = [:]
     var byPushType: [String: Int] = [:]
+    /// "signed" and "unsigned", when the secret is known.
+    var bySignature: [String: Int] = [:]
     var first: Date?
     var last: Date?
 
-    mutating func add(_ letter: DeadLetter, at time: Date?) {
+    mutating func add(_ letter: DeadLetter, at time: Date?, signed: Bool?) {
         matched += 1
+        if let signed { bySignature[signed ? "signed" : "unsigned", default: 0] += 1 }
         byReason[letter.reason, default: 0] += 1
         byStatus[letter.status.map(String.init) ?? "none", default: 0] += 1
         byApp[letter.appId, default: 0] += 1
@@ -197,7 +231,7 @@ enum Row {
          letter.targetDescription].joined(separator: " ")
     }
 
-    static func json(_ entry: DLQEntry, _ letter: DeadLetter) -> JSONValue {
+    static func json(_ entry: DLQEntry, _ letter: DeadLetter, signed: Bool?) -> JSONValue {
         var object: [String: JSONValue] = [
             "partition": .number(Double(entry.partition)), "offset": .number(Double(entry.offset)),
             "appId": .string(letter.appId), "reason": .string(letter.reason),
@@ -205,6 +239,7 @@ enum Row {
             "status": letter.status.map { .number(Double($0)) } ?? .null,
             "token": .string(maskedToken(letter.deviceToken)),
         ]
+        if let signed { object["signed"] = .bool(signed) }
         if let jobId = letter.jobId ?? letter.job?.id { object["jobId"] = .string(jobId) }
         if let pushType = letter.effectivePushType { object["pushType"] = .string(pushType) }
         if let tokenType = letter.tokenType { object["tokenType"] = .string(tokenType.rawValue) }

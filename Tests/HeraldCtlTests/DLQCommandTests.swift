@@ -73,6 +73,25 @@ struct DLQCommandTests {
         #expect(document["shown"]?.numberValue == 2)
         #expect(document["scanned"]?.numberValue == 6)
         #expect(document["byReason"]?["ServiceUnavailable"]?.numberValue == 2)
+        #expect(document["bySignature"] == .object(["signed": .number(6)]))
+        #expect(one["signed"] == .bool(true))
+
+        // A letter the deployment's dispatchers did not sign (another secret, or none) is shown as such: a replay
+        // skips it.
+        let forged = "forged" + SecureRandom.hex(4)
+        try await harness.publish([harness.deadLetter(app: forged, reason: "BadDeviceToken", status: 400)], signed: false)
+        try await harness.publish([harness.deadLetter(app: forged, reason: "BadDeviceToken", status: 400)],
+                                  secret: try SharedSecret(bytes: SecureRandom.bytes(32)))
+        let forgedRows = try await listed(["--app", forged])
+        #expect(forgedRows.count == 2 && forgedRows.allSatisfy { $0["signed"] == .bool(false) }, "\(forgedRows)")
+        let forgedText = try await harness.heraldctl(["dlq", "list", "--app", forged])
+        #expect(forgedText.stdout.contains("2 not signed by this deployment's dispatchers"), "\(forgedText.stdout)")
+        let mixed = try await harness.heraldctl(["dlq", "stats", "--json"]).json()
+        #expect(mixed["bySignature"] == .object(["signed": .number(6), "unsigned": .number(2)]), "\(mixed)")
+        // Without the secret nothing is said about signatures.
+        let unknown = try await harness.heraldctl(["dlq", "stats", "--json"],
+                                                  environment: ["HERALD_JOB_SIGNING_SECRET_FILE": ""]).json()
+        #expect(unknown["bySignature"] == nil && unknown["matched"]?.numberValue == 8, "\(unknown)")
     }
 
     @Test("what a record says cannot steer the terminal: control and format characters are printed escaped")
