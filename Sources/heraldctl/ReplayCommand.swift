@@ -46,7 +46,8 @@ enum ReplayCommand {
         sends exactly the rest. A replay killed outright (SIGKILL, power loss) can send again the jobs handed to
         Kafka but not yet recorded at that moment: at most 5,000 in flight plus one Redis round trip's worth of
         acknowledged ones. A run whose records Redis refuses stops sending (exit 1). The job id of a replayed job is
-        replay-NAME-PARTITION-OFFSET. Do not run the same replay from two places at once.
+        replay-NAME-PARTITION-OFFSET. Do not run the same replay from two places at once. After the topic is
+        deleted and created again, its letters reuse old positions: give replays of it a new --name.
 
         The topic is read from --since (offsets-for-times) or the beginning up to where it ended when the replay
         started; records are handled in batches, never the whole topic in memory. Progress goes to stderr: a bar
