@@ -436,7 +436,8 @@ final class SimulatorConnection: @unchecked Sendable {  // @unchecked: created b
         }
         let configuration = simulator.configuration
         return RequestValidator.notification(request, token: token,
-                                             mayUse: { configuration.team(provider.teamID, mayUse: $0) })
+                                             mayUse: { configuration.team(provider.teamID, mayUse: $0) },
+                                             isListed: { configuration.allowedTopics.contains($0) })
             .flatMap { push in
                 guard simulator.tokenTopics.bind(push.token, to: push.topic) else {
                     return .failure(APNsRejection(400, "DeviceTokenNotForTopic"))

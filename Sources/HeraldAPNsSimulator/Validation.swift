@@ -118,9 +118,10 @@ enum RequestValidator {
     }
 
     /// Everything after authentication: topic, push type, priority, expiration, collapse id, apns-id, payload.
-    /// `mayUse` says whether the provider token may push to a bundle id (400 TopicDisallowed if not).
-    static func notification(_ request: IncomingRequest, token: String,
-                             mayUse: (String) -> Bool) -> Result<AcceptedPush, APNsRejection> {
+    /// `mayUse` says whether the provider token may push to a bundle id (400 TopicDisallowed if not), `isListed`
+    /// whether a topic is itself a configured bundle id.
+    static func notification(_ request: IncomingRequest, token: String, mayUse: (String) -> Bool,
+                             isListed: (String) -> Bool) -> Result<AcceptedPush, APNsRejection> {
         guard let topic = request.header("apns-topic"), !topic.isEmpty else {
             return .failure(APNsRejection(400, "MissingTopic"))
         }
@@ -128,7 +129,7 @@ enum RequestValidator {
         guard let rawType = request.header("apns-push-type"), let pushType = APNsPushType(rawValue: rawType) else {
             return .failure(APNsRejection(400, "InvalidPushType"))
         }
-        guard let bundle = bundleID(of: topic, for: pushType) else {
+        guard let bundle = bundleID(of: topic, for: pushType, isListed: isListed) else {
             return .failure(APNsRejection(400, "InvalidPushType"))
         }
         guard mayUse(bundle) else { return .failure(APNsRejection(400, "TopicDisallowed")) }
@@ -196,8 +197,9 @@ enum RequestValidator {
     }
 
     /// The bundle id behind `topic` for `pushType`, or nil when the topic's suffix does not match the push type
-    /// (a Live Activity push to a bare bundle id, an alert push to a `.voip` topic, …).
-    static func bundleID(of topic: String, for pushType: APNsPushType) -> String? {
+    /// (a Live Activity push to a bare bundle id, an alert push to a `.voip` topic, …). A topic `isListed` as a
+    /// bundle id of its own is one, whatever it ends with (`com.example.voip`).
+    static func bundleID(of topic: String, for pushType: APNsPushType, isListed: (String) -> Bool) -> String? {
         if let suffix = pushType.topicSuffix {
             guard topic.hasSuffix(suffix), topic.utf8.count > suffix.utf8.count else { return nil }
             return String(topic.utf8.dropLast(suffix.utf8.count))
@@ -206,7 +208,7 @@ enum RequestValidator {
         let carriesOtherSuffix = APNsPushType.allCases.contains { other in
             other.topicSuffix.map { topic.hasSuffix($0) } ?? false
         }
-        return carriesOtherSuffix ? nil : topic
+        return carriesOtherSuffix && !isListed(topic) ? nil : topic
     }
 
     /// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` in lowercase hex, as Apple documents for `apns-id`.

@@ -258,6 +258,20 @@ struct SimulatorTests {
         #expect(try harness.accepted().count == cases.filter { $0.2 == 200 }.count)
     }
 
+    @Test("a configured bundle id ending like a push type's topic suffix (.voip) takes alerts as it is")
+    func bundleEndingLikeASuffix() async throws {
+        let phone = "com.example.phone.voip"
+        let harness = try Harness(topics: [bundleID, phone])
+        var voip = try harness.alert(deviceToken()).with("apns-topic", phone + ".voip").with("apns-push-type", "voip")
+        voip.body = #"{"call":"1"}"#
+        try await expectAnswers(harness, [
+            ("alert to the bundle id", try harness.alert(deviceToken()).with("apns-topic", phone), 200, nil),
+            ("voip to its .voip topic", voip, 200, nil),
+            ("alert to a .voip topic that is no bundle id", try harness.alert(deviceToken()).with("apns-topic", bundleID + ".voip"),
+             400, "InvalidPushType"),
+        ], idHeader: "apns-id")
+    }
+
     @Test("Live Activity pushes need timestamp, event and content-state; push-to-start needs attributes")
     func liveActivityPayloads() async throws {
         let harness = try Harness()
