@@ -96,11 +96,15 @@ final class RedisTopology: Sendable {
         switch route {
         case .standalone(let node): return node
         case .cluster(let slots):
+            // A slot without a node asks for a new map: nothing else would, as no call reaches a node that could
+            // answer MOVED once an operator assigns the slot again.
             if let slot {
                 if let node = slots[slot] { return node }
+                scheduleRefresh()
                 throw RedisError(.unavailable, "CLUSTERDOWN no node serves slot \(slot)")
             }
             if let node = slots.lazy.compactMap({ $0 }).first { return node }
+            scheduleRefresh()
             throw RedisError(.unavailable, "CLUSTERDOWN no node serves any slot")
         }
     }

@@ -217,6 +217,39 @@ import Testing
         if let failure { throw failure }
     }
 
+    /// A slot an operator unassigns (`CLUSTER DELSLOTS`, after a master without a replica was lost) answers
+    /// 503-style `unavailable`; once it is assigned again the client finds its node by itself.
+    @Test func anUnassignedSlotIsServedAgainOnceAssigned() async throws {
+        let client = try clusterClient()
+        #expect(try await client.isCluster())
+        let masters = try await clusterMasters()
+        var found: (key: String, slot: Int, owner: ClusterMaster)?
+        for _ in 0..<50 where found == nil {
+            let key = "{\(freshPrefix())}k"
+            let slot = RedisCluster.slot(of: key)
+            let owner = try #require(masters.first { $0.serves(slot) })
+            let count = try await clusterAdmin(owner.port, "CLUSTER", "COUNTKEYSINSLOT", String(slot))
+            if count.trimmingCharacters(in: .whitespacesAndNewlines) == "0" { found = (key, slot, owner) }
+        }
+        let (key, slot, owner) = try #require(found)
+        try await client.command(["GET", key]) // the map is known
+        for master in masters { _ = try await clusterAdmin(master.port, "CLUSTER", "DELSLOTS", String(slot)) }
+        try await eventually("the client's map has no node for the slot", timeout: .seconds(15)) {
+            do { try await client.command(["GET", key]); return false } catch let error as RedisError {
+                return error.description.contains("no node serves slot \(slot)")
+            }
+        }
+        _ = try await clusterAdmin(owner.port, "CLUSTER", "ADDSLOTS", String(slot))
+        for master in masters where master.id != owner.id {
+            _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", owner.id)
+        }
+        try await eventually("the slot is served again without a restart", timeout: .seconds(15)) {
+            (try? await client.command(["SET", key, "1", "EX", "60"])) != nil
+        }
+        try await client.command(["DEL", key])
+        await client.close()
+    }
+
     /// A slot map that no longer names a node drops it (a master rescheduled under a new address), so nodes and
     /// their threads do not pile up; the seeds stay.
     @Test func aNodeTheMapNoLongerNamesIsDropped() async throws {
