@@ -11,7 +11,7 @@ import HeraldCrypto
 /// | `herald:{app:d:<token>}:sub:<id>` | hash | one subscription, in its device's slot |
 /// | `herald:{app:d:<token>}:dev` | set | ids of the token's subscriptions |
 /// | `herald:{app:c:<channel>}:ch` | hash | subscription id → what a push needs of it (`ChannelTarget.encoded`) |
-/// | `herald:{app:c:<channel>}:gone:<n>` | hash, 30 min | `<id>:<updatedMs>` of subscriptions a cluster removal took from the channel index in the n-th ten minutes |
+/// | `herald:{app:c:<channel>}:gone:<n>` | hash, 30 min | `<id>` → the highest `updatedMs` of each subscription a cluster removal took from the channel index in the n-th ten minutes |
 /// | `herald:{app:e:<n>}:subexp` | zset | `<id><token>` by expiry (UNIX seconds), for the sweep; n = the id's first byte mod 64 |
 /// | `herald:{app:k:<credential>}:rl:<window>` | counter, 61 s | fixed-window rate limit of one API key or OAuth subject |
 /// | `herald:{app:d:<token>}:rl:<credential>:<window>` | counter, 61 s | the same for one device behind a public key (`a:` for a Live Activity push token) |
@@ -39,8 +39,9 @@ public struct RedisKeys: Sendable {
     public func subscription(_ id: String, token: String) -> String { entity("d:", token, "}:sub:" + id) }
     public func device(_ token: String) -> String { entity("d:", token, "}:dev") }
     public func channel(_ name: String) -> String { entity("c:", name, "}:ch") }
-    /// Subscription versions (`<id>:<updatedMs>`) a cluster removal took out of a channel's index in one span of
-    /// `removalSpan` seconds (`bucket` = UNIX seconds / span), which an upsert of those versions must not put back.
+    /// The highest subscription version (`<id>` → `updatedMs`) a cluster removal took out of a channel's index in one
+    /// span of `removalSpan` seconds (`bucket` = UNIX seconds / span), which an upsert of that version or an older
+    /// one must not put back.
     public func channelRemovals(_ name: String, bucket: Int64) -> String {
         entity("c:", name, "}:gone:" + String(bucket))
     }

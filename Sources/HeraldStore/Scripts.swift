@@ -12,33 +12,39 @@ enum Scripts {
     /// "" for never), the most subscriptions a device may have, the expiry index's member (`<id><token>`), "1" to
     /// write the channel and expiry index entries here ("0": the caller does, after), then the rate-limit window's
     /// `scriptArguments` (counter "" to count nothing).
-    /// Returns {created (0/1), createdAt, count, ceilingCount}; {-1, "", count, ceilingCount} when a count is over
-    /// its limit and {-2, "", count, ceilingCount} when a new subscription would pass the device's cap, having
-    /// changed nothing else.
+    /// Returns {created (0/1), createdAt, count, ceilingCount, updatedMs}; {-1, "", count, ceilingCount, ""} when a
+    /// count is over its limit and {-2, "", count, ceilingCount, ""} when a new subscription would pass the device's
+    /// cap, having changed nothing else.
     ///
-    /// `createdAt` is read before the one HSET that writes the subscription (with it when new), so an update costs
-    /// no second read.
+    /// `createdAt` and the version are read before the one HSET that writes the subscription (with `createdAt` when
+    /// new), so an update costs no second read. The version (`updatedMs`) is the write's millisecond, or one past
+    /// the record's when that is not later (another pod's clock ahead): a record's versions only grow, which the
+    /// removal markers of a cluster rely on (`unindexTarget`).
     static let upsert = RedisScript(source: RateLimiter.countingLua(first: 15) + """
 
-        if refused then return {-1, '', count, ceilingCount} end
+        if refused then return {-1, '', count, ceilingCount, ''} end
         local id, expiresAt = ARGV[1], ARGV[11]
         local key = KEYS[1]
-        local createdAt = redis.call('HGET', key, 'createdAt')
+        local stored = redis.call('HMGET', key, 'createdAt', 'updatedMs')
+        local createdAt = stored[1]
         if not createdAt and redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[12]) then
-          return {-2, '', count, ceilingCount}
+          return {-2, '', count, ceilingCount, ''}
         end
         local created = createdAt and 0 or 1
         createdAt = createdAt or ARGV[8]
+        local updatedMs = ARGV[9]
+        local previous = tonumber(stored[2] or '')
+        if previous and previous >= tonumber(updatedMs) then updatedMs = string.format('%.0f', previous + 1) end
         redis.call('HSET', key, 'createdAt', createdAt, 'id', id, 'channel', ARGV[2], 'deviceToken', ARGV[3],
                    'tokenType', ARGV[4], 'environment', ARGV[5], 'activityID', ARGV[6], 'metadata', ARGV[7],
-                   'updatedAt', ARGV[8], 'updatedMs', ARGV[9], 'expiresAt', expiresAt)
+                   'updatedAt', ARGV[8], 'updatedMs', updatedMs, 'expiresAt', expiresAt)
         redis.call('SADD', KEYS[2], id)
         if ARGV[14] == '1' then
           -- Always rewritten: an update may change the environment, activityID or expiry a push needs.
           redis.call('HSET', KEYS[3], id, ARGV[10])
           if expiresAt ~= '' then redis.call('ZADD', KEYS[4], expiresAt, ARGV[13]) else redis.call('ZREM', KEYS[4], ARGV[13]) end
         end
-        return {created, createdAt, count, ceilingCount}
+        return {created, createdAt, count, ceilingCount, updatedMs}
         """)
 
     /// KEYS: subscription, device index, channel index, expiry index. ARGV: id, the subscription's `updatedMs` when
@@ -79,12 +85,14 @@ enum Scripts {
     /// ARGV: id, the subscription's `updatedMs` as read ("" when the record was missing), the markers' lifetime
     /// (seconds).
     /// A removal's first step on a cluster: takes the channel index entry and, for a record that was read, marks
-    /// that version removed, so an upsert of the same version still on its way to the index (it wrote the record
-    /// before the removal read it) does not write an entry for the record the removal is about to delete.
+    /// the versions up to it removed (the marker holds the highest removed version of each id), so an upsert of
+    /// that version or an older one still on its way to the index (it wrote the record before the removal read
+    /// it) does not write an entry for the record the removal is about to delete.
     static let unindexTarget = RedisScript(source: """
         redis.call('HDEL', KEYS[1], ARGV[1])
         if ARGV[2] ~= '' then
-          redis.call('HSET', KEYS[2], ARGV[1] .. ':' .. ARGV[2], '1')
+          local removed = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '')
+          if not removed or tonumber(ARGV[2]) > removed then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
           redis.call('EXPIRE', KEYS[2], ARGV[3])
         end
         return 1
@@ -94,11 +102,13 @@ enum Scripts {
     /// ARGV: id, the channel target (`ChannelTarget.encoded`), the subscription's `updatedMs`, "1" to write only
     /// where the entry is missing.
     /// An upsert's last step on a cluster (and a removal's putting back of an entry it took from a record written
-    /// since): writes the entry unless that version was marked removed. Returns 1 when written, else 0.
+    /// since): writes the entry unless that version, or a later one, was marked removed. Returns 1 when written,
+    /// else 0.
     static let indexTarget = RedisScript(source: """
-        local marker = ARGV[1] .. ':' .. ARGV[3]
+        local version = tonumber(ARGV[3])
         for i = 2, #KEYS do
-          if redis.call('HEXISTS', KEYS[i], marker) == 1 then return 0 end
+          local removed = tonumber(redis.call('HGET', KEYS[i], ARGV[1]) or '')
+          if removed and version and removed >= version then return 0 end
         end
         if ARGV[4] == '1' then return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) end
         redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])

@@ -111,8 +111,8 @@ public struct SubscriptionStore: Sendable {
             split?.abandon()
             throw error
         }
-        guard let parts = reply.array, parts.count == 4, let created = parts[0].int, let createdAt = parts[1].string,
-              let count = parts[2].int, let ceiling = parts[3].int else {
+        guard let parts = reply.array, parts.count == 5, let created = parts[0].int, let createdAt = parts[1].string,
+              let count = parts[2].int, let ceiling = parts[3].int, let version = parts[4].string else {
             throw StoreError.unexpectedReply("upsert")
         }
         split?.settle(scriptCount: count, refused: created == -1)
@@ -121,7 +121,7 @@ public struct SubscriptionStore: Sendable {
         if isCluster {
             // Last, so a push never finds an entry whose record was not written.
             try await index(keys, [Indexed(id: id, token: input.deviceToken, channel: input.channel, target: target,
-                                           updatedMs: updatedMs, expiresAt: expiresAt)], onlyWhereMissing: false)
+                                           updatedMs: version, expiresAt: expiresAt)], onlyWhereMissing: false)
         }
         if let previous = input.previousToken, previous != input.deviceToken {
             _ = try await removeToken(app: app, deviceToken: previous, only: nil, tokenType: input.tokenType, keepAfterMs: nil)

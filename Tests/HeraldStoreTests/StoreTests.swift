@@ -493,6 +493,36 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await redis.appKeys() == [])
     }
 
+    /// An upsert whose last step is held up (a reconnect to the channel's node) while the same subscription is
+    /// written again and removed: its entry would be one with no record behind it.
+    @Test(.enabled(if: onCluster, "on a standalone Redis an upsert writes its record and entries in one script"))
+    func anOlderUpsertsEntryArrivingAfterANewerOneWasRemovedIsNotWritten() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client)
+        let keys = RedisKeys(app: redis.app)
+        let device = token(), first = Date()
+        let stored = try await store.upsert(app: redis.app, try subscription("news", device), now: first).subscription
+        let record = keys.subscription(stored.id, token: device)
+        let older = try #require(try await redis.client.command(["HMGET", record, "updatedMs", "expiresAt"]).array?.map(\.string))
+        let entry = try #require(try await redis.client.command(["HGET", keys.channel("news"), stored.id]).string)
+        _ = try await redis.client.command(["HDEL", keys.channel("news"), stored.id])
+        // The same subscribe again, through a pod whose clock is 5 ms behind: its version still comes after the
+        // first's.
+        _ = try await store.upsert(app: redis.app, try subscription("news", device), now: first - 0.005)
+        let newer = try #require(try await redis.client.command(["HGET", record, "updatedMs"]).string.flatMap { Int64($0) })
+        #expect(newer == (Int64(older[0] ?? "") ?? 0) + 1, "a record's version only grows")
+        #expect(try await store.remove(app: redis.app, SubscriptionRemoval(json(
+            #"{"deviceToken": "\#(device)", "channel": "news", "tokenType": "alert"}"#))) == 1)
+        // Then the first upsert's last step arrives.
+        let late = SubscriptionStore.Indexed(id: stored.id, token: device, channel: "news", target: entry,
+                                             updatedMs: try #require(older[0]), expiresAt: older[1].flatMap { Int64($0) })
+        try await store.index(keys, [late], onlyWhereMissing: false)
+        #expect(try await redis.client.command(["HLEN", keys.channel("news")]).int == 0, "no entry without its record")
+        #expect(try await store.channelBatch(app: redis.app, channel: "news", cursor: "0").targets.isEmpty)
+        _ = try await redis.client.command(["ZREM", keys.subscriptionExpiry(id: stored.id), stored.id + device])
+        #expect(try await redis.appKeys() == [])
+    }
+
     @Test func closingAChannelRemovesEverySubscriptionInBatches() async throws {
         let redis = try TestRedis()
         let store = SubscriptionStore(redis: redis.client, batchSize: 7)
