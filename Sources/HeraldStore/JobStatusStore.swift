@@ -133,7 +133,9 @@ public struct JobStatusStore: Sendable {
     }
 
     /// Marks the job started by `owner` (this run: later writes name it) and returns the fields of its progress
-    /// record (`progressKey`, in the app's slot), in one round trip.
+    /// record (`progressKey`, in the app's slot), in one round trip; for a job whose status says it finished, only
+    /// `done` (its record run again after a rebalance, before its offset was committed: a small job keeps no progress
+    /// record, and its pushes must not go twice).
     public func started(app: String, origin: Origin, startedAt: String, progressKey: String,
                         owner: String) async throws -> [String: String] {
         let reply = try await redis.run(Self.start, keys: [RedisKeys(app: app).jobStatus(origin.jobID), progressKey],
@@ -198,9 +200,10 @@ public struct JobStatusStore: Sendable {
     private func seconds(_ duration: Duration) -> String { String(max(1, duration.components.seconds)) }
 
     /// KEYS: status, progress. ARGV: status TTL, jobId, acceptedAt, startedAt, target, owner. Returns the progress
-    /// hash.
+    /// hash, or {done, 1} without writing anything when the job finished.
     static let start = RedisScript(source: """
         local status = KEYS[1]
+        if redis.call('HEXISTS', status, 'finishedAt') == 1 then return {'done', '1'} end
         redis.call('HSET', status, 'owner', ARGV[6])
         redis.call('HSETNX', status, 'jobId', ARGV[2])
         redis.call('HSETNX', status, 'acceptedAt', ARGV[3])
