@@ -80,6 +80,9 @@ final class ConcurrencyLimit: Sendable {
         state = Lock(State(available: self.limit))
     }
 
+    /// Slots taken now.
+    var held: Int { state.withLock { limit - $0.available } }
+
     /// Takes a slot if one is free and nobody is waiting for one in `lane` or before it; never suspends.
     func tryAcquire(in lane: Lane = .prompt) -> Bool {
         state.withLock { s -> Bool in

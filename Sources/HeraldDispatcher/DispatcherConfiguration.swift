@@ -72,6 +72,14 @@ public struct DispatcherConfiguration: Sendable {
     var batchesInFlightPerJob: Int {
         maxBatchesInFlightPerJob ?? max(3, 2 * maxInFlightPushes / max(1, batchSize))
     }
+    /// Batches read by all fan-outs together and not yet settled (beyond each job's first): without it the
+    /// process's memory would be `maxInFlightJobs` times one fan-out's. Nil: eight times as many as fill
+    /// `maxInFlightPushes`, and at least what one fan-out runs with.
+    public var maxBatchesHeld: Int?
+
+    var batchesHeld: Int {
+        maxBatchesHeld ?? max(batchesInFlightPerJob + JobRunner.readAhead + 1, 8 * maxInFlightPushes / max(1, batchSize))
+    }
     /// How often expired subscriptions are swept out of Redis.
     public var subscriptionSweepInterval: Duration = .seconds(60)
     /// `HERALD_BROADCAST_JANITOR_INTERVAL_SECONDS`: how often the broadcast janitor looks at every app's channels.

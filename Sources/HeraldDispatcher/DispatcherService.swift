@@ -50,6 +50,7 @@ public final class DispatcherService: Service {
                                limit: limit, batchSize: max(1, configuration.batchSize),
                                maxJobBytes: configuration.maxJobBytes, signing: configuration.jobSigning,
                                maxBatchesInFlight: max(1, configuration.batchesInFlightPerJob),
+                               batchPermits: ConcurrencyLimit(limit: configuration.batchesHeld),
                                retryDelay: configuration.infrastructureRetryDelay, metrics: counters, logger: logger)
         let consumer = try JobConsumer(configuration: configuration, runner: runner, metrics: counters, logger: logger)
         var router = Router()

@@ -22,6 +22,9 @@ struct JobRunner: Sendable {
     let maxJobBytes: Int
     let signing: JobSigning
     let maxBatchesInFlight: Int
+    /// One permit per fan-out batch read and not settled, across all jobs (a job's first batch, read before it is
+    /// known to be a fan-out, takes none): bounds the pushes held in memory however many fan-outs run.
+    let batchPermits: ConcurrencyLimit
     let retryDelay: Duration
     let metrics: DispatcherMetrics
     let logger: Logger
@@ -203,6 +206,7 @@ struct JobRunner: Sendable {
             var savedUpTo = 0 // batches before this one are recorded (or their save was attempted)
             var saving = false
             var toSave: Int?
+            let permitFrom = first == nil ? 0 : 1 // batch numbers from here hold a permit until settled
             func read(_ index: Int, _ pushes: [Push]) {
                 tokens[index] = pushes.map(\.token)
                 loaded[index] = unsent(pushes)
@@ -216,9 +220,21 @@ struct JobRunner: Sendable {
                 let cursor = cursors.last ?? start
                 scanning = true
                 group.addTask {
-                    do { return .scanned(try await retrying("scan targets") { try await scan(cursor) }) }
-                    catch let refusal as StoreRefusal { return .refused(refusal) } catch { return .cancelled }
+                    do { try await batchPermits.acquire(in: .bulk) } catch { return .cancelled }
+                    do { return .scanned(try await retrying("scan targets") { try await scan(cursor) }) } catch {
+                        batchPermits.release()
+                        if let refusal = error as? StoreRefusal { return .refused(refusal) }
+                        return .cancelled
+                    }
                 }
+            }
+            // Stops the children and gives back the permits of the batches not settled, a late scan's too.
+            func end(_ reason: FanOutEnd) async -> FanOutEnd {
+                group.cancelAll()
+                var held = max(0, cursors.count - max(nextToSettle, permitFrom))
+                while let event = await group.next() { if case .scanned = event { held += 1 } }
+                batchPermits.release(count: held)
+                return reason
             }
             func startSave(upTo count: Int) {
                 let position = cursors[count - 1]
@@ -262,12 +278,10 @@ struct JobRunner: Sendable {
                     read(index, pushes)
                 case .sent(let index, let ok)?:
                     settled[index] = ok
-                    guard ok else {
-                        group.cancelAll()
-                        return .cancelled
-                    }
+                    guard ok else { return await end(.cancelled) }
                     let before = nextToSettle
                     while settled[nextToSettle] == true {
+                        if nextToSettle >= permitFrom { batchPermits.release() }
                         settled[nextToSettle] = nil
                         settledTokens[nextToSettle] = tokens.removeValue(forKey: nextToSettle) ?? []
                         nextToSettle += 1
@@ -289,11 +303,9 @@ struct JobRunner: Sendable {
                         startSave(upTo: next)
                     }
                 case .refused(let refusal)?:
-                    group.cancelAll()
-                    return .refused(refusal)
+                    return await end(.refused(refusal))
                 case .cancelled?, nil:
-                    group.cancelAll()
-                    return .cancelled
+                    return await end(.cancelled)
                 }
             }
         }

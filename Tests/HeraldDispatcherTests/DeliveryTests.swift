@@ -700,4 +700,43 @@ struct DeliveryTests {
         #expect(harness.simulators.accepted().count == 8)
         await harness.stop()
     }
+
+    @Test("fan-outs running together hold at most maxBatchesHeld batches between them, and each delivers every push once")
+    func fanOutsShareOneBatchBudget() async throws {
+        let harness = try await DispatcherHarness.start {
+            $0.batchSize = 50
+            $0.maxBatchesInFlightPerJob = 3
+            $0.maxBatchesHeld = 4
+        }
+        let app = harness.apps.apps[0]
+        try harness.simulators.production.setRules([.delay(tokenPrefix: "b0d9", milliseconds: 100)])
+        var jobs: [PushJob] = []
+        var tokens: Set<String> = []
+        for index in 0..<6 {
+            let channel = "budget-\(index)-\(SecureRandom.hex(4))"
+            for _ in 0..<300 {
+                let token = deviceToken("b0d9")
+                tokens.insert(token)
+                _ = try await harness.subscribe(app, channel: channel, token: token)
+            }
+            var job = PushJob(id: "budget-\(index)-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+            job.alert = .object(["aps": .object(["alert": .string("hello")])])
+            jobs.append(job)
+        }
+        for job in jobs { try await harness.produce(job) }
+        let permits = harness.service.runner.batchPermits
+        var most = 0
+        let watched = ContinuousClock.now
+        while harness.metric("herald_dispatcher_jobs_completed_total") != 6, ContinuousClock.now - watched < .seconds(60) {
+            most = max(most, permits.held)
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        #expect(harness.metric("herald_dispatcher_jobs_completed_total") == 6)
+        // Six fan-outs of 6 batches, 3 sending and 2 read ahead each, would hold up to 30 without the budget.
+        #expect(most == 4, "at most 4 batches held, and the fan-outs wanted more")
+        #expect(permits.held == 0, "every permit given back")
+        let accepted = harness.simulators.accepted().compactMap { $0["token"]?.stringValue }
+        #expect(accepted.count == 1_800 && Set(accepted) == tokens)
+        await harness.stop()
+    }
 }
