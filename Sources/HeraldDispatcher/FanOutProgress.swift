@@ -135,6 +135,12 @@ final class SettledPushes: Sendable {
                           jobDeadLettered: jobDeadLettered), owner: owner)
     }
 
+    /// Settled pushes kept to be marked in the progress record while writes fail.
+    static let maximumPending = 1000
+
+    /// Settled pushes not written yet.
+    var pendingCount: Int { state.withLock { $0.pending.count } }
+
     private static func count(_ push: SettledPush) -> JobStatus.Counts {
         var counts = JobStatus.Counts()
         switch push.outcome {
@@ -161,8 +167,16 @@ final class SettledPushes: Sendable {
                 try await progress.statuses.settled(app: app, jobID: origin.jobID, progressKey: progressKey,
                                                     progressTTL: progress.ttl, pushes: pushes, owner: owner)
             } catch {
-                // Kept for the next write, or the job's end: until then a restart would send them again.
-                state.withLock { $0.pending = pushes + $0.pending }
+                // Kept for the next write, or the job's end: until then a restart would send them again. While Redis
+                // refuses writes and serves reads the fan-out goes on, so past `maximumPending` the oldest are kept
+                // as counts only (a restart sends those again too): memory and each write's size stay bounded.
+                state.withLock { s in
+                    s.pending = pushes + s.pending
+                    let overflow = s.pending.count - Self.maximumPending
+                    guard overflow > 0 else { return }
+                    for push in s.pending.prefix(overflow) { s.tally = s.tally + Self.count(push) }
+                    s.pending.removeFirst(overflow)
+                }
                 logger.warning("cannot record settled pushes; a restart would send them again",
                                ["error": "\(error)", "pushes": "\(pushes.count)"])
             }

@@ -701,6 +701,33 @@ struct DeliveryTests {
         await harness.stop()
     }
 
+    @Test("while Redis refuses a fan-out's progress writes, the settled pushes kept to mark stay bounded and all are counted")
+    func settledPushesKeptWhileWritesFailAreBounded() async throws {
+        let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
+        let statuses = JobStatusStore(redis: redis)
+        let app = "budget-" + SecureRandom.hex(4)
+        let job = PushJob(id: "j-" + SecureRandom.hex(4), appId: app, target: .channel("news"))
+        let progress = FanOutProgress(statuses: statuses, group: "g", ttl: .seconds(60))
+        let source = DeadLetter.Source(topic: "t", partition: 0, offset: 7)
+        let settled = SettledPushes(job: job, source: source, progress: progress,
+                                    logger: Logger(label: "test", minimumLevel: .error))
+        _ = try await settled.start()
+        settled.startRecording()
+        // A key of another type where the progress record belongs: every write of marks fails, reads go on.
+        let key = progress.key(app: app, source)
+        try await redis.command(["SET", key, "not a hash"])
+        for _ in 0..<30 {
+            await settled.record((0..<100).map { _ in SettledPush(token: SecureRandom.hex(32), outcome: .delivered, retries: 0) })
+        }
+        #expect(settled.pendingCount == SettledPushes.maximumPending)
+        try await redis.command(["DEL", key])
+        try await settled.finish()
+        let status = try #require(try await statuses.read(app: app, jobID: job.id))
+        #expect(status.counts.delivered == 3_000 && status.state == .done, "\(status.counts)")
+        try await redis.command(["DEL", key, RedisKeys(app: app).jobStatus(job.id)])
+        await redis.close()
+    }
+
     @Test("fan-outs running together hold at most maxBatchesHeld batches between them, and each delivers every push once")
     func fanOutsShareOneBatchBudget() async throws {
         let harness = try await DispatcherHarness.start {
