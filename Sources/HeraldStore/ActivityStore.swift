@@ -174,19 +174,27 @@ public struct ActivityStore: Sendable {
         }
     }
 
-    /// Removes every registration of a post (after its final update was sent), then their token index entries;
-    /// returns how many.
-    public func removePost(app: String, postIDHash: String) async throws -> Int {
-        let keys = RedisKeys(app: app)
-        let reply = try await redis.run(Scripts.removePost, keys: [keys.post(postIDHash)],
-                                        args: [keys.registration("", post: postIDHash)])
-        // {id, token, id, token, …} of the registrations removed.
-        let removed = reply.strings ?? []
-        guard !removed.isEmpty else { return 0 }
-        try throwFirstErrorReply(await redis.pipeline(stride(from: 0, to: removed.count - 1, by: 2).map {
-            ["ZREM", keys.activityToken(removed[$0 + 1]), removed[$0] + postIDHash]
-        }))
-        return removed.count / 2
+    /// Removes every registration of a post (after its final update was sent), then their token index entries,
+    /// `batchSize` at a time (a post followed by a million devices must not hold Redis for seconds in one script);
+    /// returns how many. Registrations made while it runs are left.
+    public func removePost(app: String, postIDHash: String, batchSize: Int = 500) async throws -> Int {
+        let keys = RedisKeys(app: app), index = keys.post(postIDHash)
+        var left = Int(try await redis.command(["ZCARD", index]).int ?? 0), total = 0
+        while left > 0 {
+            let ids = try await redis.command(["ZRANGE", index, "0", String(min(batchSize, left) - 1)]).strings ?? []
+            guard !ids.isEmpty else { break }
+            left -= ids.count
+            let reply = try await redis.run(Scripts.removePostBatch,
+                                            keys: [index] + ids.map { keys.registration($0, post: postIDHash) }, args: ids)
+            // {id, token, id, token, …} of the registrations removed.
+            let removed = reply.strings ?? []
+            total += removed.count / 2
+            guard !removed.isEmpty else { continue }
+            try throwFirstErrorReply(await redis.pipeline(stride(from: 0, to: removed.count - 1, by: 2).map {
+                ["ZREM", keys.activityToken(removed[$0 + 1]), removed[$0] + postIDHash]
+            }))
+        }
+        return total
     }
 
     /// Removes a push token APNs reported invalid, except registrations seen after `keepSeenAfter`: from each
@@ -312,20 +320,19 @@ extension Scripts {
         return '+ ' .. count
         """)
 
-    /// KEYS: post index. ARGV: the post's registration key prefix (`…:act:`).
-    /// Deletes the post's registrations and its index; returns {id, pushToken, …} of those deleted.
-    static let removePost = RedisScript(source: """
-        local index, removed = KEYS[1], {}
-        for _, id in ipairs(redis.call('ZRANGE', index, 0, -1)) do
-          local reg = ARGV[1] .. id
-          local token = redis.call('HGET', reg, 'pushToken')
+    /// KEYS: post index, then the registrations of a batch of its ids. ARGV: those ids.
+    /// Deletes the registrations and takes the ids out of the index; returns {id, pushToken, …} of those deleted.
+    static let removePostBatch = RedisScript(source: """
+        local removed = {}
+        for i, id in ipairs(ARGV) do
+          local token = redis.call('HGET', KEYS[i + 1], 'pushToken')
           if token then
-            redis.call('DEL', reg)
+            redis.call('DEL', KEYS[i + 1])
             removed[#removed + 1] = id
             removed[#removed + 1] = token
           end
         end
-        redis.call('DEL', index)
+        redis.call('ZREM', KEYS[1], unpack(ARGV))
         return removed
         """)
 

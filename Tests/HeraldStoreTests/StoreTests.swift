@@ -361,6 +361,16 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await store.removePost(app: redis.app, postIDHash: "aaaabbbb") == 1)
         #expect(try await store.postBatch(app: redis.app, postIDHash: "aaaabbbb", cursor: "0").registrations.isEmpty)
     }
+
+    @Test func aPostsRegistrationsAreRemovedInBatchesWithTheirTokenIndexEntries() async throws {
+        let redis = try TestRedis()
+        let store = ActivityStore(redis: redis.client)
+        let app = try Self.app()
+        for _ in 0..<25 { _ = try await store.register(app: redis.app, user: "u", try input(app, post: "eeeeffff", token: token())) }
+        #expect(try await store.removePost(app: redis.app, postIDHash: "eeeeffff", batchSize: 10) == 25)
+        #expect(try await redis.appKeys() == [], "registrations, the post index and the token indexes all gone")
+        #expect(try await store.removePost(app: redis.app, postIDHash: "eeeeffff", batchSize: 10) == 0)
+    }
 }
 
 /// Bounded state per device and subscriptions that end.
