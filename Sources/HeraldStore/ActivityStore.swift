@@ -202,16 +202,23 @@ public struct ActivityStore: Sendable {
     public func removeInvalidToken(app: String, pushToken: String, keepSeenAfter: Date? = nil) async throws -> Int {
         let keys = RedisKeys(app: app), index = keys.activityToken(pushToken)
         let cutoff = keepSeenAfter.map { String(Int64($0.timeIntervalSince1970 * 1000)) } ?? ""
-        // `<id><postIdHash>`: the id is 24 hex digits.
-        let members = try await redis.command(["ZRANGE", index, "0", "-1"]).strings ?? []
-        let entries = members.map { (member: $0, id: String($0.prefix(24)), post: String($0.dropFirst(24))) }
+        // `<id><postIdHash>` and its score: the id is 24 hex digits.
+        let listed = try await redis.command(["ZRANGE", index, "0", "-1", "WITHSCORES"]).strings ?? []
+        var entries: [(member: String, score: String, id: String, post: String)] = []
+        for at in stride(from: 0, to: listed.count - 1, by: 2) {
+            let member = listed[at]
+            entries.append((member, listed[at + 1], String(member.prefix(24)), String(member.dropFirst(24))))
+        }
         guard !entries.isEmpty else { return 0 }
         let replies = try await redis.run(Scripts.removeRegistration, calls: entries.map {
             ([keys.registration($0.id, post: $0.post), keys.post($0.post)], [$0.id, cutoff])
         })
         try throwFirstErrorReply(replies)
-        let done = zip(entries, replies).compactMap { entry, reply in reply.int == -1 ? nil : entry.member }
-        if !done.isEmpty { try await redis.command(["ZREM", index] + done) }
+        // Each entry only as it was read: a registration made again meanwhile wrote a new score, and keeps its entry.
+        let done = zip(entries, replies).filter { $0.1.int != -1 }.map(\.0)
+        if !done.isEmpty {
+            try throwFirstErrorReply(await redis.run(Scripts.removeUnchangedEntry, calls: done.map { ([index], [$0.member, $0.score]) }))
+        }
         return replies.reduce(0) { $0 + ($1.int == 1 ? 1 : 0) }
     }
 
@@ -334,6 +341,12 @@ extension Scripts {
         end
         redis.call('ZREM', KEYS[1], unpack(ARGV))
         return removed
+        """)
+
+    /// KEYS: a sorted set. ARGV: a member, its score as read. Removes the member if its score is still that.
+    static let removeUnchangedEntry = RedisScript(source: """
+        if redis.call('ZSCORE', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+        return redis.call('ZREM', KEYS[1], ARGV[1])
         """)
 
     /// KEYS: registration, post index. ARGV: id, keepAfterMs ("" for none).

@@ -356,6 +356,8 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         _ = try await store.register(app: redis.app, user: "u", try input(app, post: "aaaabbbb", token: dead))
         _ = try await store.register(app: redis.app, user: "u", try input(app, post: "ccccdddd", token: dead))
         #expect(try await store.removeInvalidToken(app: redis.app, pushToken: dead) == 2)
+        #expect(try await redis.client.command(["EXISTS", RedisKeys(app: redis.app).activityToken(dead)]).int == 0,
+                "the token's index entries went with its registrations")
         let left = try await store.postBatch(app: redis.app, postIDHash: "aaaabbbb", cursor: "0").registrations
         #expect(left.map(\.pushToken) == [kept])
         #expect(try await store.removePost(app: redis.app, postIDHash: "aaaabbbb") == 1)
