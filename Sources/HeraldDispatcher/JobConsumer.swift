@@ -166,13 +166,10 @@ final class JobConsumer: Service {
         try await consumer.seek(positions)
     }
 
-    /// Tells the book where reading starts on newly assigned partitions, so that records a first fetch leaves out
-    /// are missed no more than later ones. Without an answer (logged) their first record sets it, as before.
+    /// Where reading starts on newly assigned partitions, so that records a first fetch leaves out are noticed.
     private func expectCommitted(_ partitions: Set<KafkaTopicPartition>) async {
         guard !partitions.isEmpty else { return }
-        do {
-            book.expect(try await consumer.committed(Array(partitions)))
-        } catch {
+        do { book.expect(try await consumer.committed(Array(partitions))) } catch {
             logger.warning("cannot read the committed offsets of newly assigned partitions; a record left out of "
                            + "their first fetch would go unnoticed", ["error": "\(error)"])
         }

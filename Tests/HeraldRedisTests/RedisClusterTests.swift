@@ -186,19 +186,23 @@ import Testing
         await client.close()
     }
 
+    /// A hash tag whose slot holds no key (it can change hands without migrating any), the slot and its master.
+    private func emptySlot(among masters: [ClusterMaster]) async throws -> (tag: String, slot: Int, owner: ClusterMaster) {
+        for _ in 0..<50 {
+            let tag = "{\(freshPrefix())}"
+            let slot = RedisCluster.slot(of: tag)
+            let owner = try #require(masters.first { $0.serves(slot) })
+            let count = try await clusterAdmin(owner.port, "CLUSTER", "COUNTKEYSINSLOT", String(slot))
+            if count.trimmingCharacters(in: .whitespacesAndNewlines) == "0" { return (tag, slot, owner) }
+        }
+        throw RedisError(.unavailable, "no empty slot found in 50 tries")
+    }
+
     /// Moves a slot that holds no key (it can change hands without migrating any) from its master to another,
     /// runs `body` with a hash tag of that slot, the slot and its new master, then moves it back.
     private func withAnEmptySlotMoved(_ body: (String, Int, ClusterMaster) async throws -> Void) async throws {
         let masters = try await clusterMasters()
-        var found: (tag: String, slot: Int, source: ClusterMaster)?
-        for _ in 0..<50 where found == nil {
-            let tag = "{\(freshPrefix())}"
-            let slot = RedisCluster.slot(of: tag)
-            let source = try #require(masters.first { $0.serves(slot) })
-            let count = try await clusterAdmin(source.port, "CLUSTER", "COUNTKEYSINSLOT", String(slot))
-            if count.trimmingCharacters(in: .whitespacesAndNewlines) == "0" { found = (tag, slot, source) }
-        }
-        let (tag, slot, source) = try #require(found)
+        let (tag, slot, source) = try await emptySlot(among: masters)
         let target = try #require(masters.first { $0.id != source.id })
         for master in [target] + masters.filter({ $0.id != target.id }) {
             _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", target.id)
@@ -223,15 +227,8 @@ import Testing
         let client = try clusterClient()
         #expect(try await client.isCluster())
         let masters = try await clusterMasters()
-        var found: (key: String, slot: Int, owner: ClusterMaster)?
-        for _ in 0..<50 where found == nil {
-            let key = "{\(freshPrefix())}k"
-            let slot = RedisCluster.slot(of: key)
-            let owner = try #require(masters.first { $0.serves(slot) })
-            let count = try await clusterAdmin(owner.port, "CLUSTER", "COUNTKEYSINSLOT", String(slot))
-            if count.trimmingCharacters(in: .whitespacesAndNewlines) == "0" { found = (key, slot, owner) }
-        }
-        let (key, slot, owner) = try #require(found)
+        let (tag, slot, owner) = try await emptySlot(among: masters)
+        let key = tag + "k"
         try await client.command(["GET", key]) // the map is known
         for master in masters { _ = try await clusterAdmin(master.port, "CLUSTER", "DELSLOTS", String(slot)) }
         try await eventually("the client's map has no node for the slot", timeout: .seconds(15)) {

@@ -480,18 +480,10 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let keys = RedisKeys(app: redis.app)
         let device = token()
         let stored = try await store.upsert(app: redis.app, try subscription("news", device)).subscription
-        let record = try #require(try await redis.client.command(
-            ["HMGET", keys.subscription(stored.id, token: device), "updatedMs", "expiresAt"]).array?.map(\.string))
-        // The upsert's last step, not arrived yet: its entries are taken out by hand and kept.
-        let entry = try #require(try await redis.client.command(["HGET", keys.channel("news"), stored.id]).string)
-        _ = try await redis.client.command(["HDEL", keys.channel("news"), stored.id])
-        _ = try await redis.client.command(["ZREM", keys.subscriptionExpiry(id: stored.id), stored.id + device])
+        let late = try await holdBackIndexStep(redis, id: stored.id, device: device)
         // An unsubscribe reads the record and removes it.
-        #expect(try await store.remove(app: redis.app, SubscriptionRemoval(json(
-            #"{"deviceToken": "\#(device)", "channel": "news", "tokenType": "alert"}"#))) == 1)
+        #expect(try await unsubscribe(store, redis, device) == 1)
         // Then the upsert's last step arrives.
-        let late = SubscriptionStore.Indexed(id: stored.id, token: device, channel: "news", target: entry,
-                                             updatedMs: try #require(record[0]), expiresAt: record[1].flatMap { Int64($0) })
         try await store.index(keys, [late], onlyWhereMissing: false)
         #expect(try await redis.client.command(["HLEN", keys.channel("news")]).int == 0, "no entry without its record")
         #expect(try await store.list(app: redis.app, deviceToken: device).subscriptions.isEmpty)
@@ -514,25 +506,38 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let keys = RedisKeys(app: redis.app)
         let device = token(), first = Date()
         let stored = try await store.upsert(app: redis.app, try subscription("news", device), now: first).subscription
-        let record = keys.subscription(stored.id, token: device)
-        let older = try #require(try await redis.client.command(["HMGET", record, "updatedMs", "expiresAt"]).array?.map(\.string))
-        let entry = try #require(try await redis.client.command(["HGET", keys.channel("news"), stored.id]).string)
-        _ = try await redis.client.command(["HDEL", keys.channel("news"), stored.id])
+        let late = try await holdBackIndexStep(redis, id: stored.id, device: device)
         // The same subscribe again, through a pod whose clock is 5 ms behind: its version still comes after the
         // first's.
         _ = try await store.upsert(app: redis.app, try subscription("news", device), now: first - 0.005)
-        let newer = try #require(try await redis.client.command(["HGET", record, "updatedMs"]).string.flatMap { Int64($0) })
-        #expect(newer == (Int64(older[0] ?? "") ?? 0) + 1, "a record's version only grows")
-        #expect(try await store.remove(app: redis.app, SubscriptionRemoval(json(
-            #"{"deviceToken": "\#(device)", "channel": "news", "tokenType": "alert"}"#))) == 1)
+        let newer = try await redis.client.command(["HGET", keys.subscription(stored.id, token: device), "updatedMs"])
+        #expect(newer.string == String((Int64(late.updatedMs) ?? 0) + 1), "a record's version only grows")
+        #expect(try await unsubscribe(store, redis, device) == 1)
         // Then the first upsert's last step arrives.
-        let late = SubscriptionStore.Indexed(id: stored.id, token: device, channel: "news", target: entry,
-                                             updatedMs: try #require(older[0]), expiresAt: older[1].flatMap { Int64($0) })
         try await store.index(keys, [late], onlyWhereMissing: false)
         #expect(try await redis.client.command(["HLEN", keys.channel("news")]).int == 0, "no entry without its record")
         #expect(try await store.channelBatch(app: redis.app, channel: "news", cursor: "0").targets.isEmpty)
         _ = try await redis.client.command(["ZREM", keys.subscriptionExpiry(id: stored.id), stored.id + device])
         #expect(try await redis.appKeys() == [])
+    }
+
+    /// An upsert's last step not arrived yet: the channel and expiry index entries of subscription `id` to channel
+    /// "news" taken out by hand, returned to be written late with `SubscriptionStore.index`.
+    private func holdBackIndexStep(_ redis: TestRedis, id: String, device: String) async throws -> SubscriptionStore.Indexed {
+        let keys = RedisKeys(app: redis.app)
+        let record = try #require(try await redis.client.command(
+            ["HMGET", keys.subscription(id, token: device), "updatedMs", "expiresAt"]).array?.map(\.string))
+        let entry = try #require(try await redis.client.command(["HGET", keys.channel("news"), id]).string)
+        _ = try await redis.client.command(["HDEL", keys.channel("news"), id])
+        _ = try await redis.client.command(["ZREM", keys.subscriptionExpiry(id: id), id + device])
+        return SubscriptionStore.Indexed(id: id, token: device, channel: "news", target: entry,
+                                         updatedMs: try #require(record[0]), expiresAt: record[1].flatMap { Int64($0) })
+    }
+
+    /// DELETE of the device's alert subscription to "news".
+    private func unsubscribe(_ store: SubscriptionStore, _ redis: TestRedis, _ device: String) async throws -> Int {
+        try await store.remove(app: redis.app, SubscriptionRemoval(json(
+            #"{"deviceToken": "\#(device)", "channel": "news", "tokenType": "alert"}"#)))
     }
 
     @Test func closingAChannelRemovesEverySubscriptionInBatches() async throws {
