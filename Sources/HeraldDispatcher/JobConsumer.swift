@@ -119,7 +119,7 @@ final class JobConsumer: Service {
         // Still full, the poll is for the group's sake (rebalances, membership) and asks for one record.
         var records = try await poll(maxRecords: max(1, room), fetch: fetch)
         if let gap = configuration.injectedOffsetGap { records = fetch.leaveOut(gap, from: records) }
-        let (revoked, reassigned, assigned) = book.endPoll()
+        let (revoked, reassigned) = book.endPoll()
         fetch.received(records.count)
         // Records of a partition revoked during this poll are dropped with the old assignment's: whoever owns the
         // partition now reads them again from the committed offset. When that is this member, its new fetch may
@@ -134,7 +134,6 @@ final class JobConsumer: Service {
             }
         }
         try await rewindToCommitted(dropped.intersection(reassigned))
-        await expectCommitted(assigned)
         if room <= 0, await handBack(records) {
             fetch.heldBack()
             return .full
@@ -164,15 +163,6 @@ final class JobConsumer: Service {
         logger.warning("records fetched across a rebalance were dropped; reading them again from the committed offsets",
                        ["kafka.partitions": positions.map { "\($0.partition)@\($0.offset)" }.joined(separator: ",")])
         try await consumer.seek(positions)
-    }
-
-    /// Where reading starts on newly assigned partitions, so that records a first fetch leaves out are noticed.
-    private func expectCommitted(_ partitions: Set<KafkaTopicPartition>) async {
-        guard !partitions.isEmpty else { return }
-        do { book.expect(try await consumer.committed(Array(partitions))) } catch {
-            logger.warning("cannot read the committed offsets of newly assigned partitions; a record left out of "
-                           + "their first fetch would go unnoticed", ["error": "\(error)"])
-        }
     }
 
     /// With no room for them, moves the partitions of `records` back to them, to be read again later, so the jobs

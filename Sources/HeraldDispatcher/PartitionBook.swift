@@ -54,23 +54,11 @@ final class PartitionBook: Sendable {
         }
     }
 
-    /// The partitions revoked during the poll that just ended, those of them assigned to this member again by a
-    /// later rebalance of the same poll, and all those newly assigned (assigned still).
-    func endPoll() -> (revoked: Set<KafkaTopicPartition>, reassigned: Set<KafkaTopicPartition>,
-                       assigned: Set<KafkaTopicPartition>) {
+    /// The partitions revoked during the poll that just ended, and those of them assigned to this member again
+    /// by a later rebalance of the same poll (assigned still).
+    func endPoll() -> (revoked: Set<KafkaTopicPartition>, reassigned: Set<KafkaTopicPartition>) {
         state.withLock { s in
-            let assigned = s.assignedDuringPoll.filter { s.tracks[$0] != nil }
-            return (s.revokedDuringPoll, s.revokedDuringPoll.intersection(assigned), assigned)
-        }
-    }
-
-    /// Where reading starts on partitions that have received nothing yet (`PartitionOffsets.expect(from:)`).
-    func expect(_ positions: [KafkaTopicPartitionOffset]) {
-        state.withLock { s in
-            for position in positions where position.offset >= 0 {
-                s.tracks[KafkaTopicPartition(topic: position.topic, partition: position.partition)]?.offsets
-                    .expect(from: position.offset)
-            }
+            (s.revokedDuringPoll, s.revokedDuringPoll.intersection(s.assignedDuringPoll).filter { s.tracks[$0] != nil })
         }
     }
 

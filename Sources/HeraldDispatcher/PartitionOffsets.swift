@@ -13,8 +13,6 @@ struct PartitionOffsets: Sendable, Equatable {
     private(set) var missing: [Range<Int64>] = []
     /// One past the highest offset received.
     private(set) var next: Int64?
-    /// Where the first record is expected (`expect(from:)`).
-    private var expectedStart: Int64?
     /// The last position the broker acknowledged for the group.
     var committed: Int64?
 
@@ -28,21 +26,12 @@ struct PartitionOffsets: Sendable, Equatable {
         case duplicate
     }
 
-    /// Where reading is to start (the group's committed offset), before anything was received: a first record past
-    /// it means a fetch left out the ones before it, as a later jump would. One before it (the broker reset a
-    /// position it no longer has) starts the count as without it.
-    mutating func expect(from offset: Int64) {
-        if next == nil { expectedStart = offset }
-    }
-
     /// Admits the record at `offset` and, unless it is a duplicate, registers it as started.
     mutating func receive(_ offset: Int64) -> Admission {
         guard let expected = next else {
             next = offset + 1
             pending.append(offset)
-            guard let start = expectedStart, offset > start else { return .start }
-            missing.append(start..<offset)
-            return .startAfterGap(missingFrom: start, count: offset - start)
+            return .start
         }
         if offset < expected {
             guard let index = missing.firstIndex(where: { $0.contains(offset) }) else { return .duplicate }

@@ -10,26 +10,6 @@ import Testing
 
 @Suite("Dispatcher units")
 struct UnitTests {
-    @Test("a first fetch that leaves out records at the committed offset is a gap: no commit passes them")
-    func aGapAtTheStartOfAnAssignment() {
-        var offsets = PartitionOffsets()
-        offsets.expect(from: 10)
-        #expect(offsets.receive(12) == .startAfterGap(missingFrom: 10, count: 2))
-        offsets.settle(12)
-        #expect(offsets.commitPosition == 10, "10 and 11 are missing")
-        #expect(offsets.receive(10) == .start)
-        #expect(offsets.receive(11) == .start)
-        offsets.settle(10)
-        offsets.settle(11)
-        #expect(offsets.commitPosition == 13)
-        // A first record before the expected start (the broker reset a position it no longer has) starts as usual.
-        var reset = PartitionOffsets()
-        reset.expect(from: 50)
-        #expect(reset.receive(0) == .start)
-        reset.settle(0)
-        #expect(reset.commitPosition == 1)
-    }
-
     @Test("commits never pass an unsettled job, whatever order jobs settle in")
     func commitPosition() {
         var offsets = PartitionOffsets()
