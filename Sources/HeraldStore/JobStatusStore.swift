@@ -72,7 +72,8 @@ public struct SettledPush: Sendable, Equatable {
 
 /// Job statuses in Redis: `herald:{app}:job:<jobId>`, a hash kept `ttl` after its last write. Ingest writes
 /// `acceptedAt` and `target` when the broker acknowledges the job; the dispatcher writes `startedAt`, the counts and
-/// `finishedAt`. The state is derived from which times are present, so the two services never race over it.
+/// `finishedAt` (with `finishedRecord`, the progress key of the record that finished it). The state is derived from
+/// which times are present, so the two services never race over it.
 ///
 /// The dispatcher counts a settled push in the same script that marks it settled in the job's fan-out progress
 /// record (`s:<token>` there, in the app's slot too): a push marked before a crash is skipped on resume, one not
@@ -133,9 +134,9 @@ public struct JobStatusStore: Sendable {
     }
 
     /// Marks the job started by `owner` (this run: later writes name it) and returns the fields of its progress
-    /// record (`progressKey`, in the app's slot), in one round trip; for a job whose status says it finished, only
-    /// `done` (its record run again after a rebalance, before its offset was committed: a small job keeps no progress
-    /// record, and its pushes must not go twice).
+    /// record (`progressKey`, in the app's slot), in one round trip; only `done` when this record finished the job
+    /// (run again after a rebalance, before its offset was committed: a small job keeps no progress record, and its
+    /// pushes must not go twice). Another record of the same job id (produced again after a fix) runs.
     public func started(app: String, origin: Origin, startedAt: String, progressKey: String,
                         owner: String) async throws -> [String: String] {
         let reply = try await redis.run(Self.start, keys: [RedisKeys(app: app).jobStatus(origin.jobID), progressKey],
@@ -200,10 +201,10 @@ public struct JobStatusStore: Sendable {
     private func seconds(_ duration: Duration) -> String { String(max(1, duration.components.seconds)) }
 
     /// KEYS: status, progress. ARGV: status TTL, jobId, acceptedAt, startedAt, target, owner. Returns the progress
-    /// hash, or {done, 1} without writing anything when the job finished.
+    /// hash, or {done, 1} without writing anything when the record of this progress key finished the job.
     static let start = RedisScript(source: """
         local status = KEYS[1]
-        if redis.call('HEXISTS', status, 'finishedAt') == 1 then return {'done', '1'} end
+        if redis.call('HGET', status, 'finishedRecord') == KEYS[2] then return {'done', '1'} end
         redis.call('HSET', status, 'owner', ARGV[6])
         redis.call('HSETNX', status, 'jobId', ARGV[2])
         redis.call('HSETNX', status, 'acceptedAt', ARGV[3])
@@ -262,7 +263,7 @@ public struct JobStatusStore: Sendable {
           redis.call('HSETNX', status, 'acceptedAt', ARGV[6])
           redis.call('HSETNX', status, 'startedAt', ARGV[7])
           redis.call('HSETNX', status, 'target', ARGV[8])
-          redis.call('HSET', status, 'finishedAt', finishedAt)
+          redis.call('HSET', status, 'finishedAt', finishedAt, 'finishedRecord', progress)
           if ARGV[4] == '1' then redis.call('HSET', status, 'jobDeadLettered', '1') end
           if marking then
             redis.call('DEL', progress)

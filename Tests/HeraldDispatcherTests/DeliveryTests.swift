@@ -219,9 +219,15 @@ struct DeliveryTests {
             (1...3_600).contains(try await harness.redis.command(["TTL", progress]).int ?? 0)
         }
         #expect(await harness.service.runner.run(record))
-        // Nor the one token's push: a job this small keeps no marks of its pushes, but its status says it finished.
+        // Nor the one token's push: a job this small keeps no marks of its pushes, but its status names the record
+        // that finished it.
         #expect(harness.simulators.accepted().count == 1)
         #expect(harness.simulators.broadcasts().count == 1, "\(harness.simulators.broadcasts())")
+        // The same job produced again (a new record, as after fixing what dead-lettered it) runs.
+        try await harness.produce(update)
+        try await eventually("the job produced again went") {
+            harness.simulators.broadcasts().count == 2 && harness.simulators.accepted().count == 2
+        }
         await harness.stop()
     }
 
