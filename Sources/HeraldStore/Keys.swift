@@ -10,6 +10,7 @@ import HeraldCrypto
 /// | --- | --- | --- |
 /// | `herald:{app:d:<token>}:sub:<id>` | hash | one subscription, in its device's slot |
 /// | `herald:{app:d:<token>}:dev` | set | ids of the token's subscriptions |
+/// | `herald:{app:d:<token>}:gone:v` | hash, 30 min | `<id>` → the version (`updatedMs`) a cluster removal deleted, below which the subscription's next version does not start |
 /// | `herald:{app:c:<channel>}:ch` | hash | subscription id → what a push needs of it (`ChannelTarget.encoded`) |
 /// | `herald:{app:c:<channel>}:gone:<n>` | hash, 30 min | `<id>` → the highest `updatedMs` of each subscription a cluster removal took from the channel index in the n-th ten minutes |
 /// | `herald:{app:e:<n>}:subexp` | zset | `<id><token>` by expiry (UNIX seconds), for the sweep; n = the id's first byte mod 64 |
@@ -39,6 +40,9 @@ public struct RedisKeys: Sendable {
     public func subscription(_ id: String, token: String) -> String { entity("d:", token, "}:sub:" + id) }
     public func device(_ token: String) -> String { entity("d:", token, "}:dev") }
     public func channel(_ name: String) -> String { entity("c:", name, "}:ch") }
+    /// The versions of a device's subscriptions a cluster removal deleted (`<id>` → `updatedMs`), kept as long as the
+    /// channel's removal markers, so a subscription made again gets a later version whatever its pod's clock says.
+    public func removedVersions(_ token: String) -> String { entity("d:", token, "}:gone:v") }
     /// The highest subscription version (`<id>` → `updatedMs`) a cluster removal took out of a channel's index in one
     /// span of `removalSpan` seconds (`bucket` = UNIX seconds / span), which an upsert of that version or an older
     /// one must not put back.

@@ -5,8 +5,8 @@ import HeraldRedis
 /// the subscription: on a cluster those live in other slots and `SubscriptionStore` writes them in steps of their
 /// own, with the scripts that touch one channel's keys.
 enum Scripts {
-    /// KEYS: subscription, device index, then on a standalone Redis the channel index, the expiry index and the
-    /// rate-limit counters.
+    /// KEYS: subscription, device index, the device's removed versions, then on a standalone Redis the channel
+    /// index, the expiry index and the rate-limit counters.
     /// ARGV: id, channel, token, tokenType, environment, activityID, metadata, now (RFC 3339), now (ms), channel
     /// target (`ChannelTarget.encoded`: the channel index's value for this subscription), expiresAt (UNIX seconds,
     /// "" for never), the most subscriptions a device may have, the expiry index's member (`<id><token>`), "1" to
@@ -18,8 +18,8 @@ enum Scripts {
     ///
     /// `createdAt` and the version are read before the one HSET that writes the subscription (with `createdAt` when
     /// new), so an update costs no second read. The version (`updatedMs`) is the write's millisecond, or one past
-    /// the record's when that is not later (another pod's clock ahead): a record's versions only grow, which the
-    /// removal markers of a cluster rely on (`unindexTarget`).
+    /// the record's, or on a cluster past the one a removal deleted, when that is not later (another pod's clock
+    /// ahead): a subscription's versions only grow, which the removal markers of a cluster rely on (`unindexTarget`).
     static let upsert = RedisScript(source: RateLimiter.countingLua(first: 15) + """
 
         if refused then return {-1, '', count, ceilingCount, ''} end
@@ -33,16 +33,17 @@ enum Scripts {
         local created = createdAt and 0 or 1
         createdAt = createdAt or ARGV[8]
         local updatedMs = ARGV[9]
-        local previous = tonumber(stored[2] or '')
-        if previous and previous >= tonumber(updatedMs) then updatedMs = string.format('%.0f', previous + 1) end
+        local floor = tonumber(stored[2] or '')
+        if not floor and ARGV[14] == '0' then floor = tonumber(redis.call('HGET', KEYS[3], id) or '') end
+        if floor and floor >= tonumber(updatedMs) then updatedMs = string.format('%.0f', floor + 1) end
         redis.call('HSET', key, 'createdAt', createdAt, 'id', id, 'channel', ARGV[2], 'deviceToken', ARGV[3],
                    'tokenType', ARGV[4], 'environment', ARGV[5], 'activityID', ARGV[6], 'metadata', ARGV[7],
                    'updatedAt', ARGV[8], 'updatedMs', updatedMs, 'expiresAt', expiresAt)
         redis.call('SADD', KEYS[2], id)
         if ARGV[14] == '1' then
           -- Always rewritten: an update may change the environment, activityID or expiry a push needs.
-          redis.call('HSET', KEYS[3], id, ARGV[10])
-          if expiresAt ~= '' then redis.call('ZADD', KEYS[4], expiresAt, ARGV[13]) else redis.call('ZREM', KEYS[4], ARGV[13]) end
+          redis.call('HSET', KEYS[4], id, ARGV[10])
+          if expiresAt ~= '' then redis.call('ZADD', KEYS[5], expiresAt, ARGV[13]) else redis.call('ZREM', KEYS[5], ARGV[13]) end
         end
         return {created, createdAt, count, ceilingCount, updatedMs}
         """)
@@ -63,10 +64,11 @@ enum Scripts {
         return 1
         """)
 
-    /// KEYS: subscription, device index. ARGV: id, the subscription's `updatedMs` when it was read ("" when it was
-    /// missing).
+    /// KEYS: subscription, device index, the device's removed versions. ARGV: id, the subscription's `updatedMs`
+    /// when it was read ("" when it was missing), the removed version's lifetime (seconds).
     /// A removal's last step on a cluster: the record and its device index entry, unless the record was written
-    /// since it was read. Returns 1 when the record went; {tokenType, environment, activityID, expiresAt,
+    /// since it was read, keeping the version it deleted for the next upsert to start past. Returns 1 when the
+    /// record went; {tokenType, environment, activityID, expiresAt,
     /// updatedMs} of a record kept that way, whose channel entry the removal's first step may have taken and
     /// must put back; else 0.
     static let removeRecord = RedisScript(source: """
@@ -78,6 +80,8 @@ enum Scripts {
         redis.call('SREM', KEYS[2], ARGV[1])
         if seen == '' then return 0 end
         redis.call('DEL', KEYS[1])
+        redis.call('HSET', KEYS[3], ARGV[1], seen)
+        redis.call('EXPIRE', KEYS[3], ARGV[3])
         return 1
         """)
 

@@ -87,7 +87,7 @@ public struct SubscriptionStore: Sendable {
         let member = id + input.deviceToken
         let record = keys.subscription(id, token: input.deviceToken), device = keys.device(input.deviceToken)
         let isCluster = try await redis.isCluster()
-        var touched = [record, device]
+        var touched = [record, device, keys.removedVersions(input.deviceToken)]
         // What the script counts: everything on a standalone Redis; on a cluster what `split` leaves it.
         var split: RateLimiter.SplitCount?
         if !isCluster {
@@ -320,6 +320,7 @@ public struct SubscriptionStore: Sendable {
             try throwFirstErrorReply(replies)
             return replies.reduce(0) { $0 + Int($1.int ?? 0) }
         }
+        let lifetime = String(3 * RedisKeys.removalSpan) // of removal markers and removed versions
         if let now {
             try throwFirstErrorReply(await redis.run(Scripts.unindexExpiredTarget, calls: doomed.map {
                 ([keys.channel($0.channel)], [$0.id, String(now)])
@@ -329,7 +330,6 @@ public struct SubscriptionStore: Sendable {
             }))
         } else {
             let bucket = Int64(Date().timeIntervalSince1970) / RedisKeys.removalSpan
-            let lifetime = String(3 * RedisKeys.removalSpan)
             var unindex: [[String]] = []
             unindex.reserveCapacity(doomed.count * 2)
             for removal in doomed {
@@ -341,7 +341,8 @@ public struct SubscriptionStore: Sendable {
             try throwFirstErrorReply(await redis.pipeline(unindex, running: Scripts.unindexTarget))
         }
         let replies = try await redis.run(Scripts.removeRecord, calls: doomed.map {
-            ([keys.subscription($0.id, token: $0.token), keys.device($0.token)], [$0.id, $0.updatedMs])
+            ([keys.subscription($0.id, token: $0.token), keys.device($0.token), keys.removedVersions($0.token)],
+             [$0.id, $0.updatedMs, lifetime])
         })
         try throwFirstErrorReply(replies)
         var removed = 0, kept: [Indexed] = []

@@ -518,6 +518,14 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await redis.client.command(["HLEN", keys.channel("news")]).int == 0, "no entry without its record")
         #expect(try await store.channelBatch(app: redis.app, channel: "news", cursor: "0").targets.isEmpty)
         _ = try await redis.client.command(["ZREM", keys.subscriptionExpiry(id: stored.id), stored.id + device])
+
+        // Subscribed again through a pod whose clock is behind the version removed: a later version all the same,
+        // which the removal's marker does not keep out of the index.
+        _ = try await store.upsert(app: redis.app, try subscription("news", device), now: first - 0.010)
+        let again = try await redis.client.command(["HGET", keys.subscription(stored.id, token: device), "updatedMs"])
+        #expect(again.string == String((Int64(late.updatedMs) ?? 0) + 2), "past the removed version")
+        #expect(try await store.channelBatch(app: redis.app, channel: "news", cursor: "0").targets.map(\.deviceToken) == [device])
+        #expect(try await unsubscribe(store, redis, device) == 1)
         #expect(try await redis.appKeys() == [])
     }
 
