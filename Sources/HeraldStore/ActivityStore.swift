@@ -176,14 +176,16 @@ public struct ActivityStore: Sendable {
 
     /// Removes every registration of a post (after its final update was sent), then their token index entries,
     /// `batchSize` at a time (a post followed by a million devices must not hold Redis for seconds in one script);
-    /// returns how many. Registrations made while it runs are left.
+    /// returns how many. Registrations made or renewed while it runs (scored past the last one it saw) are left.
     public func removePost(app: String, postIDHash: String, batchSize: Int = 500) async throws -> Int {
         let keys = RedisKeys(app: app), index = keys.post(postIDHash)
-        var left = Int(try await redis.command(["ZCARD", index]).int ?? 0), total = 0
-        while left > 0 {
-            let ids = try await redis.command(["ZRANGE", index, "0", String(min(batchSize, left) - 1)]).strings ?? []
+        let last = try await redis.command(["ZRANGE", index, "-1", "-1", "WITHSCORES"]).strings ?? []
+        guard last.count == 2 else { return 0 }
+        var total = 0
+        while true {
+            let ids = try await redis.command(["ZRANGE", index, "-inf", last[1], "BYSCORE", "LIMIT", "0",
+                                               String(batchSize)]).strings ?? []
             guard !ids.isEmpty else { break }
-            left -= ids.count
             let reply = try await redis.run(Scripts.removePostBatch,
                                             keys: [index] + ids.map { keys.registration($0, post: postIDHash) }, args: ids)
             // {id, token, id, token, …} of the registrations removed.

@@ -373,6 +373,20 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await redis.appKeys() == [], "registrations, the post index and the token indexes all gone")
         #expect(try await store.removePost(app: redis.app, postIDHash: "eeeeffff", batchSize: 10) == 0)
     }
+
+    /// A 410's clean-up takes a token index entry out only as it read it: a registration made again in between
+    /// wrote a new score and keeps its entry.
+    @Test func aTokenIndexEntryRescoredSinceItWasReadStays() async throws {
+        let redis = try TestRedis()
+        let index = RedisKeys(app: redis.app).activityToken(token())
+        try await redis.client.command(["ZADD", index, "1000", "m"])
+        let stale = try await redis.client.run(Scripts.removeUnchangedEntry, keys: [index], args: ["m", "999"])
+        let kept = try await redis.client.command(["ZSCORE", index, "m"]).string
+        #expect(stale.int == 0 && kept == "1000")
+        let current = try await redis.client.run(Scripts.removeUnchangedEntry, keys: [index], args: ["m", "1000"])
+        let left = try await redis.client.command(["EXISTS", index]).int
+        #expect(current.int == 1 && left == 0)
+    }
 }
 
 /// Bounded state per device and subscriptions that end.
