@@ -1,8 +1,9 @@
 import HeraldKafka
 import HeraldRuntime
 
-/// The fetch loop's own state: the fetch wait of the consumer in use, what it received, and, with stall
-/// recovery configured, the watchdog's readings (taken once a second).
+/// The fetch loop's own state: the fetch wait of the consumer in use, what it received, the partitions still to be
+/// moved back to their committed offsets, and, with stall recovery configured, the watchdog's readings (taken
+/// once a second).
 struct FetchState {
     let recovery: FetchStallRecovery?
     private(set) var wait: Duration
@@ -56,9 +57,35 @@ struct FetchState {
         }
     }
 
+    /// Partitions whose records fetched across a rebalance were dropped and which must be read again from the
+    /// committed offset before any more of their records run. They stay here until the seek succeeds.
+    private(set) var rewindsPending: Set<KafkaTopicPartition> = []
+    /// After a failed seek: when to try again.
+    private var rewindRetry: ContinuousClock.Instant?
+
+    /// After a poll: revoked partitions need no rewind any more (whoever is assigned them next starts from the
+    /// committed offset); `dropped` ones, assigned to this member again, do.
+    mutating func rewind(_ dropped: Set<KafkaTopicPartition>, revoked: Set<KafkaTopicPartition>) {
+        rewindsPending.subtract(revoked)
+        rewindsPending.formUnion(dropped)
+        if !dropped.isEmpty { rewindRetry = nil }
+    }
+
+    /// True when a rewind is pending and the last failed attempt was at least a second ago.
+    func rewindDue(now: ContinuousClock.Instant) -> Bool {
+        !rewindsPending.isEmpty && rewindRetry.map { now >= $0 } ?? true
+    }
+
+    mutating func rewound(_ succeeded: Bool, now: ContinuousClock.Instant) {
+        if succeeded { rewindsPending = [] }
+        rewindRetry = succeeded ? nil : now + .seconds(1)
+    }
+
     mutating func replaced(fetchWait: Duration, at now: ContinuousClock.Instant) {
         wait = fetchWait
         receivedByConsumer = 0
+        // The new consumer joins the group afresh and starts every partition from its committed offset.
+        rewindsPending = []
         watchdog?.replaced(at: now)
     }
 }

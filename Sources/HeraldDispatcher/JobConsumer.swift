@@ -121,9 +121,9 @@ final class JobConsumer: Service {
         if let gap = configuration.injectedOffsetGap { records = fetch.leaveOut(gap, from: records) }
         let (revoked, reassigned) = book.endPoll()
         fetch.received(records.count)
-        // Records of a partition revoked during this poll are dropped with the old assignment's: whoever owns the
-        // partition now reads them again from the committed offset. When that is this member, its new fetch may
-        // have returned some of them already, so it reads the partition again from there too.
+        // Records of a partition revoked during this poll are dropped with the old assignment's: whoever owns it now
+        // reads them again from the committed offset. When that is this member, its new fetch may have returned some
+        // already, so it seeks back there too, and runs none of the partition's records until that seek succeeded.
         var dropped: Set<KafkaTopicPartition> = []
         if !revoked.isEmpty {
             records.removeAll { record in
@@ -133,7 +133,11 @@ final class JobConsumer: Service {
                 return true
             }
         }
-        try await rewindToCommitted(dropped.intersection(reassigned))
+        fetch.rewind(dropped.intersection(reassigned), revoked: revoked)
+        if !fetch.rewindsPending.isEmpty {
+            records.removeAll { fetch.rewindsPending.contains(KafkaTopicPartition(topic: $0.topic, partition: $0.partition)) }
+            if fetch.rewindDue(now: .now) { try await rewindToCommitted(&fetch) }
+        }
         if room <= 0, await handBack(records) {
             fetch.heldBack()
             return .full
@@ -151,18 +155,24 @@ final class JobConsumer: Service {
         return book.inFlight >= configuration.maxInFlightJobs ? .full : .fetching
     }
 
-    /// Moves these partitions back to the group's committed offsets (the beginning where none is committed, as
-    /// `auto.offset.reset` would).
-    private func rewindToCommitted(_ partitions: Set<KafkaTopicPartition>) async throws {
-        guard !partitions.isEmpty else { return }
-        let positions = try await consumer.committed(Array(partitions)).map { position in
-            var position = position
-            if position.offset < 0 { position.offset = KafkaTopicPartitionOffset.beginning }
-            return position
+    /// Moves the partitions pending a rewind back to the committed offsets (the beginning where none is, as
+    /// `auto.offset.reset` would). A refusal that is not fatal (coordinator moving, timeout) is retried a second later.
+    private func rewindToCommitted(_ fetch: inout FetchState) async throws {
+        do {
+            let positions = try await consumer.committed(Array(fetch.rewindsPending)).map { position in
+                var position = position
+                if position.offset < 0 { position.offset = KafkaTopicPartitionOffset.beginning }
+                return position
+            }
+            logger.warning("records fetched across a rebalance were dropped; reading them again from the committed offsets",
+                           ["kafka.partitions": positions.map { "\($0.partition)@\($0.offset)" }.joined(separator: ",")])
+            try await consumer.seek(positions)
+            fetch.rewound(true, now: .now)
+        } catch {
+            guard !error.isFatal else { throw error }
+            logger.warning("cannot move partitions back to their committed offsets; will retry", ["error": "\(error)"])
+            fetch.rewound(false, now: .now)
         }
-        logger.warning("records fetched across a rebalance were dropped; reading them again from the committed offsets",
-                       ["kafka.partitions": positions.map { "\($0.partition)@\($0.offset)" }.joined(separator: ",")])
-        try await consumer.seek(positions)
     }
 
     /// With no room for them, moves the partitions of `records` back to them, to be read again later, so the jobs

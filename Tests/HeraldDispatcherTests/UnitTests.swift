@@ -74,6 +74,27 @@ struct UnitTests {
         #expect(quiet.revoked.isEmpty && quiet.reassigned.isEmpty)
     }
 
+    @Test("a partition to read again from its committed offset stays pending until a seek succeeds, retried a second after a failure, and is forgotten once revoked")
+    func rewindsPendingUntilTheSeekSucceeds() {
+        var fetch = FetchState(configuration: DispatcherConfiguration())
+        let (p0, p1) = (KafkaTopicPartition(topic: "jobs", partition: 0), KafkaTopicPartition(topic: "jobs", partition: 1))
+        let start = ContinuousClock.now
+        fetch.rewind([p0, p1], revoked: [p0, p1])
+        #expect(fetch.rewindsPending == [p0, p1] && fetch.rewindDue(now: start))
+        fetch.rewound(false, now: start)
+        #expect(!fetch.rewindDue(now: start + .milliseconds(500)), "a failed seek waits a second")
+        #expect(fetch.rewindDue(now: start + .seconds(1)))
+        fetch.rewind([], revoked: [p1])
+        #expect(fetch.rewindsPending == [p0], "p1 went to another member, which starts from the committed offset")
+        fetch.rewind([], revoked: [])
+        #expect(fetch.rewindsPending == [p0], "a quiet poll keeps what is pending")
+        fetch.rewound(true, now: start + .seconds(1))
+        #expect(fetch.rewindsPending.isEmpty && !fetch.rewindDue(now: start + .seconds(2)))
+        fetch.rewind([p1], revoked: [p1])
+        fetch.replaced(fetchWait: .seconds(1), at: start + .seconds(2))
+        #expect(fetch.rewindsPending.isEmpty, "a replacement consumer starts every partition from its committed offset")
+    }
+
     @Test("the concurrency limit admits at most its size, in order, and a cancelled waiter leaves the queue")
     func concurrencyLimit() async throws {
         let limit = ConcurrencyLimit(limit: 2)
