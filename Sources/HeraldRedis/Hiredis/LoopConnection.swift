@@ -60,7 +60,7 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
     private enum Phase {
         /// No socket: the next call connects.
         case idle
-        /// Resolving a host name on a helper thread; `generation` tells a stale answer from the current one.
+        /// Resolving a host name on a helper thread.
         case resolving
         /// A non-blocking connect in progress; the addresses left to try if it fails.
         case connecting([SocketAddress])
@@ -81,6 +81,9 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
     private var stream: RedisStream?
     private var reader: UnsafeMutablePointer<redisReader>?
     private var generation = 0
+    /// This connection's resolver thread has not answered yet (getaddrinfo can block for many seconds when DNS is
+    /// down): a reconnect meanwhile waits for its answer rather than starting another thread.
+    private var resolverRunning = false
     private var connectDeadline = ContinuousClock.now
     /// `AUTH`/`SELECT` replies still to be consumed ahead of the calls' replies.
     private var handshakeLeft = 0
@@ -191,17 +194,19 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
         }
         // A host name: getaddrinfo blocks, so it runs on a thread of its own and answers through the loop.
         phase = .resolving
-        let expected = generation
+        guard !resolverRunning else { return }
+        resolverRunning = true
         let (host, port) = (configuration.host, configuration.port)
-        let resolver = Thread.named("redis-resolve") { [self] in
+        Thread.named("redis-resolve") { [self] in
             let addresses = SocketAddress.resolve(host, port: port, numericOnly: false) ?? []
-            loop.execute { [self] in resolved(addresses, generation: expected) }
-        }
-        resolver.start()
+            loop.execute { [self] in resolved(addresses) }
+        }.start()
     }
 
-    private func resolved(_ addresses: [SocketAddress], generation expected: Int) {
-        guard expected == generation, case .resolving = phase else { return }
+    /// The resolver's answer, used by whichever attempt is resolving now (it may have started after the thread).
+    private func resolved(_ addresses: [SocketAddress]) {
+        resolverRunning = false
+        guard case .resolving = phase else { return }
         guard !addresses.isEmpty else { return fail(RedisError(.connection, "connect to \(address): unknown host")) }
         tryAddresses(addresses)
     }
