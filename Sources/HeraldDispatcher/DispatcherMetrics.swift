@@ -26,6 +26,7 @@ struct DispatcherMetrics: Sendable {
     let offsetGaps: Counter
     let offsetsMissing: Gauge
     let rereads: Counter
+    let offsetsExpired: Counter
     let pausesForBusyKeys: Counter
 
     /// End-to-end buckets reach further than one request's: a job may wait behind others or for retries.
@@ -86,6 +87,9 @@ struct DispatcherMetrics: Sendable {
             .labels()
         rereads = registry.counter("herald_dispatcher_offset_rereads_total",
                                    help: "Seeks back to a partition's oldest missing offset to read it again").labels()
+        offsetsExpired = registry.counter("herald_dispatcher_offsets_expired_total",
+                                          help: "Missing offsets the broker deleted (retention) before they were read again: their jobs may never have run")
+            .labels()
         pausesForBusyKeys = registry.counter(
             "herald_dispatcher_busy_key_pauses_total",
             help: "Partitions paused because one record key had its most jobs under way").labels()

@@ -1,3 +1,4 @@
+// Over 400 lines: the group member's fetch loop (polls, rebalances, rewinds, gaps, busy keys, stall replacement, drain) is one state machine over one consumer; the offsets' bookkeeping is PartitionBook's.
 import Foundation
 import HeraldKafka
 import HeraldRuntime
@@ -119,7 +120,7 @@ final class JobConsumer: Service {
         // Still full, the poll is for the group's sake (rebalances, membership) and asks for one record.
         var records = try await poll(maxRecords: max(1, room), fetch: fetch)
         if let gap = configuration.injectedOffsetGap { records = fetch.leaveOut(gap, from: records) }
-        let (revoked, reassigned) = book.endPoll()
+        let (revoked, reassigned, assigned) = book.endPoll()
         fetch.received(records.count)
         // Records of a partition revoked during this poll are dropped with the old assignment's: whoever owns it now
         // reads them again from the committed offset. When that is this member, its new fetch may have returned some
@@ -138,6 +139,7 @@ final class JobConsumer: Service {
             records.removeAll { fetch.rewindsPending.contains(KafkaTopicPartition(topic: $0.topic, partition: $0.partition)) }
             if fetch.rewindDue(now: .now) { try await rewindToCommitted(&fetch) }
         }
+        await expectCommitted(assigned)
         if room <= 0, await handBack(records) {
             fetch.heldBack()
             return .full
@@ -172,6 +174,25 @@ final class JobConsumer: Service {
             guard !error.isFatal else { throw error }
             logger.warning("cannot move partitions back to their committed offsets; will retry", ["error": "\(error)"])
             fetch.rewound(false, now: .now)
+        }
+    }
+
+    /// Tells the book where reading starts on newly assigned partitions (the committed offset, while the log still
+    /// has it), so that records a first fetch leaves out are read again like later ones. Without an answer
+    /// (logged), their first record sets it.
+    private func expectCommitted(_ partitions: Set<KafkaTopicPartition>) async {
+        guard !partitions.isEmpty else { return }
+        do {
+            let committed = try await consumer.committed(Array(partitions)).filter { $0.offset >= 0 }
+            guard !committed.isEmpty else { return }
+            // Below the log start (retention passed the group), the consumer starts where `auto.offset.reset` says.
+            let logStarts = try await consumer.logStartOffsets(committed.map(\.topicPartition))
+            book.expect(Dictionary(committed.compactMap { position in
+                logStarts[position.topicPartition].flatMap { position.offset >= $0 ? (position.topicPartition, position.offset) : nil }
+            }, uniquingKeysWith: max))
+        } catch {
+            logger.warning("cannot read where newly assigned partitions start; a record left out of their first fetch "
+                           + "would go unnoticed", ["error": "\(error)"])
         }
     }
 
@@ -242,8 +263,27 @@ final class JobConsumer: Service {
     /// Seeks partitions whose fetches skipped offsets back to the oldest one missing, so the records left out
     /// are read again; what was received already is dropped as it comes round again (see `PartitionBook.start`).
     private func rereadMissing() async throws {
-        let due = book.rereadsDue()
+        var due = book.rereadsDue()
         guard !due.isEmpty else { return }
+        // Offsets the broker has deleted since (retention) can never be read: they stop holding commits back.
+        if let starts = try? await consumer.logStartOffsets(due.map(\.topicPartition)) {
+            let lost = book.logStarts(starts)
+            if !lost.isEmpty {
+                metrics.offsetsExpired.increment(by: UInt64(lost.values.reduce(0, +)))
+                logger.error("records left out of a fetch were deleted (retention) before they could be read again; "
+                             + "their jobs may never have run", [
+                    "kafka.partitions": lost.map { "\($0.key)@\(starts[$0.key]!)-\($0.value)" }.sorted().joined(separator: ","),
+                ])
+                due = due.compactMap { position in
+                    guard let start = starts[position.topicPartition], start > position.offset else { return position }
+                    guard book.isMissingOffsets(position.topicPartition) else { return nil }
+                    var position = position
+                    position.offset = start
+                    return position
+                }
+                guard !due.isEmpty else { return }
+            }
+        }
         logger.warning("a fetch skipped offsets; reading them again before committing past them", [
             "kafka.partitions": due.map { "\($0.partition)@\($0.offset)" }.joined(separator: ","),
         ])

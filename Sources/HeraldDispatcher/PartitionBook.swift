@@ -54,11 +54,38 @@ final class PartitionBook: Sendable {
         }
     }
 
-    /// The partitions revoked during the poll that just ended, and those of them assigned to this member again
-    /// by a later rebalance of the same poll (assigned still).
-    func endPoll() -> (revoked: Set<KafkaTopicPartition>, reassigned: Set<KafkaTopicPartition>) {
+    /// The partitions revoked during the poll that just ended, those of them assigned to this member again by a
+    /// later rebalance of the same poll, and all those newly assigned (assigned still).
+    func endPoll() -> (revoked: Set<KafkaTopicPartition>, reassigned: Set<KafkaTopicPartition>,
+                       assigned: Set<KafkaTopicPartition>) {
         state.withLock { s in
-            (s.revokedDuringPoll, s.revokedDuringPoll.intersection(s.assignedDuringPoll).filter { s.tracks[$0] != nil })
+            let assigned = s.assignedDuringPoll.filter { s.tracks[$0] != nil }
+            return (s.revokedDuringPoll, s.revokedDuringPoll.intersection(assigned), assigned)
+        }
+    }
+
+    /// Where reading starts on partitions that have received nothing yet (`PartitionOffsets.expect(from:)`).
+    func expect(_ starts: [KafkaTopicPartition: Int64]) {
+        state.withLock { s in
+            for (partition, start) in starts { s.tracks[partition]?.offsets.expect(from: start) }
+        }
+    }
+
+    /// The partitions' logs now start at these offsets: missing offsets below them were deleted before they were
+    /// read again (`PartitionOffsets.logStarts(at:)`). Returns how many each partition lost.
+    func logStarts(_ starts: [KafkaTopicPartition: Int64]) -> [KafkaTopicPartition: Int64] {
+        state.withLock { s in
+            var lost: [KafkaTopicPartition: Int64] = [:]
+            for (partition, start) in starts {
+                guard var track = s.tracks[partition] else { continue }
+                let gone = track.offsets.logStarts(at: start)
+                guard gone > 0 else { continue }
+                lost[partition] = gone
+                if track.offsets.missing.isEmpty { track.rereadDue = nil }
+                s.tracks[partition] = track
+            }
+            if !lost.isEmpty { metrics.offsetsMissing.set(Self.missingCount(s)) }
+            return lost
         }
     }
 
@@ -146,6 +173,11 @@ final class PartitionBook: Sendable {
             }
             return due
         }
+    }
+
+    /// True when some offsets of the partition are missing (`rereadsDue`).
+    func isMissingOffsets(_ partition: KafkaTopicPartition) -> Bool {
+        state.withLock { $0.tracks[partition].map { !$0.offsets.missing.isEmpty } ?? false }
     }
 
     func finish(_ record: KafkaRecord, generation: Int, settled: Bool) {

@@ -13,6 +13,8 @@ struct PartitionOffsets: Sendable, Equatable {
     private(set) var missing: [Range<Int64>] = []
     /// One past the highest offset received.
     private(set) var next: Int64?
+    /// Where the first record is expected (`expect(from:)`).
+    private var expectedStart: Int64?
     /// The last position the broker acknowledged for the group.
     var committed: Int64?
 
@@ -26,12 +28,21 @@ struct PartitionOffsets: Sendable, Equatable {
         case duplicate
     }
 
+    /// Where reading starts (the group's committed offset, still in the log), before anything was received: a
+    /// first record past it means a fetch left out the ones before it, as a later jump would.
+    mutating func expect(from offset: Int64) {
+        if next == nil { expectedStart = offset }
+    }
+
     /// Admits the record at `offset` and, unless it is a duplicate, registers it as started.
     mutating func receive(_ offset: Int64) -> Admission {
         guard let expected = next else {
             next = offset + 1
             pending.append(offset)
-            return .start
+            // One before the expected start (the broker reset a position it no longer has) starts the count afresh.
+            guard let start = expectedStart, offset > start else { return .start }
+            missing.append(start..<offset)
+            return .startAfterGap(missingFrom: start, count: offset - start)
         }
         if offset < expected {
             guard let index = missing.firstIndex(where: { $0.contains(offset) }) else { return .duplicate }
@@ -46,6 +57,18 @@ struct PartitionOffsets: Sendable, Equatable {
         guard offset > expected else { return .start }
         missing.append(expected..<offset)
         return .startAfterGap(missingFrom: expected, count: offset - expected)
+    }
+
+    /// The log now starts at `start`: missing offsets below it were deleted (retention) before they were read
+    /// again and can never be; they stop holding commits back. Returns how many there were.
+    mutating func logStarts(at start: Int64) -> Int64 {
+        var gone: Int64 = 0
+        missing = missing.compactMap { range in
+            guard range.lowerBound < start else { return range }
+            gone += min(range.upperBound, start) - range.lowerBound
+            return range.upperBound > start ? start..<range.upperBound : nil
+        }
+        return gone
     }
 
     mutating func settle(_ offset: Int64) {

@@ -184,6 +184,23 @@ public final class KafkaConsumer: Sendable {
         }
     }
 
+    /// Each partition's log start offset (low watermark), asked of its leader: offsets below it were deleted
+    /// (retention) and can no longer be read.
+    public func logStartOffsets(_ partitions: [KafkaTopicPartition]) async throws(KafkaError) -> [KafkaTopicPartition: Int64] {
+        let client = self.client, timeout = self.timeout
+        return try await run { () throws(KafkaError) in
+            var starts: [KafkaTopicPartition: Int64] = [:]
+            for partition in partitions {
+                var low: Int64 = -1, high: Int64 = -1
+                let error = rd_kafka_query_watermark_offsets(client.handle, partition.topic, partition.partition, &low, &high,
+                                                             timeout.timeoutMilliseconds)
+                guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: "log start of \(partition)") }
+                starts[partition] = low
+            }
+            return starts
+        }
+    }
+
     /// Position and last reported high watermark of every assigned partition. Positions come from what `poll`
     /// returned, or the group's committed offset for a partition nothing was received from yet; watermarks are
     /// librdkafka's cache of the broker's fetch responses (no request).

@@ -10,6 +10,53 @@ import Testing
 
 @Suite("Dispatcher units")
 struct UnitTests {
+    @Test("a first fetch that leaves out records at the committed offset is a gap: no commit passes them")
+    func aGapAtTheStartOfAnAssignment() {
+        var offsets = PartitionOffsets()
+        offsets.expect(from: 10)
+        #expect(offsets.receive(12) == .startAfterGap(missingFrom: 10, count: 2))
+        offsets.settle(12)
+        #expect(offsets.commitPosition == 10, "10 and 11 are missing")
+        #expect(offsets.receive(10) == .start)
+        #expect(offsets.receive(11) == .start)
+        offsets.settle(10)
+        offsets.settle(11)
+        #expect(offsets.commitPosition == 13)
+        // A first record before the expected start (the broker reset a position it no longer has) starts as usual.
+        var reset = PartitionOffsets()
+        reset.expect(from: 50)
+        #expect(reset.receive(0) == .start)
+        reset.settle(0)
+        #expect(reset.commitPosition == 1)
+    }
+
+    @Test("missing offsets the log no longer starts at stop holding commits back; those after the log start stay missing")
+    func missingOffsetsDeletedByRetention() {
+        var offsets = PartitionOffsets()
+        #expect(offsets.receive(0) == .start)
+        #expect(offsets.receive(5) == .startAfterGap(missingFrom: 1, count: 4))
+        #expect(offsets.receive(9) == .startAfterGap(missingFrom: 6, count: 3))
+        for offset: Int64 in [0, 5, 9] { offsets.settle(offset) }
+        #expect(offsets.commitPosition == 1)
+        #expect(offsets.logStarts(at: 0) == 0)
+        #expect(offsets.logStarts(at: 7) == 5, "1-4 and 6 are gone; 7 and 8 are still in the log")
+        #expect(offsets.missing == [7..<9] && offsets.commitPosition == 7)
+        #expect(offsets.logStarts(at: 20) == 2)
+        #expect(offsets.missing.isEmpty && offsets.commitPosition == 10)
+
+        let book = PartitionBook(metrics: DispatcherMetrics(MetricsRegistry()))
+        let (p0, p1) = (KafkaTopicPartition(topic: "jobs", partition: 0), KafkaTopicPartition(topic: "jobs", partition: 1))
+        book.rebalance(.assigned([p0, p1]))
+        book.expect([p0: 3])
+        book.start(KafkaRecord(topic: "jobs", partition: 0, offset: 6, key: nil, value: [], headers: [], timestamp: nil)) { _, _ in Task {} }
+        #expect(book.isMissingOffsets(p0) && !book.isMissingOffsets(p1))
+        #expect(book.rereadsDue().map(\.offset) == [3])
+        #expect(book.logStarts([p0: 5, p1: 100]) == [p0: 2])
+        #expect(book.isMissingOffsets(p0), "offset 5 is still in the log")
+        #expect(book.logStarts([p0: 6]) == [p0: 1])
+        #expect(!book.isMissingOffsets(p0) && book.rereadsDue().isEmpty)
+    }
+
     @Test("commits never pass an unsettled job, whatever order jobs settle in")
     func commitPosition() {
         var offsets = PartitionOffsets()
@@ -67,6 +114,7 @@ struct UnitTests {
         book.rebalance(.revoked([p0, p2]))
         book.rebalance(.assigned([p0]))
         let poll = book.endPoll()
+        #expect(poll.assigned == [p0])
         #expect(poll.revoked == [p0, p1, p2])
         #expect(poll.reassigned == [p0], "p1 went to another member; p2 came and went within the poll")
         book.beginPoll()
