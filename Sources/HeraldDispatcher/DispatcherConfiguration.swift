@@ -132,7 +132,9 @@ struct InjectedFetchStall: Sendable {
 
 /// A gap injected by a test: a record at an offset that is a multiple of `every` is left out of the fetch answer it
 /// first arrives in (when a later record of its partition is in the same answer), so the consumer sees the
-/// offsets jump, as Tansu makes them do now and then. Read again, the record is kept.
+/// offsets jump, as Tansu makes them do now and then. With `firstAfterAssignment`, so is the first record (past
+/// offset 0) a partition receives after each assignment. Read again, the record is kept.
 struct InjectedOffsetGap: Sendable {
-    var every: Int64
+    var every: Int64?
+    var firstAfterAssignment = false
 }

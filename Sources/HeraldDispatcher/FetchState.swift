@@ -45,13 +45,18 @@ struct FetchState {
 
     /// Records a test's injected gap left out already: each only once, so reading it again finds it.
     private var leftOut: Set<KafkaTopicPartitionOffset> = []
+    /// Partitions assigned that have received no record since (for `InjectedOffsetGap.firstAfterAssignment`).
+    private var awaitingFirstRecord: Set<KafkaTopicPartition> = []
 
-    /// Leaves out, once each, records at offsets that are multiples of `gap.every` when a later record of the same
-    /// partition is in the same answer: a gap in the middle of a fetch, as Tansu leaves now and then.
-    mutating func leaveOut(_ gap: InjectedOffsetGap, from records: [KafkaRecord]) -> [KafkaRecord] {
+    /// Leaves out, once each, the records `gap` selects: a gap as Tansu leaves now and then.
+    mutating func leaveOut(_ gap: InjectedOffsetGap, from records: [KafkaRecord],
+                           assigned: Set<KafkaTopicPartition>) -> [KafkaRecord] {
+        if gap.firstAfterAssignment { awaitingFirstRecord.formUnion(assigned) }
         let last = Dictionary(records.map { ($0.partition, $0.offset) }, uniquingKeysWith: max)
         return records.filter { record in
-            guard record.offset > 0, record.offset % gap.every == 0, record.offset < last[record.partition]! else { return true }
+            let first = awaitingFirstRecord.remove(KafkaTopicPartition(topic: record.topic, partition: record.partition)) != nil
+            guard record.offset > 0, first || gap.every.map({ record.offset % $0 == 0 && record.offset < last[record.partition]! }) == true
+            else { return true }
             let position = KafkaTopicPartitionOffset(topic: record.topic, partition: record.partition, offset: record.offset)
             return !leftOut.insert(position).inserted
         }

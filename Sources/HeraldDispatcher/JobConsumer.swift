@@ -119,8 +119,8 @@ final class JobConsumer: Service {
         book.beginPoll()
         // Still full, the poll is for the group's sake (rebalances, membership) and asks for one record.
         var records = try await poll(maxRecords: max(1, room), fetch: fetch)
-        if let gap = configuration.injectedOffsetGap { records = fetch.leaveOut(gap, from: records) }
         let (revoked, reassigned, assigned) = book.endPoll()
+        if let gap = configuration.injectedOffsetGap { records = fetch.leaveOut(gap, from: records, assigned: assigned) }
         fetch.received(records.count)
         // Records of a partition revoked during this poll are dropped with the old assignment's: whoever owns it now
         // reads them again from the committed offset. When that is this member, its new fetch may have returned some
