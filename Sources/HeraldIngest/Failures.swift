@@ -15,6 +15,9 @@ enum Failures {
         case let error as RedisError where error.isConnectionFailure:
             logger.warning("redis unavailable", ["error": error.description])
             return HTTPError.unavailable("the subscription store cannot be reached; retry later")
+        case let error as RedisError where error.isRefusingWrites:
+            logger.error("redis refused a write", ["error": error.description])
+            return HTTPError.unavailable("the subscription store is refusing writes; retry later")
         case let error as KafkaError:
             logger.warning("kafka publish failed", ["error": error.description])
             return HTTPError.unavailable("the job queue did not acknowledge the event in time; retry later")

@@ -51,6 +51,19 @@ public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
 
     public var description: String { "redis \(code): \(message)" }
 
+    /// Redis refused a write it would take at another time: out of memory (`OOM`), a replica since a failover
+    /// (`READONLY`), snapshots failing (`MISCONF`), too few replicas (`NOREPLICAS`). Retry later; an operator has to
+    /// look. Redis 6 wraps these in a script's error (`ERR Error running script … -OOM …`).
+    public var isRefusingWrites: Bool {
+        guard code == .server else { return false }
+        let prefix = message.prefix { $0 != " " }
+        if Self.writeRefusalPrefixes.contains(prefix) { return true }
+        return message.hasPrefix("ERR Error running script")
+            && Self.writeRefusalPrefixes.contains { message.contains("-\($0) ") }
+    }
+
+    private static let writeRefusalPrefixes: Set<Substring> = ["OOM", "READONLY", "MISCONF", "NOREPLICAS"]
+
     /// The error a `command` call throws for an error reply.
     public static func fromReply(_ message: String) -> RedisError {
         let prefix = message.prefix { $0 != " " }

@@ -312,4 +312,20 @@ import Testing
         try await client.command(["DEL", stream])
         for redis in [admin, spinner, client] { await redis.close() }
     }
+
+    @Test("OOM, READONLY, MISCONF and NOREPLICAS are refused writes, also inside a Redis 6 script error; other errors are not")
+    func refusedWrites() {
+        for message in ["OOM command not allowed when used memory > 'maxmemory'.",
+                        "READONLY You can't write against a read only replica.",
+                        "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+                        "NOREPLICAS Not enough good replicas to write.",
+                        "ERR Error running script (call to f_1a2b): @user_script:3: @user_script: 3: -OOM command not allowed when used memory > 'maxmemory'."] {
+            #expect(RedisError.fromReply(message).isRefusingWrites, "\(message)")
+        }
+        for message in ["ERR wrong number of arguments for 'incr' command", "WRONGTYPE Operation against a key holding the wrong kind of value",
+                        "ERR Error running script (call to f_1a2b): @user_script:3: user_script:3: bad argument"] {
+            #expect(!RedisError.fromReply(message).isRefusingWrites, "\(message)")
+        }
+        #expect(!RedisError(.connection, "OOM").isRefusingWrites)
+    }
 }
