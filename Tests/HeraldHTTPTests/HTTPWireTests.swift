@@ -149,6 +149,33 @@ struct HTTPWireTests {
         }
     }
 
+    /// A streaming encoder may flush every few bytes: 48 KiB in 16-byte chunks is 18 KiB of chunk framing, more than
+    /// the header limit, and is still a body within the limit. Framing longer than the limit itself is 413.
+    @Test func aBodyInSmallChunksIsTakenAndEndlessFramingIs413() async throws {
+        @Sendable func chunked(_ count: Int, of size: Int) -> String {
+            let chunk = String(size, radix: 16) + "\r\n" + String(repeating: "a", count: size) + "\r\n"
+            return "POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + String(repeating: chunk, count: count) + "0\r\n\r\n"
+        }
+        try await withServer(router()) { port in
+            let small = try await onThread {
+                let client = try RawHTTPClient(port: port)
+                try client.send(chunked(3072, of: 16))
+                return try client.readResponse()
+            }
+            #expect(small.status == 201 && small.text == "got 49152", "\(small.text)")
+            // 1-byte chunks with long extensions: 40 bytes of framing per body byte.
+            let endless = try await onThread {
+                let client = try RawHTTPClient(port: port)
+                let chunk = "1;" + String(repeating: "x", count: 33) + "\r\na\r\n"
+                try client.send("POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                + String(repeating: chunk, count: 3000) + "0\r\n\r\n")
+                return try client.readResponse()
+            }
+            #expect(endless.status == 413 && endless.text.contains("body_too_large"), "\(endless.text)")
+        }
+    }
+
     @Test func aResponseLargerThanTheSocketBuffersReachesASlowReader() async throws {
         _ = Self.bigBody.count  // built before the clock of the client's read timeout starts
         try await withServer(router()) { port in

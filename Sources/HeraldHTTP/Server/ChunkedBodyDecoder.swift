@@ -123,7 +123,8 @@ public struct ChunkedBodyDecoder: Sendable {
             framingBytes += 1
             index += 1
             if framingBytes > framingLimit {
-                return (index, fail(HTTPRequestParser.headerBlockTooLarge))
+                return (index, fail(HTTPParseFailure(status: 413, code: "body_too_large",
+                                                     message: "the chunked body's size lines and trailers exceed \(framingLimit) bytes")))
             }
         }
         if case .done = state { return (index, .done) }

@@ -138,6 +138,8 @@ extension WorkerLoop {
     /// After the limit is crossed a chunked body is read on and dropped, so the 413 can be sent on a connection
     /// still in step; past this many further bytes the answer is 413 and a close.
     static let discardAllowance = 1 << 20
+    /// A body of declared length is read into room made this many bytes at a time (the buffer doubles as needed).
+    static let bodyReadStep = 16 * 1024
     /// How long an answered-and-closing connection keeps reading what the client still sends.
     static let lingerTime: Duration = .seconds(2)
 
@@ -172,7 +174,8 @@ extension WorkerLoop {
     private func receive(_ connection: HTTPConnection) -> Bool {
         let wanted: Int
         if case .body = connection.phase, connection.chunked == nil {
-            wanted = max(1, connection.declaredLength - (connection.end - connection.start))
+            // Room for what has come, a step at a time: a declared length costs memory only as its bytes arrive.
+            wanted = min(Self.bodyReadStep, max(1, connection.declaredLength - (connection.end - connection.start)))
         } else {
             wanted = 1
         }
@@ -284,11 +287,11 @@ extension WorkerLoop {
                 return
             }
             connection.declaredLength = length
-            context.body.reserveCapacity(length)
             if head.expectsContinue, connection.end - connection.start < length { sendContinue(connection) }
         case .chunked:
+            // Framing may be as long as the body itself (small chunks of a streaming encoder) plus trailers.
             connection.chunked = ChunkedBodyDecoder(limit: engine.maxBodyBytes, discardAllowance: Self.discardAllowance,
-                                                    framingLimit: Self.headerLimit)
+                                                    framingLimit: Self.headerLimit + engine.maxBodyBytes)
             if head.expectsContinue, connection.start == connection.end { sendContinue(connection) }
         }
     }
