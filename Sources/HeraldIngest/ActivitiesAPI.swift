@@ -21,8 +21,18 @@ struct ActivitiesAPI: Sendable {
     func register(on router: inout Router) {
         // The rate-limit count rides in the registration script: one Redis round trip per registration.
         router.post("/api/v1/activities/register",
-                    gate.selfCountingEndpoint(.device, appFromPath: false, oauth: true, handle))
-        router.post("/v1/apps/{appID}/activities/register", gate.selfCountingEndpoint(.device, oauth: true, handle))
+                    gate.selfCountingEndpoint(.device, appFromPath: false, oauth: true, device: Self.namedPushToken,
+                                              deviceSlot: .activityToken, handle))
+        router.post("/v1/apps/{appID}/activities/register",
+                    gate.selfCountingEndpoint(.device, oauth: true, device: Self.namedPushToken, deviceSlot: .activityToken,
+                                              handle))
+    }
+
+    /// The valid push token a registration names, even when the rest of it is refused: the refusal counts in that
+    /// token's window, not in the key's one window for requests that name no token.
+    @Sendable static func namedPushToken(_ request: HTTPRequest) -> String? {
+        guard let token = (try? request.jsonBody())?["push_token"]?.stringValue else { return nil }
+        return try? DeviceToken.normalized(token, field: "push_token")
     }
 
     private func handle(_ request: HTTPRequest, _ admission: Gatekeeper.Admission,

@@ -87,9 +87,10 @@ struct Gatekeeper: Sendable {
     /// `meter.record(_:)` or throws `refuse(_:_:)` for a refused one. A request whose handler fails before counting
     /// (bad input) is counted here instead, so every admitted request counts once and over the limit 429 wins over
     /// any other answer, as with `endpoint`: in the window of the valid device token `device` finds in the request,
-    /// if any. `admission.headers` is empty: the wrapper adds them to the answer.
+    /// if any (its counter in `deviceSlot`). `admission.headers` is empty: the wrapper adds them to the answer.
     func selfCountingEndpoint(_ audience: Audience, appFromPath: Bool = true, oauth: Bool = false,
                               device: @escaping @Sendable (HTTPRequest) -> String? = { _ in nil },
+                              deviceSlot: RedisKeys.DeviceCounterSlot = .deviceToken,
                               _ body: @escaping @Sendable (HTTPRequest, Admission, Meter) async throws -> HTTPResponse)
         -> HTTPHandler {
         { request in
@@ -100,7 +101,7 @@ struct Gatekeeper: Sendable {
             let admission = Admission(app: app, principal: principal, headers: [:])
             do {
                 var response = try await body(request, admission, meter)
-                let decision = try await decision(of: meter, device: device(request))
+                let decision = try await decision(of: meter, device: device(request), in: deviceSlot)
                 Self.setHeaders(decision, on: &response.headers)
                 return response
             } catch {
@@ -109,7 +110,7 @@ struct Gatekeeper: Sendable {
                 // After a 503 Redis is failing: counting now would only wait for the same deadline again. A request
                 // the handler already counted still says where its window stands.
                 let decision = (mapped as? HTTPError)?.status == 503 ? meter.decision
-                    : try await decision(of: meter, device: device(request))
+                    : try await decision(of: meter, device: device(request), in: deviceSlot)
                 throw counted(mapped, headers: decision.map(Self.headers) ?? [:], request: request)
             }
         }
@@ -140,9 +141,10 @@ struct Gatekeeper: Sendable {
     }
 
     /// The meter's decision, counting the request now if the handler did not; throws the 429 past the limit.
-    private func decision(of meter: Meter, device: @autoclosure () -> String?) async throws -> RateLimiter.Decision {
+    private func decision(of meter: Meter, device: @autoclosure () -> String?,
+                          in slot: RedisKeys.DeviceCounterSlot) async throws -> RateLimiter.Decision {
         if let decision = meter.decision { return decision }
-        let window = meter.window(device: device())
+        let window = meter.window(device: device(), in: slot)
         let decision = try await Failures.mapping(logger) { try await limiter.hit(window) }
         guard decision.allowed else { throw refuse(meter, decision) }
         meter.record(decision)

@@ -352,6 +352,31 @@ import Testing
         }
     }
 
+    /// A registration refused for its body still counts, in the window of the valid push token it names: an app
+    /// release sending a wrong bundle id does not use up the one window that requests naming no token share.
+    @Test func aRefusedRegistrationCountsInThePushTokensWindow() async throws {
+        try await withIngest { ingest in
+            let second = Int(Date().timeIntervalSince1970) % 60
+            if second > 55 { try await Task.sleep(for: .seconds(61 - second)) }
+            let app = ingest.apps.apps[0]
+            let token = SecureRandom.hex(32), post = postHash()
+            func register(_ token: String, bundle: String) async throws -> RawHTTPClient.Response {
+                try await ingest.request("POST", Self.path, key: app.userKey, json: registration(token, post, bundle: bundle))
+            }
+            let stored = try await register(token, bundle: app.bundleID)
+            #expect(stored.status == 201 && stored.headers["ratelimit-remaining"] == "239", "\(stored.text)")
+            let wrongBundle = try await register(token, bundle: "com.example.not-this-app")
+            #expect(wrongBundle.status == 400, "\(wrongBundle.text)")
+            #expect(wrongBundle.headers["ratelimit-remaining"] == "238", "counted with the token's registration")
+            let otherToken = try await register(SecureRandom.hex(32), bundle: "com.example.not-this-app")
+            #expect(otherToken.status == 400 && otherToken.headers["ratelimit-remaining"] == "239", "a window of its own")
+            for expected in ["239", "238"] {
+                let unnamed = try await register("not-a-token", bundle: app.bundleID)
+                #expect(unnamed.status == 400 && unnamed.headers["ratelimit-remaining"] == expected, "the key's window for no token")
+            }
+        }
+    }
+
     /// Every device reads a post's broadcast channel alike, naming no device: a public key's reads count in its
     /// app-wide ceiling alone, so one device reading again and again never locks the others out.
     @Test func broadcastChannelReadsCountInThePublicKeysCeilingOnly() async throws {
