@@ -68,7 +68,8 @@ public enum APNsReason: Sendable, Hashable, CustomStringConvertible {
 public enum APNsDisposition: Sendable, Equatable {
     /// 200: delivered to APNs.
     case delivered
-    /// 429 and every 5xx (Apple's 500 and 503, or a 502/504 from a proxy on the way): try again later with backoff.
+    /// 429, every 5xx (Apple's 500 and 503, or a 502/504 from a proxy on the way) and 400 IdleTimeout (the
+    /// connection's idle time ran out, not the push's fault): try again later with backoff.
     case retry
     /// 410 Unregistered/ExpiredToken, 400 BadDeviceToken/DeviceTokenNotForTopic: the token is dead for this topic
     /// and environment; remove it.
@@ -82,7 +83,7 @@ public enum APNsDisposition: Sendable, Equatable {
     public init(status: Int, reason: APNsReason?) {
         switch (status, reason) {
         case (200, _): self = .delivered
-        case (429, _), (500...599, _): self = .retry
+        case (429, _), (500...599, _), (400, .idleTimeout): self = .retry
         case (410, _), (400, .badDeviceToken), (400, .deviceTokenNotForTopic): self = .removeToken
         case (403, .expiredProviderToken): self = .refreshProviderToken
         default: self = .permanent

@@ -293,6 +293,7 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
             ruled("a5", 500, "InternalServerError", .retry),
             ruled("a6", 503, "ServiceUnavailable", .retry),
             ruled("a7", 503, "Shutdown", .retry),
+            ruled("c7", 400, "IdleTimeout", .retry),
             ruled("a8", 400, "BadCollapseId", .permanent),
             ruled("a9", 413, "PayloadTooLarge", .permanent),
             ruled("b1", 403, "Forbidden", .permanent),
@@ -463,15 +464,16 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
         await client.shutdown()
     }
 
-    /// APNs answers 503 Shutdown on a connection it is taking down: the client stops using that connection (a
-    /// retry there would meet the same answer) and opens a replacement.
-    @Test func aShutdownAnswerRetiresItsConnection() async throws {
-        let fixture = try SimulatorFixture(port: 20524, rules: [.fail(tokenPrefix: "ab", status: 503, reason: "Shutdown")])
+    /// APNs answers 503 Shutdown on a connection it is taking down, 400 IdleTimeout on one idle too long: the client
+    /// stops using that connection (a retry there would meet the same answer) and opens a replacement.
+    @Test(arguments: [(UInt16(20524), 503, "Shutdown"), (20530, 400, "IdleTimeout")])
+    func aShutdownOrIdleTimeoutAnswerRetiresItsConnection(port: UInt16, status: Int, reason: String) async throws {
+        let fixture = try SimulatorFixture(port: port, rules: [.fail(tokenPrefix: "ab", status: status, reason: reason)])
         let metrics = MetricsRegistry()
         let client = try fixture.client(metrics: metrics)
-        let shutdown = try await client.send(SimulatorFixture.alert(SimulatorFixture.token("ab")), credentials: fixture.credentials,
-                                             environment: .production)
-        #expect(shutdown.status == 503 && shutdown.reason == .shutdown)
+        let answer = try await client.send(SimulatorFixture.alert(SimulatorFixture.token("ab")), credentials: fixture.credentials,
+                                           environment: .production)
+        #expect(answer.status == status && answer.reason == APNsReason(reason))
         let reconnects = metrics.counter("herald_apns_reconnects_total", help: "")
         #expect(await eventually(timeout: .seconds(5)) { reconnects.labels().current >= 1 }, "a replacement was opened")
         for _ in 0..<20 {

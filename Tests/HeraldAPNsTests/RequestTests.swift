@@ -108,7 +108,7 @@ import Testing
         (400, "BadCollapseId", .permanent), (400, "BadDeviceToken", .removeToken),
         (400, "BadExpirationDate", .permanent), (400, "BadMessageId", .permanent), (400, "BadPriority", .permanent),
         (400, "BadTopic", .permanent), (400, "DeviceTokenNotForTopic", .removeToken),
-        (400, "DuplicateHeaders", .permanent), (400, "IdleTimeout", .permanent), (400, "InvalidPushType", .permanent),
+        (400, "DuplicateHeaders", .permanent), (400, "IdleTimeout", .retry), (400, "InvalidPushType", .permanent),
         (400, "MissingDeviceToken", .permanent), (400, "MissingTopic", .permanent), (400, "PayloadEmpty", .permanent),
         (400, "TopicDisallowed", .permanent), (403, "BadCertificate", .permanent),
         (403, "BadCertificateEnvironment", .permanent), (403, "ExpiredProviderToken", .refreshProviderToken),

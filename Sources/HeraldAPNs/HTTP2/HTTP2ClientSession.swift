@@ -74,6 +74,11 @@ final class HTTP2ClientSession {
         return nil
     }
 
+    /// nghttp2 wants neither to read nor to write: the connection is to be dropped. After a GOAWAY either way with
+    /// no stream left open, or once nghttp2 has sent its own GOAWAY for a protocol error in what it received (it
+    /// ignores all input from then on).
+    var isFinished: Bool { nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0 }
+
     /// Opens a stream for `request` (its headers and body); the stream id, or nghttp2's refusal.
     func submit(_ request: PendingRequest) -> Result<Int32, HTTP2SubmitError> {
         // nghttp2 copies names and values during the call, so they may point into the request's buffer.

@@ -50,6 +50,8 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     private var establishDeadline: ContinuousClock.Instant
     private var lastReceived: ContinuousClock.Instant
     private var pingSentAt: ContinuousClock.Instant?
+    /// `terminate` sent our own GOAWAY: the session's end is no protocol error of the server's.
+    private var terminating = false
     /// Something a callback saw that the pool must hear about once the callback has returned.
     private var becameReady = false
     private var capacityChanged = false
@@ -230,7 +232,10 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
             }
         }
         setWriteInterest(false)
-        if state == .draining, streams.isEmpty {
+        if session.isFinished, state != .draining, !terminating {
+            // nghttp2 refused what the server sent and said so with its GOAWAY: nothing more will be answered here.
+            close(APNsError(.protocolError, "HTTP/2: \(endpoint) broke the protocol; the session ended"))
+        } else if state == .draining, streams.isEmpty || session.isFinished {
             close(nil)
         }
     }
@@ -340,6 +345,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     func terminate(failing error: APNsError) {
         if let session, state != .closed {
             session.terminate()
+            terminating = true
             flush()
         }
         close(error)
@@ -451,11 +457,12 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         capacityChanged = true
         if request.status != 0, ending == .noError || request.responseComplete {
             answeredAnything = true
-            // APNs answers 503 Shutdown on a connection it is taking down: new requests belong on another one.
-            // That answer does not make the connection one that worked (the pool's backoff): a server answering
-            // it on every new connection must not get a connect per push.
-            if request.status == 503,
-               APNsResponse(status: 503, apnsID: nil, body: request.responseBody).reason == .shutdown {
+            // APNs answers 503 Shutdown on a connection it is taking down, 400 IdleTimeout on one idle too long: new
+            // requests belong on another one. That answer does not make the connection one that worked (the pool's
+            // backoff): a server answering it on every new connection must not get a connect per push.
+            if request.status == 503 || request.status == 400,
+               let reason = APNsResponse(status: request.status, apnsID: nil, body: request.responseBody).reason,
+               reason == .shutdown || reason == .idleTimeout {
                 if state == .ready {
                     state = .draining
                     drainingStarted = true
