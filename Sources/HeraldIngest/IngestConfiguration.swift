@@ -54,10 +54,12 @@ public struct IngestConfiguration: Sendable {
     public init() {}
 
     var http: HTTPServerConfiguration {
-        HTTPServerConfiguration(address: address, threads: threads, maxBodyBytes: maxBodyBytes,
-                                connectionTimeout: idleTimeout, requestReadTimeout: readTimeout,
-                                maxConnections: maxConnections, maxConnectionsPerAddress: maxConnectionsPerAddress,
-                                requestDeadline: max(publishTimeout, broadcastChannelWait) + .seconds(2),
-                                accessLog: accessLog)
+        let requestDeadline = max(publishTimeout, broadcastChannelWait) + .seconds(2)
+        // On SIGTERM a request under way may take its whole deadline (a broadcast waiting for its channel).
+        return HTTPServerConfiguration(address: address, threads: threads, maxBodyBytes: maxBodyBytes,
+                                       connectionTimeout: idleTimeout, requestReadTimeout: readTimeout,
+                                       maxConnections: maxConnections, maxConnectionsPerAddress: maxConnectionsPerAddress,
+                                       requestDeadline: requestDeadline, shutdownGracePeriod: requestDeadline + .seconds(1),
+                                       accessLog: accessLog)
     }
 }

@@ -13,7 +13,7 @@ let usage = """
 
     Environment (defaults in brackets):
       HERALD_INGEST_ADDR            listen address [\(defaults.address)]
-      HERALD_INGEST_ADMIN_ADDR      serve /metrics (and /healthz, /readyz) here instead of on the API address [unset]
+      HERALD_INGEST_ADMIN_ADDR      serve /metrics here instead of on the API address (/healthz and /readyz on both) [unset]
       HERALD_APPS_FILE              apps file [config/apps.json]; SIGHUP reloads it
       HERALD_JOB_SIGNING_SECRET_FILE  the deployment's job-signing secret; required unless
                                     HERALD_JOB_SIGNATURES=unverified (jobs are then not signed)

@@ -57,7 +57,7 @@ enum ReplayCommand {
           0  every matching dead letter is re-published (now or by an earlier run of this replay)
           1  failed: Kafka or Redis unreachable, or some jobs were not acknowledged (run again to retry them)
           2  bad usage or filter
-          3  done, but some matching dead letters were skipped (token removed, not replayable, unsigned) or some
+          3  done, but some matching dead letters were skipped (token removed, not replayable, unsigned, invalid job) or some
              records could not be read; the summary says why
           4  stopped before the end (--limit reached, or interrupted); run the same command again to continue
 

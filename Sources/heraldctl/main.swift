@@ -20,7 +20,8 @@ let usage = """
           The failed deliveries on HERALD_TOPIC_DLQ that match, then counts by reason.
       heraldctl dlq stats [FILTERS] [--json]
           Counts of the matching dead letters by reason, status, app and push type.
-      heraldctl replay [FILTERS] [--name NAME] [--dry-run] [--limit N] [--rate JOBS_PER_S] [--include-removed] [--json]
+      heraldctl replay [FILTERS] [--name NAME] [--dry-run] [--limit N] [--rate JOBS_PER_S] [--include-removed]
+                       [--include-replayed] [--include-unsigned] [--json]
           Re-publishes the matching dead letters to HERALD_TOPIC_JOBS as device jobs, each at most once per replay.
       heraldctl redis migrate [--dry-run]
           Moves a Redis database written by an older Herald to this version's key layout (stop the services first;
@@ -34,7 +35,7 @@ let usage = """
     Run `heraldctl send --help`, `heraldctl dlq --help` or `heraldctl replay --help` for details and examples.
 
     Environment: HERALD_KAFKA_BROKERS [127.0.0.1:9092], HERALD_TOPIC_JOBS [herald.jobs], HERALD_TOPIC_DLQ [herald.dlq],
-    HERALD_REDIS_URL [redis://127.0.0.1:6379/0], HERALD_JOB_SIGNING_SECRET_FILE (replay, send), HERALD_APPS_FILE
+    HERALD_REDIS_URL [redis://127.0.0.1:6379/0], HERALD_JOB_SIGNING_SECRET_FILE (replay, send, dlq), HERALD_APPS_FILE
     and HERALD_APNS_PRODUCTION_URL / _SANDBOX_URL / _CA_FILE (send --direct). Kafka and Redis security as for the
     services:
     \(KafkaSecurity.usage)
