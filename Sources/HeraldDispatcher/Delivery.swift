@@ -43,6 +43,7 @@ struct Deliverer: Sendable {
     let subscriptions: SubscriptionStore
     let activities: ActivityStore
     let deadLetters: DeadLetterWriter
+    let removals: TokenRemovalGuard
     let limit: ConcurrencyLimit
     let maxAttempts: Int
     let backoff: RetryBackoff
@@ -80,11 +81,13 @@ struct Deliverer: Sendable {
         let last = Date()
         var unsettled: [(Push, Outcome)] = []
         var delivered: [SettledPush] = []
+        let reportDeliveries = removals.isCounting
         for (push, result) in zip(pushes, results) {
             switch result {
             case .success(let response) where response.disposition == .delivered:
                 countAnswer(push, response)
                 delivered.append(SettledPush(token: push.token, outcome: .delivered, retries: 0))
+                if reportDeliveries { removals.delivered(CollectionOfOne(push), app: context.plan.app.id) }
             case .success(let response): unsettled.append((push, .answered(response)))
             case .failure(let error): unsettled.append((push, .failed(error)))
             }
@@ -173,8 +176,13 @@ struct Deliverer: Sendable {
             switch response.disposition {
             case .delivered:
                 if let created = context.plan.createdAt { metrics.endToEnd.observe(last.timeIntervalSince(created)) }
+                removals.delivered(CollectionOfOne(push), app: context.plan.app.id)
                 return true
             case .removeToken:
+                guard removals.mayRemove(push, response, app: context.plan.app.id) else {
+                    retryable = false // withheld: dead-lettered, the token kept
+                    break
+                }
                 // Keep what was (re-)registered after the token stopped being valid: a 410's timestamp says
                 // when; otherwise the push was refused as sent, so a registration made since is kept.
                 let keepAfter = response.status == 410 ? response.timestamp ?? sent : sent

@@ -33,7 +33,8 @@ public final class DispatcherService: Service {
                                            retryDelay: configuration.infrastructureRetryDelay, metrics: counters,
                                            logger: logger)
         let deliverer = Deliverer(apns: apns, subscriptions: subscriptions, activities: activities,
-                                  deadLetters: deadLetters, limit: limit, maxAttempts: max(1, configuration.maxAttempts),
+                                  deadLetters: deadLetters, removals: TokenRemovalGuard(metrics: metrics, logger: logger),
+                                  limit: limit, maxAttempts: max(1, configuration.maxAttempts),
                                   backoff: RetryBackoff(initial: configuration.retryInitialDelay,
                                                         maximum: configuration.retryMaximumDelay),
                                   infrastructureRetryDelay: configuration.infrastructureRetryDelay, metrics: counters,

@@ -291,6 +291,45 @@ struct DeliveryTests {
         await harness.stop()
     }
 
+    /// A sibling app's bundle id in the apps file makes APNs refuse every token as not for the topic. The first 50
+    /// refusals in a row remove their tokens as usual; the rest are dead-lettered and their tokens kept, until a push
+    /// to that topic is delivered again, after which a refusal removes its token once more.
+    @Test("after 50 token refusals in a row for one topic, removals are withheld (pushes dead-lettered, tokens kept) until a push there is delivered")
+    func aRunOfRefusalsForOneTopicKeepsTheTokens() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let channel = "news-\(SecureRandom.hex(4))"
+        let tokens = (0..<117).map { _ in deviceToken() }
+        for token in tokens { try await harness.subscribe(app, channel: channel, token: token) }
+        try harness.simulators.production.setRules([.fail(tokenPrefix: nil, status: 400, reason: "DeviceTokenNotForTopic")])
+        var job = PushJob(id: "t-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+        job.alert = .object(["aps": .object(["alert": .string("hello")])])
+        try await harness.produce(job)
+        try await eventually("the job is settled") { harness.metric("herald_dispatcher_jobs_completed_total") == 1 }
+        #expect(harness.metric("herald_dispatcher_tokens_removed_total", labels: ["kind": "subscription"]) == 50)
+        #expect(harness.metric("herald_dispatcher_token_removals_withheld_total") == 67)
+        let letters = try await harness.deadLetters(expecting: 67)
+        #expect(letters.count == 67 && letters.allSatisfy { $0["reason"]?.stringValue == "DeviceTokenNotForTopic" })
+        var kept: [String] = []
+        for token in tokens where !(try await harness.subscriptions.list(app: app.id, deviceToken: token).subscriptions.isEmpty) {
+            kept.append(token)
+        }
+        #expect(kept.count == 67)
+
+        // Fixed: pushes there are delivered again, and a token refused among them (one batch) is removed.
+        let refused = (0..<3).map { _ in deviceToken("d0dd") }
+        for token in refused { try await harness.subscribe(app, channel: channel, token: token) }
+        try harness.simulators.production.setRules([.fail(tokenPrefix: "d0dd", status: 400, reason: "DeviceTokenNotForTopic")])
+        job.id = "t-\(SecureRandom.hex(4))"
+        try await harness.produce(job)
+        try await eventually("the second job is settled") { harness.metric("herald_dispatcher_jobs_completed_total") == 2 }
+        #expect(Set(harness.simulators.accepted().compactMap { $0["token"]?.stringValue }) == Set(kept))
+        #expect(harness.metric("herald_dispatcher_tokens_removed_total", labels: ["kind": "subscription"]) == 53)
+        #expect(harness.metric("herald_dispatcher_token_removals_withheld_total") == 67)
+        for token in refused { #expect(try await harness.subscriptions.list(app: app.id, deviceToken: token).subscriptions.isEmpty) }
+        await harness.stop()
+    }
+
     @Test("a token failing with 503 twice is delivered on the third attempt; one failing always is dead-lettered")
     func retries() async throws {
         let harness = try await DispatcherHarness.start(maxAttempts: 3)
