@@ -66,23 +66,30 @@ struct Broadcaster: Sendable {
     }
 
     /// Publishes the post's update to each of its channels but those in `settled` (an earlier run of the record
-    /// published them), marking each in the record's progress once settled. False only when cancelled first.
-    func publish(_ context: JobContext, post: String, settled: Set<String>) async -> Bool {
-        guard let payload = context.plan.liveActivityPayload else { return true }
+    /// published them), marking each in the record's progress once settled. `settled` is false only when cancelled
+    /// first; `exhausted` names the channels whose broadcast was dead-lettered after every attempt (APNs kept
+    /// failing: a replay may get through, so a final update keeps those channels).
+    func publish(_ context: JobContext, post: String,
+                 settled: Set<String>) async -> (settled: Bool, exhausted: Set<String>) {
+        guard let payload = context.plan.liveActivityPayload else { return (true, []) }
         let app = context.plan.app.id
         guard let list = await store("read the post's channels", { try await channels.channels(app: app, postIDHash: post) })
-        else { return !Task.isCancelled }
+        else { return (!Task.isCancelled, []) }
+        var exhausted: Set<String> = []
         for channel in list where !settled.contains(channel.channelID) {
-            guard await publish(payload, to: channel, context: context, post: post) else { return false }
+            guard let published = await publish(payload, to: channel, context: context, post: post) else {
+                return (false, exhausted)
+            }
+            if case .deadLettered(exhausted: true) = published { exhausted.insert(channel.channelID) }
             do { try await context.settled.broadcastSettled(channel.channelID) } catch {
                 logger.warning("cannot mark a broadcast published; a run of the job again would publish it again",
                                ["app": app, "post": post, "apns.channel_id": channel.channelID, "error": "\(error)"])
             }
         }
-        guard !list.isEmpty else { return true }
+        guard !list.isEmpty else { return (true, exhausted) }
         // An update: the janitor deletes only channels of posts idle for HERALD_BROADCAST_IDLE_SECONDS.
-        return await store("mark the post's channels in use", { try await channels.touch(app: app, postIDHash: post) }) != nil
-            || !Task.isCancelled
+        let touched = await store("mark the post's channels in use", { try await channels.touch(app: app, postIDHash: post) }) != nil
+        return (touched || !Task.isCancelled, exhausted)
     }
 
     /// A `broadcast` job (`heraldctl replay` of a failed broadcast): its payload, once, to its channel.
@@ -90,16 +97,23 @@ struct Broadcaster: Sendable {
         guard let payload = context.plan.job.payload?.encoded() else { return true }
         let channel = BroadcastChannel(channelID: target.channelId, environment: target.environment,
                                        storagePolicy: target.storagePolicy, createdAt: "")
-        return await publish(payload, to: channel, context: context, post: context.plan.job.replayOf?.postIdHash)
+        return await publish(payload, to: channel, context: context, post: context.plan.job.replayOf?.postIdHash) != nil
     }
 
     /// After the final update: deletes the post's channels at APNs, then forgets them. A channel APNs keeps
-    /// refusing to delete is left in Redis (and logged) rather than holding the job.
-    func deleteChannels(_ plan: JobPlan, post: String) async -> Bool {
+    /// refusing to delete is left in Redis (and logged) rather than holding the job. Channels in `keeping` (their
+    /// final update was dead-lettered after every attempt) stay, so that its replay can still reach their devices;
+    /// the janitor deletes them once the post is idle.
+    func deleteChannels(_ plan: JobPlan, post: String, keeping: Set<String>) async -> Bool {
         let app = plan.app.id
         guard let list = await store("read the post's channels", { try await channels.channels(app: app, postIDHash: post) })
         else { return !Task.isCancelled }
         for channel in list {
+            if keeping.contains(channel.channelID) {
+                logger.warning("broadcast channel kept: its final update was dead-lettered; replay it, the janitor deletes the channel once the post is idle",
+                               ["app": app, "post": post, "apns.channel_id": channel.channelID])
+                continue
+            }
             guard let deletion = await delete(channel, app: plan.app, credentials: plan.credentials, post: post) else {
                 return false
             }
@@ -139,8 +153,15 @@ struct Broadcaster: Sendable {
         return .deleted
     }
 
-    /// `post`: the channel's post, when known (a replay may not know it).
-    private func publish(_ payload: [UInt8], to channel: BroadcastChannel, context: JobContext, post: String?) async -> Bool {
+    /// What became of one broadcast.
+    private enum Published {
+        case delivered
+        /// `exhausted`: after every attempt of a failure worth retrying (else APNs refused it outright).
+        case deadLettered(exhausted: Bool)
+    }
+
+    /// `post`: the channel's post, when known (a replay may not know it). Nil when cancelled first.
+    private func publish(_ payload: [UInt8], to channel: BroadcastChannel, context: JobContext, post: String?) async -> Published? {
         let plan = context.plan
         let request = APNsBroadcastRequest(bundleID: plan.app.apns.bundleId, channelID: channel.channelID, payload: payload,
                                            priority: plan.priority, expiration: plan.expiration,
@@ -154,7 +175,7 @@ struct Broadcaster: Sendable {
             do {
                 let response = try await apns.publish(request, credentials: plan.credentials, environment: channel.environment)
                 failure.lastAttemptAt = Date()
-                if response.isSuccess { return true }
+                if response.isSuccess { return .delivered }
                 (failure.status, failure.apnsReason, failure.apnsUniqueID, failure.error) =
                     (response.status, response.reason?.description, response.uniqueID, nil)
                 retryable = response.disposition == .retry || response.disposition == .refreshProviderToken
@@ -169,16 +190,17 @@ struct Broadcaster: Sendable {
                 failure.lastAttemptAt = Date()
                 retryable = error.isRetriable
             } catch {
-                return false
+                return nil
             }
             guard retryable, attempt < maxAttempts else { break }
-            do { try await Task.sleep(for: backoff.delay(attempt: attempt)) } catch { return false }
+            do { try await Task.sleep(for: backoff.delay(attempt: attempt)) } catch { return nil }
         }
         logger.warning("broadcast dead-lettered", ["app": plan.app.id, "post": post ?? "", "apns.channel_id": channel.channelID,
                                                    "apns.reason": failure.apnsReason ?? failure.error ?? ""])
-        return await deadLetters.write(DeadLetter(broadcast: channel, payload: payload, of: plan.job, source: context.source,
-                                                  failure: failure,
-                                                  disposition: retryable ? .retriesExhausted : .rejected))
+        guard await deadLetters.write(DeadLetter(broadcast: channel, payload: payload, of: plan.job, source: context.source,
+                                                 failure: failure,
+                                                 disposition: retryable ? .retriesExhausted : .rejected)) else { return nil }
+        return .deadLettered(exhausted: retryable)
     }
 
     /// One channel request, sent again after a backoff while APNs asks to retry or does not answer; nil when

@@ -90,8 +90,11 @@ struct JobRunner: Sendable {
             settled = await broadcaster.createChannel(plan, post: post, plan.job.broadcastChannel!)
         case .post(let post):
             // The broadcast first: one request reaches every iOS 18 device that joined a channel of the post.
+            var exhausted: Set<String> = []
             do throws(StoreRefusal) { settled = try await fanOut(context, beforeSending: { saved in
-                await broadcaster.publish(context, post: post, settled: saved.broadcasts)
+                let published = await broadcaster.publish(context, post: post, settled: saved.broadcasts)
+                exhausted = published.exhausted
+                return published.settled
             }) { cursor in
                 let batch = try await activities.postIDs(app: plan.app.id, postIDHash: post, cursor: cursor,
                                                          count: batchSize)
@@ -101,7 +104,7 @@ struct JobRunner: Sendable {
             } } catch { return await deadLetterWhole(context, error) }
             if settled, plan.job.isFinal {
                 guard await removePost(app: plan.app.id, post: post),
-                      await broadcaster.deleteChannels(plan, post: post) else { return false }
+                      await broadcaster.deleteChannels(plan, post: post, keeping: exhausted) else { return false }
             }
         }
         guard settled, await finish(context) else { return false }

@@ -111,6 +111,55 @@ struct BroadcastTests {
         cleanUp(directory, keep: false)
     }
 
+    /// A final update whose broadcast APNs keeps failing (503 on every attempt) is dead-lettered, and its channel is
+    /// kept: deleted, the replay of that "end" could never reach the devices that joined it. Registered tokens still
+    /// get their end, and their registrations go.
+    @Test("a final update whose broadcast is dead-lettered after every attempt keeps its channel for the replay")
+    func aFailedFinalBroadcastKeepsItsChannel() async throws {
+        let directory = try scratchDirectory("herald-broadcast-final-")
+        let apps = try TestApps(count: 1)
+        defer { apps.remove() }
+        let topics = FaultTopics(brokers: try TestEnvironment.kafkaBrokers())
+        let app = apps.apps[0]
+        let stack = try await FaultStack.start(apps: apps, redisURL: try TestEnvironment.redisURL(), topics: topics,
+                                               directory: directory, channelCount: 1, perChannel: 1)
+        let (simulator, ingest) = (stack.simulator, stack.ingest)
+        let post = SecureRandom.hex(8)
+        let path = "/v1/apps/\(app.id)/activities/\(post)/broadcast"
+        let created = try await ingest.request("POST", path, key: app.secretKey, json: #"{"environment": "production"}"#)
+        try #require(created.status == 201, "\(created.text)")
+        let channelID = try #require(JSONValue(parsing: Array(created.text.utf8))?["channelId"]?.stringValue)
+        try simulator.setRules([.object(["channelId": .string(channelID), "status": .number(503),
+                                         "reason": .string("ServiceUnavailable")])])
+        try await Task.sleep(for: .milliseconds(500)) // the simulator reads its rules file again every 100 ms
+        let end = try await ingest.request("POST", "/v1/apps/\(app.id)/activities/\(post)/events", key: app.secretKey,
+                                           json: #"{"event": "end", "contentState": {"step": "delivered"}, "final": true}"#)
+        try #require(end.status == 202, "\(end.text)")
+        let reader = try await TopicReader(topic: topics.deadLetters, brokers: topics.brokers)
+        var letters: [JSONValue] = []
+        let deadline = ContinuousClock.now + .seconds(60)
+        while letters.isEmpty, ContinuousClock.now < deadline {
+            letters += try await reader.read(wait: .milliseconds(100)).compactMap { JSONValue(parsing: $0.value) }
+            if letters.isEmpty { try await Task.sleep(for: .milliseconds(200)) }
+        }
+        await reader.close()
+        #expect(letters.first?["disposition"]?.stringValue == "retries_exhausted", "\(letters)")
+        #expect(letters.first?["channelId"]?.stringValue == channelID, "\(letters)")
+        let statusPath = "/v1/apps/\(app.id)/jobs/" + (try #require(JSONValue(parsing: Array(end.text.utf8))?["jobId"]?.stringValue))
+        try await eventually("the job finished", timeout: .seconds(30)) {
+            let status = try await ingest.request("GET", statusPath, key: app.secretKey)
+            return JSONValue(parsing: Array(status.text.utf8))?["state"]?.stringValue == "done"
+        }
+        let read = try await ingest.request("GET", path + "?environment=production", key: app.publicKey)
+        #expect(read.status == 200 && read.text.contains(channelID), "the channel was deleted: \(read.text)")
+        #expect(simulator.broadcasts().isEmpty)
+
+        await stack.dispatcher.child.stop()
+        await ingest.child.stop()
+        await simulator.child.stop()
+        cleanUp(directory, keep: false)
+    }
+
     /// The janitor, every second with posts idle after 5 s: an idle post's channel is deleted while a busy one's
     /// stays, even behind a page of idle posts whose channels APNs refuses to delete; a channel APNs has but Redis lost is deleted at APNs once seen so twice; one Redis has but APNs
     /// lost is forgotten; the channel count at APNs is exported.
