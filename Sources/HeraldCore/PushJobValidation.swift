@@ -5,12 +5,15 @@ import HeraldRuntime
 /// The rules of the job format beyond its shape (which `decode` checks): what each target may carry, the
 /// values' ranges, and that every payload Herald builds fits APNs' limit.
 extension PushJob {
+    /// 1–128 visible ASCII characters.
+    public static func isValidID(_ id: String) -> Bool {
+        !id.isEmpty && id.utf8.count <= 128 && id.unicodeScalars.allSatisfy { $0.value > 0x20 && $0.value < 0x7f }
+    }
+
     /// Checks every rule of the job format, including the size of each payload Herald will build.
     public func validate() throws(ValidationError) {
         guard version == Self.currentVersion else { throw .invalid("version", "version must be \(Self.currentVersion)") }
-        guard !id.isEmpty, id.utf8.count <= 128, id.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7f }) else {
-            throw .invalid("id", "id must be 1–128 visible ASCII characters")
-        }
+        guard Self.isValidID(id) else { throw .invalid("id", "id must be 1–128 visible ASCII characters") }
         guard !appId.isEmpty else { throw .missing("appId") }
         guard Timestamp.isValid(createdAt) else { throw .invalid("createdAt", "createdAt must be an RFC 3339 time") }
         if let priority, ![1, 5, 10].contains(priority) { throw .invalid("priority", "priority must be 1, 5 or 10") }

@@ -36,13 +36,13 @@ struct JobRunner: Sendable {
         let timestamp = Int64(Date().timeIntervalSince1970)
         let plan: JobPlan
         var parsed: PushJob?
+        let keyApp = record.key.map { String(decoding: $0.prefix { $0 != UInt8(ascii: "/") }, as: UTF8.self) } ?? ""
         do throws(ValidationError) {
             // Before any parsing: a huge record costs nothing but its dead letter.
             guard record.value.count <= maxJobBytes else {
                 throw ValidationError(code: "job_too_large",
                                       message: "the record is \(record.value.count) bytes, over the limit of \(maxJobBytes) (HERALD_MAX_JOB_BYTES)")
             }
-            let keyApp = record.key.map { String(decoding: $0.prefix { $0 != UInt8(ascii: "/") }, as: UTF8.self) } ?? ""
             guard signatureAccepted(record, keyApp: keyApp) else {
                 metrics.jobsInvalid.increment()
                 logger.warning("job record without a valid signature; dead-lettered, nothing sent",
@@ -62,7 +62,14 @@ struct JobRunner: Sendable {
             do { plan = try JobPlan(job: job, app: app, timestamp: timestamp) } catch { throw error.error }
         } catch {
             metrics.jobsInvalid.increment()
-            return await deadLetters.write(DeadLetter(invalidJob: record.value, source: source, job: parsed, error: error))
+            guard await deadLetters.write(DeadLetter(invalidJob: record.value, source: source, job: parsed, error: error)) else {
+                return false
+            }
+            // Only for the app the record is keyed (and signed) for, and an id fit for a key.
+            if let parsed, parsed.appId == keyApp, PushJob.isValidID(parsed.id) {
+                await endRefusedJobStatus(parsed, source: source)
+            }
+            return true
         }
         let context = JobContext(plan: plan, source: source,
                                  settled: SettledPushes(job: plan.job, source: source, progress: progress, logger: logger))
@@ -133,6 +140,21 @@ struct JobRunner: Sendable {
         guard case .signed(let deployment) = signing else { return true }
         let appSecrets = apps.directory.apps[keyApp]?.jobSigningSecrets ?? []
         return JobSignature.verifies(record.headers, record: record.value, secrets: [deployment] + appSecrets)
+    }
+
+    /// A job dead-lettered before it ran (invalid, an app this dispatcher does not know yet): ingest left its status
+    /// `queued`, which would say so until it expires; it ends dead-lettered. One try: the letter is what counts.
+    private func endRefusedJobStatus(_ job: PushJob, source: DeadLetter.Source) async {
+        let now = Timestamp.rfc3339(Date())
+        do {
+            try await progress.statuses.settled(app: job.appId, jobID: job.id, progressKey: progress.key(app: job.appId, source),
+                                                progressTTL: nil, pushes: [],
+                                                finish: .init(origin: .init(job), startedAt: now, finishedAt: now,
+                                                              jobDeadLettered: true))
+        } catch {
+            logger.warning("cannot end a refused job's status; it says queued until it expires",
+                           ["job.id": job.id, "app": job.appId, "error": "\(error)"])
+        }
     }
 
     private func deadLetterWhole(_ context: JobContext, _ refusal: StoreRefusal) async -> Bool {

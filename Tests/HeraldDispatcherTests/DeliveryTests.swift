@@ -464,6 +464,12 @@ struct DeliveryTests {
         #expect(letters.last?["message"]?.stringValue?.contains("no-such-app") == true)
         try validateAgainstSchema(letters.map { $0.encoded() }, schema: "dead-letter.schema.json")
         #expect(harness.metric("herald_dispatcher_jobs_invalid_total") == 3)
+        // The invalid job of the record's own app ends its status (ingest would have left it `queued`); a job naming
+        // another app than its record's key writes nothing there.
+        let statuses = JobStatusStore(redis: harness.redis)
+        let ended = try await statuses.read(app: app.id, jobID: "x")
+        #expect(ended?.state == .done && ended?.jobDeadLettered == true, "\(String(describing: ended))")
+        #expect(try await statuses.read(app: "no-such-app", jobID: "u-1") == nil)
         await harness.stop()
     }
 
