@@ -228,7 +228,7 @@ struct JobRunner: Sendable {
             var nextToSettle = 0
             var settled: [Int: Bool] = [:]
             var settledTokens: [Int: [String]] = [:] // by batch number: settled batches past the saved cursor
-            var savedUpTo = 0 // batches before this one are recorded (or their save was attempted)
+            var savedUpTo = 0 // batches before this one are recorded (or Redis refused their record)
             var saving = false
             var toSave: Int?
             let permitFrom = first == nil ? 0 : 1 // batch numbers from here hold a permit until settled
@@ -267,9 +267,18 @@ struct JobRunner: Sendable {
                 let covered = settledTokens.filter { $0.key < count }.flatMap(\.value)
                 settledTokens = settledTokens.filter { $0.key >= count }
                 saving = true
+                // Retried while Redis fails: launching waits `maxBatchesInFlight` past the last saved cursor, so a
+                // crash meanwhile sends again no more than that. Redis refusing the record itself is logged and passed.
                 group.addTask {
-                    do { try await context.settled.advance(cursor: position, covering: covered) } catch {
-                        logger.warning("cannot save fan-out progress", ["error": "\(error)", "job.id": context.plan.job.id])
+                    do {
+                        try await retrying("save fan-out progress") {
+                            try await context.settled.advance(cursor: position, covering: covered)
+                        }
+                    } catch let refusal as StoreRefusal {
+                        logger.error("Redis refuses the fan-out's progress; going on without it",
+                                     ["job.id": context.plan.job.id, "error": refusal.error.message])
+                    } catch {
+                        return .cancelled
                     }
                     return .saved(count)
                 }
