@@ -7,7 +7,7 @@ import HeraldStore
 /// Where a fan-out has got to, kept in Redis so that a dispatcher that restarts (or takes over the partition)
 /// resumes there instead of from the first subscriber, and skips the pushes it already settled.
 ///
-/// Key: `herald:{<app>}:fanout:<group>:<topic>:<partition>:<offset>`, a hash per job record (a re-delivered record
+/// Key: `herald:{<app>}:fanout:<group>:<topic>:<partition>:<offset>:<jobId>`, a hash per job record (a re-delivered record
 /// finds its own), in the app's slot with the job's status: `cursor` — the scan cursor up to which every push is
 /// settled; `s:<token>` — a push settled past that cursor (marked by the same script that counts it in the job's
 /// status); `b:<channelId>` — a post's broadcast to that channel settled (one request reaches every device on it,
@@ -27,8 +27,8 @@ struct FanOutProgress: Sendable {
         var broadcasts: Set<String> = []
     }
 
-    func key(app: String, _ source: DeadLetter.Source) -> String {
-        RedisKeys(app: app).fanOut(group: group, topic: source.topic, partition: source.partition, offset: source.offset)
+    func key(app: String, _ source: DeadLetter.Source, job: String) -> String {
+        RedisKeys(app: app).fanOut(group: group, topic: source.topic, partition: source.partition, offset: source.offset, job: job)
     }
 }
 
@@ -66,7 +66,7 @@ final class SettledPushes: Sendable {
         self.source = source
         self.origin = JobStatusStore.Origin(job)
         self.progress = progress
-        self.progressKey = progress.key(app: job.appId, source)
+        self.progressKey = progress.key(app: job.appId, source, job: job.id)
         self.logger = logger
     }
 

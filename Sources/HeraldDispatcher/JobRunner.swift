@@ -147,7 +147,7 @@ struct JobRunner: Sendable {
     private func endRefusedJobStatus(_ job: PushJob, source: DeadLetter.Source) async {
         let now = Timestamp.rfc3339(Date())
         do {
-            try await progress.statuses.settled(app: job.appId, jobID: job.id, progressKey: progress.key(app: job.appId, source),
+            try await progress.statuses.settled(app: job.appId, jobID: job.id, progressKey: progress.key(app: job.appId, source, job: job.id),
                                                 progressTTL: nil, pushes: [],
                                                 finish: .init(origin: .init(job), startedAt: now, finishedAt: now,
                                                               jobDeadLettered: true))

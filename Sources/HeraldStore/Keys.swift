@@ -84,9 +84,10 @@ public struct RedisKeys: Sendable {
     public var broadcastEnvironments: String { prefix + "bcastenv" }
     public func idempotency(_ id: String) -> String { key("idem:", id) }
     public func jobStatus(_ id: String) -> String { key("job:", id) }
-    /// In the app's slot with the job's status, which one script updates with it.
-    public func fanOut(group: String, topic: String, partition: Int32, offset: Int64) -> String {
-        key("fanout:", group, suffix: ":\(topic):\(partition):\(offset)")
+    /// In the app's slot with the job's status, which one script updates with it. The job id makes it the record's
+    /// own: a topic created again starts its offsets over, and another job at the same offset must not resume it.
+    public func fanOut(group: String, topic: String, partition: Int32, offset: Int64, job: String) -> String {
+        key("fanout:", group, suffix: ":\(topic):\(partition):\(offset):\(job)")
     }
 
     /// `herald:{<app>:<kind><name><rest>` (rest closes the tag) in one allocation.

@@ -214,7 +214,7 @@ struct DeliveryTests {
                                                       timeout: .seconds(20)).last)
         // The job keeps no marks of its pushes: its broadcast's mark is kept an hour after it settled, not a day.
         let progress = RedisKeys(app: app.id).fanOut(group: harness.topics.group, topic: record.topic,
-                                                    partition: record.partition, offset: record.offset)
+                                                    partition: record.partition, offset: record.offset, job: update.id)
         try await eventually("the settled job's broadcast mark kept an hour") {
             (1...3_600).contains(try await harness.redis.command(["TTL", progress]).int ?? 0)
         }
@@ -228,6 +228,27 @@ struct DeliveryTests {
         try await eventually("the job produced again went") {
             harness.simulators.broadcasts().count == 2 && harness.simulators.accepted().count == 2
         }
+        await harness.stop()
+    }
+
+    /// A topic deleted and created again starts its offsets over: another job's finished fan-out at the same
+    /// partition and offset (its `done` mark kept an hour) must not make this one look settled.
+    @Test("a fan-out at an offset where another job's fan-out finished (a topic created again) still runs")
+    func anotherJobsProgressAtTheSameOffsetIsNotResumed() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let channel = "again-\(SecureRandom.hex(4))"
+        let tokens = (0..<150).map { _ in deviceToken() }
+        for token in tokens { try await harness.subscribe(app, channel: channel, token: token) }
+        let earlier = RedisKeys(app: app.id).fanOut(group: harness.topics.group, topic: harness.topics.jobs, partition: 0,
+                                                    offset: 0, job: "earlier-job")
+        try await harness.redis.command(["HSET", earlier, "done", "1"])
+        try await harness.redis.command(["EXPIRE", earlier, "3600"])
+        var job = PushJob(id: "later-\(SecureRandom.hex(4))", appId: app.id, target: .channel(channel))
+        job.alert = .object(["aps": .object(["alert": .string("hello")])])
+        try await harness.produce(job, partition: 0)
+        try await eventually("every subscriber got the push") { harness.simulators.accepted().count == tokens.count }
+        #expect(try await harness.redis.command(["HGET", earlier, "done"]).string == "1", "the other job's mark is its own")
         await harness.stop()
     }
 
@@ -765,7 +786,7 @@ struct DeliveryTests {
         _ = try await settled.start()
         settled.startRecording()
         // A key of another type where the progress record belongs: every write of marks fails, reads go on.
-        let key = progress.key(app: app, source)
+        let key = progress.key(app: app, source, job: job.id)
         try await redis.command(["SET", key, "not a hash"])
         for _ in 0..<30 {
             await settled.record((0..<100).map { _ in SettledPush(token: SecureRandom.hex(32), outcome: .delivered, retries: 0) })

@@ -711,7 +711,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await store.claim(app: redis.app, id: job.id) == .claimed)
         try await statuses.accepted(job)
         let finish = JobStatusStore.Finish(origin: .init(job), startedAt: "x", finishedAt: "2026-12-06T10:00:00Z")
-        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 1)
+        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 1, job: "j")
         try await statuses.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: nil, pushes: [],
                                    finish: finish)
         try await store.complete(app: redis.app, id: job.id)
@@ -742,7 +742,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let redis = try TestRedis()
         let store = JobStatusStore(redis: redis.client)
         let job = PushJob(id: "job-" + SecureRandom.hex(4), appId: redis.app, target: .channel("news"))
-        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 7)
+        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 7, job: "j")
         try await store.accepted(job)
         let queued = try #require(try await store.read(app: redis.app, jobID: job.id))
         #expect(queued.state == .queued && queued.target?["channel"]?.stringValue == "news")
@@ -788,7 +788,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let redis = try TestRedis()
         let store = JobStatusStore(redis: redis.client)
         let job = PushJob(id: "job-" + SecureRandom.hex(4), appId: redis.app, target: .channel("news"))
-        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 3)
+        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 3, job: "j")
         let origin = JobStatusStore.Origin(job)
         func push(_ token: String) -> SettledPush { SettledPush(token: token, outcome: .delivered, retries: 0) }
         func settle(_ owner: String, _ tokens: [String], finish: Bool = false) async throws {
@@ -826,7 +826,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let redis = try TestRedis()
         let store = JobStatusStore(redis: redis.client)
         let job = PushJob(id: "job-" + SecureRandom.hex(4), appId: redis.app, target: .channel("big"))
-        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 1, offset: 9)
+        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 1, offset: 9, job: "j")
         func pushes(_ outcome: SettledPush.Outcome, _ range: Range<Int>, retries: Int = 0) -> [SettledPush] {
             range.map { SettledPush(token: "\(outcome.rawValue)\($0)", outcome: outcome, retries: retries) }
         }
@@ -852,7 +852,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let redis = try TestRedis()
         let store = JobStatusStore(redis: redis.client, ttl: .seconds(120))
         let job = PushJob(id: "job-" + SecureRandom.hex(4), appId: redis.app, target: .channel("news"))
-        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 8)
+        let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 8, job: "j")
         var tally = JobStatus.Counts()
         tally.delivered = 3
         let finish = JobStatusStore.Finish(origin: .init(job), startedAt: "2026-12-02T10:00:00Z",
