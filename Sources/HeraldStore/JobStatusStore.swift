@@ -201,10 +201,17 @@ public struct JobStatusStore: Sendable {
     private func seconds(_ duration: Duration) -> String { String(max(1, duration.components.seconds)) }
 
     /// KEYS: status, progress. ARGV: status TTL, jobId, acceptedAt, startedAt, target, owner. Returns the progress
-    /// hash, or {done, 1} without writing anything when the record of this progress key finished the job.
+    /// hash, or {done, 1} without writing anything when the record of this progress key finished the job. Another
+    /// record that finished it (the job produced again) leaves a status this run starts afresh: its counts and end
+    /// are that run's, and its writes would otherwise be refused as the writes to an ended job.
     static let start = RedisScript(source: """
         local status = KEYS[1]
-        if redis.call('HGET', status, 'finishedRecord') == KEYS[2] then return {'done', '1'} end
+        local finished = redis.call('HGET', status, 'finishedRecord')
+        if finished == KEYS[2] then return {'done', '1'} end
+        if finished then
+          redis.call('HDEL', status, 'finishedAt', 'finishedRecord', 'jobDeadLettered', 'startedAt', 'delivered',
+                     'tokensRemoved', 'retried', 'deadLettered')
+        end
         redis.call('HSET', status, 'owner', ARGV[6])
         redis.call('HSETNX', status, 'jobId', ARGV[2])
         redis.call('HSETNX', status, 'acceptedAt', ARGV[3])

@@ -821,6 +821,42 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try #require(try await store.read(app: redis.app, jobID: job.id)).state == .done)
     }
 
+    /// The job produced again as a new record (README's fix for a `store_error` letter): its run starts the status
+    /// afresh and ends it with its own counts; the first record run again still finds its job finished.
+    @Test("a job produced again starts its status afresh; the record that finished it still sees it finished")
+    func aJobProducedAgainStartsItsStatusAfresh() async throws {
+        let redis = try TestRedis()
+        let store = JobStatusStore(redis: redis.client)
+        let job = PushJob(id: "job-" + SecureRandom.hex(4), appId: redis.app, target: .channel("news"))
+        let keys = RedisKeys(app: redis.app)
+        let (first, again) = (keys.fanOut(group: "g", topic: "t", partition: 0, offset: 4, job: job.id),
+                              keys.fanOut(group: "g", topic: "t", partition: 1, offset: 9, job: job.id))
+        let origin = JobStatusStore.Origin(job)
+        func run(_ progress: String, owner: String, tokens: [String], jobDeadLettered: Bool = false) async throws {
+            try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: nil,
+                                    pushes: tokens.map { SettledPush(token: $0, outcome: .deadLettered, retries: 0) },
+                                    finish: .init(origin: origin, startedAt: "x", finishedAt: "2026-12-07T10:00:00Z",
+                                                  jobDeadLettered: jobDeadLettered), owner: owner)
+        }
+        _ = try await store.started(app: redis.app, origin: origin, startedAt: "2026-12-07T09:00:00Z", progressKey: first, owner: "a")
+        try await run(first, owner: "a", tokens: ["t1", "t2"], jobDeadLettered: true)
+        #expect(try await store.read(app: redis.app, jobID: job.id)?.jobDeadLettered == true)
+
+        let fresh = try await store.started(app: redis.app, origin: origin, startedAt: "2026-12-07T11:00:00Z",
+                                            progressKey: again, owner: "b")
+        #expect(fresh["done"] == nil)
+        let restarted = try #require(try await store.read(app: redis.app, jobID: job.id))
+        #expect(restarted.state == .sending && !restarted.jobDeadLettered && restarted.counts == JobStatus.Counts())
+        #expect(restarted.startedAt == "2026-12-07T11:00:00Z")
+        try await store.settled(app: redis.app, jobID: job.id, progressKey: again, progressTTL: nil,
+                                pushes: [SettledPush(token: "t1", outcome: .delivered, retries: 0)],
+                                finish: .init(origin: origin, startedAt: "x", finishedAt: "2026-12-07T11:01:00Z"), owner: "b")
+        let ended = try #require(try await store.read(app: redis.app, jobID: job.id))
+        #expect(ended.state == .done && ended.counts.delivered == 1 && ended.counts.deadLettered == 0 && !ended.jobDeadLettered)
+        #expect(try await store.started(app: redis.app, origin: origin, startedAt: "z", progressKey: again, owner: "c")["done"] == "1")
+        try await redis.client.command(["DEL", keys.jobStatus(job.id), first, again])
+    }
+
     @Test("a write of thousands of settled pushes marks each once: counted once however often it is written")
     func marksLargeWritesOncePerPush() async throws {
         let redis = try TestRedis()
