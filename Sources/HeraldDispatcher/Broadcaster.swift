@@ -80,8 +80,9 @@ struct Broadcaster: Sendable {
             guard let published = await publish(payload, to: channel, context: context, post: post) else {
                 return (false, exhausted)
             }
-            if case .deadLettered(exhausted: true) = published { exhausted.insert(channel.channelID) }
-            do { try await context.settled.broadcastSettled(channel.channelID) } catch {
+            let failedEveryAttempt = if case .deadLettered(exhausted: true) = published { true } else { false }
+            if failedEveryAttempt { exhausted.insert(channel.channelID) }
+            do { try await context.settled.broadcastSettled(channel.channelID, exhausted: failedEveryAttempt) } catch {
                 logger.warning("cannot mark a broadcast published; a run of the job again would publish it again",
                                ["app": app, "post": post, "apns.channel_id": channel.channelID, "error": "\(error)"])
             }

@@ -7,12 +7,13 @@ import HeraldStore
 /// Where a fan-out has got to, kept in Redis so that a dispatcher that restarts (or takes over the partition)
 /// resumes there instead of from the first subscriber, and skips the pushes it already settled.
 ///
-/// Key: `herald:{<app>}:fanout:<group>:<topic>:<partition>:<offset>:<jobId>`, a hash per job record (a re-delivered record
-/// finds its own), in the app's slot with the job's status: `cursor` — the scan cursor up to which every push is
-/// settled; `s:<token>` — a push settled past that cursor (marked by the same script that counts it in the job's
-/// status); `b:<channelId>` — a post's broadcast to that channel settled (one request reaches every device on it,
-/// so a run again skips it even where the fan-out keeps no other mark); `done` — the whole fan-out settled (kept an
-/// hour, for a record that runs again before its offset was committed). It expires after `ttl` otherwise.
+/// Key: `herald:{<app>}:fanout:<group>:<topic>:<partition>:<offset>:<jobId>`, a hash per job record (a re-delivered
+/// record finds its own), in the app's slot with the job's status: `cursor` — the scan cursor up to which every push
+/// is settled; `s:<token>` — a push settled past that cursor (marked by the same script that counts it in the job's
+/// status); `b:<channelId>` — a post's broadcast to that channel settled, `x` when dead-lettered after every attempt
+/// (one request reaches every device on it, so a run again skips it even where the fan-out keeps no other mark);
+/// `done` — the whole fan-out settled (kept an hour, for a record that runs again before its offset was committed).
+/// It expires after `ttl` otherwise.
 struct FanOutProgress: Sendable {
     let statuses: JobStatusStore
     let group: String
@@ -25,6 +26,8 @@ struct FanOutProgress: Sendable {
         var settled: Set<String> = []
         /// Channels whose broadcast is settled.
         var broadcasts: Set<String> = []
+        /// Those of them whose broadcast was dead-lettered after every attempt.
+        var exhaustedBroadcasts: Set<String> = []
     }
 
     func key(app: String, _ source: DeadLetter.Source, job: String) -> String {
@@ -79,14 +82,17 @@ final class SettledPushes: Sendable {
             if field == "done" { saved.done = true }
             else if field == "cursor" { saved.cursor = value }
             else if field.hasPrefix("s:") { saved.settled.insert(String(field.dropFirst(2))) }
-            else if field.hasPrefix("b:") { saved.broadcasts.insert(String(field.dropFirst(2))) }
+            else if field.hasPrefix("b:") {
+                saved.broadcasts.insert(String(field.dropFirst(2)))
+                if value == "x" { saved.exhaustedBroadcasts.insert(String(field.dropFirst(2))) }
+            }
         }
         return saved
     }
 
-    /// Marks the broadcast to `channelID` settled.
-    func broadcastSettled(_ channelID: String) async throws {
-        try await progress.statuses.broadcastSettled(progressKey: progressKey, channelID: channelID,
+    /// Marks the broadcast to `channelID` settled (`exhausted`: dead-lettered after every attempt).
+    func broadcastSettled(_ channelID: String, exhausted: Bool) async throws {
+        try await progress.statuses.broadcastSettled(progressKey: progressKey, channelID: channelID, exhausted: exhausted,
                                                      progressTTL: progress.ttl)
     }
 

@@ -97,10 +97,12 @@ struct JobRunner: Sendable {
             settled = await broadcaster.createChannel(plan, post: post, plan.job.broadcastChannel!)
         case .post(let post):
             // The broadcast first: one request reaches every iOS 18 device that joined a channel of the post.
-            var exhausted: Set<String> = []
+            var exhausted: Set<String> = [] // channels whose broadcast failed every attempt, this run or an earlier one
+            var ran = false // false when the record had finished the job already: its run dealt with the channels
             do throws(StoreRefusal) { settled = try await fanOut(context, beforeSending: { saved in
+                ran = true
                 let published = await broadcaster.publish(context, post: post, settled: saved.broadcasts)
-                exhausted = published.exhausted
+                exhausted = published.exhausted.union(saved.exhaustedBroadcasts)
                 return published.settled
             }) { cursor in
                 let batch = try await activities.postIDs(app: plan.app.id, postIDHash: post, cursor: cursor,
@@ -109,7 +111,7 @@ struct JobRunner: Sendable {
             } load: { ids in
                 try await activities.pushTargets(app: plan.app.id, postIDHash: post, ids: ids).compactMap(plan.push(for:))
             } } catch { return await deadLetterWhole(context, error) }
-            if settled, plan.job.isFinal {
+            if settled, plan.job.isFinal, ran {
                 guard await removePost(app: plan.app.id, post: post),
                       await broadcaster.deleteChannels(plan, post: post, keeping: exhausted) else { return false }
             }

@@ -19,13 +19,13 @@ final class TokenRemovalGuard: Sendable {
 
     /// 400 token refusals in a row per key since the last delivery there; empty in a healthy deployment.
     private let streaks = Lock<[Key: Int]>([:])
-    private let withheld: Counter
+    /// Its series appears at the first withheld removal, so that the alert on it does not see a new pod's 0 as new.
+    private let withheld: CounterFamily
     private let logger: Logger
 
     init(metrics: MetricsRegistry, logger: Logger) {
         withheld = metrics.counter("herald_dispatcher_token_removals_withheld_total",
                                    help: "Token removals withheld after \(Self.threshold) refusals in a row for one topic and environment (a wrong bundle id or environment): the pushes were dead-lettered, the tokens kept")
-            .labels()
         self.logger = logger
     }
 
@@ -45,7 +45,7 @@ final class TokenRemovalGuard: Sendable {
                 "hint": "check the app's bundleId in the apps file and the environment its tokens were registered for; replay the dead letters once fixed",
             ])
         }
-        withheld.increment()
+        withheld.labels().increment()
         return false
     }
 

@@ -72,7 +72,7 @@ public struct SettledPush: Sendable, Equatable {
 
 /// Job statuses in Redis: `herald:{app}:job:<jobId>`, a hash kept `ttl` after its last write. Ingest writes
 /// `acceptedAt` and `target` when the broker acknowledges the job; the dispatcher writes `startedAt`, the counts and
-/// `finishedAt` (with `finishedRecord`, the progress key of the record that finished it). The state is derived from
+/// `finishedAt` (with `f:<progress key>` for each record that finished it). The state is derived from
 /// which times are present, so the two services never race over it.
 ///
 /// The dispatcher counts a settled push in the same script that marks it settled in the job's fan-out progress
@@ -154,8 +154,10 @@ public struct JobStatusStore: Sendable {
 
     /// Marks a broadcast to `channelID` settled (published, or dead-lettered) in a fan-out's progress record, so a
     /// run of the same record again does not publish it twice: one broadcast reaches every device on the channel.
-    public func broadcastSettled(progressKey: String, channelID: String, progressTTL: Duration) async throws {
-        _ = try await redis.run(Self.markBroadcast, keys: [progressKey], args: ["b:" + channelID, seconds(progressTTL)])
+    /// `exhausted`: dead-lettered after every attempt (a final update keeps such a channel for the replay).
+    public func broadcastSettled(progressKey: String, channelID: String, exhausted: Bool, progressTTL: Duration) async throws {
+        _ = try await redis.run(Self.markBroadcast, keys: [progressKey],
+                                args: ["b:" + channelID, seconds(progressTTL), exhausted ? "x" : "1"])
     }
 
     /// What a `settled` call ends the job with.
@@ -201,16 +203,16 @@ public struct JobStatusStore: Sendable {
     private func seconds(_ duration: Duration) -> String { String(max(1, duration.components.seconds)) }
 
     /// KEYS: status, progress. ARGV: status TTL, jobId, acceptedAt, startedAt, target, owner. Returns the progress
-    /// hash, or {done, 1} without writing anything when the record of this progress key finished the job. Another
-    /// record that finished it (the job produced again) leaves a status this run starts afresh: its counts and end
-    /// are that run's, and its writes would otherwise be refused as the writes to an ended job.
+    /// hash, or {done, 1} without writing anything when the record of this progress key has finished the job (each
+    /// record that finishes it is named in the status, so a record that runs again never sends again). A job that
+    /// another record finished (the job produced again) is started afresh: its counts and end become this run's,
+    /// and its writes would otherwise be refused as writes to an ended job.
     static let start = RedisScript(source: """
         local status = KEYS[1]
-        local finished = redis.call('HGET', status, 'finishedRecord')
-        if finished == KEYS[2] then return {'done', '1'} end
-        if finished then
-          redis.call('HDEL', status, 'finishedAt', 'finishedRecord', 'jobDeadLettered', 'startedAt', 'delivered',
-                     'tokensRemoved', 'retried', 'deadLettered')
+        if redis.call('HEXISTS', status, 'f:' .. KEYS[2]) == 1 then return {'done', '1'} end
+        if redis.call('HEXISTS', status, 'finishedAt') == 1 then
+          redis.call('HDEL', status, 'finishedAt', 'jobDeadLettered', 'startedAt', 'delivered', 'tokensRemoved',
+                     'retried', 'deadLettered')
         end
         redis.call('HSET', status, 'owner', ARGV[6])
         redis.call('HSETNX', status, 'jobId', ARGV[2])
@@ -270,7 +272,7 @@ public struct JobStatusStore: Sendable {
           redis.call('HSETNX', status, 'acceptedAt', ARGV[6])
           redis.call('HSETNX', status, 'startedAt', ARGV[7])
           redis.call('HSETNX', status, 'target', ARGV[8])
-          redis.call('HSET', status, 'finishedAt', finishedAt, 'finishedRecord', progress)
+          redis.call('HSET', status, 'finishedAt', finishedAt, 'f:' .. progress, '1')
           if ARGV[4] == '1' then redis.call('HSET', status, 'jobDeadLettered', '1') end
           if marking then
             redis.call('DEL', progress)
@@ -285,9 +287,9 @@ public struct JobStatusStore: Sendable {
         return 1
         """)
 
-    /// KEYS: progress. ARGV: the broadcast's mark (`b:<channelId>`), the progress TTL.
+    /// KEYS: progress. ARGV: the broadcast's mark (`b:<channelId>`), the progress TTL, its value (`x`: exhausted).
     static let markBroadcast = RedisScript(source: """
-        redis.call('HSET', KEYS[1], ARGV[1], '1')
+        redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
         redis.call('EXPIRE', KEYS[1], ARGV[2])
         """)
 

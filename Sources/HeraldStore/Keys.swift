@@ -25,7 +25,7 @@ import HeraldCrypto
 /// | `herald:{app}:bcastorphan` | hash | `<environment>:<channelId>` → when the janitor first saw the channel at APNs but not in Redis (ms) |
 /// | `herald:{app}:idem:<id>` | string, 24 h | idempotency marker of a producer request |
 /// | `herald:{app}:job:<id>` | hash, 24 h | a job's status: acceptedAt, target, startedAt, finishedAt, counts (`JobStatusStore`) |
-/// | `herald:{app}:fanout:<group>:<topic>:<partition>:<offset>` | hash, TTL | a job record's fan-out progress (the dispatcher's `FanOutProgress`) |
+/// | `herald:{app}:fanout:<group>:<topic>:<partition>:<offset>:<jobId>` | hash, TTL | a job record's fan-out progress (the dispatcher's `FanOutProgress`) |
 /// | `herald:layout` | string | the layout version (`RedisLayout`) |
 public struct RedisKeys: Sendable {
     public let app: String

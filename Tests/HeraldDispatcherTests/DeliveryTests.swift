@@ -231,6 +231,38 @@ struct DeliveryTests {
         await harness.stop()
     }
 
+    /// A final update whose broadcast fails every attempt keeps its channel for the replay, also when its record runs
+    /// again after it finished (a rebalance before the commit): that run must not delete what the first one kept.
+    @Test("a final update's channel kept for the replay stays when the record runs again")
+    func aKeptChannelStaysWhenTheFinalRecordRunsAgain() async throws {
+        let harness = try await DispatcherHarness.start(maxAttempts: 2)
+        let app = harness.apps.apps[0]
+        let post = postHash()
+        try await harness.produce(try EventIntake.broadcastChannel(.object(["environment": .string("production")]),
+                                                                   appID: app.id, postIDHash: post))
+        let channels = BroadcastChannelStore(redis: harness.redis)
+        try await eventually("the post's channel was made") {
+            try await !channels.channels(app: app.id, postIDHash: post).isEmpty
+        }
+        let channel = try #require(try await channels.channels(app: app.id, postIDHash: post).first)
+        try harness.simulators.production.setRules([SimulatorRule(channelID: channel.channelID, status: 503,
+                                                                  reason: "ServiceUnavailable")])
+        var end = PushJob(id: "end-\(SecureRandom.hex(4))", appId: app.id, target: .post(post))
+        end.liveActivity = PushJob.LiveActivity(event: .end, contentState: .object(["score": .string("2-1")]))
+        end.final = true
+        try await harness.produce(end)
+        let letters = try await harness.deadLetters(expecting: 1)
+        #expect(letters.first?["disposition"]?.stringValue == "retries_exhausted")
+        try await eventually("the job is settled") { harness.metric("herald_dispatcher_jobs_completed_total") == 2 }
+        #expect(try await channels.channels(app: app.id, postIDHash: post).map(\.channelID) == [channel.channelID])
+        let record = try #require(try await readTopic(harness.topics.jobs, brokers: harness.topics.brokers, expecting: 2,
+                                                      timeout: .seconds(20)).last)
+        #expect(await harness.service.runner.run(record))
+        #expect(try await channels.channels(app: app.id, postIDHash: post).map(\.channelID) == [channel.channelID],
+                "the run again deleted the channel kept for the replay")
+        await harness.stop()
+    }
+
     /// A topic deleted and created again starts its offsets over: another job's finished fan-out at the same
     /// partition and offset (its `done` mark kept an hour) must not make this one look settled.
     @Test("a fan-out at an offset where another job's fan-out finished (a topic created again) still runs")

@@ -235,7 +235,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         if session.isFinished, state != .draining, !terminating {
             // nghttp2 refused what the server sent and said so with its GOAWAY: nothing more will be answered here.
             close(APNsError(.protocolError, "HTTP/2: \(endpoint) broke the protocol; the session ended"))
-        } else if state == .draining, streams.isEmpty || session.isFinished {
+        } else if state == .draining, !terminating, streams.isEmpty || session.isFinished {
             close(nil)
         }
     }
