@@ -87,7 +87,7 @@ struct Deliverer: Sendable {
             case .success(let response) where response.disposition == .delivered:
                 countAnswer(push, response)
                 delivered.append(SettledPush(token: push.token, outcome: .delivered, retries: 0))
-                if reportDeliveries { removals.delivered(CollectionOfOne(push), app: context.plan.app.id) }
+                if reportDeliveries { removals.delivered(push, app: context.plan.app.id) }
             case .success(let response): unsettled.append((push, .answered(response)))
             case .failure(let error): unsettled.append((push, .failed(error)))
             }
@@ -176,7 +176,7 @@ struct Deliverer: Sendable {
             switch response.disposition {
             case .delivered:
                 if let created = context.plan.createdAt { metrics.endToEnd.observe(last.timeIntervalSince(created)) }
-                removals.delivered(CollectionOfOne(push), app: context.plan.app.id)
+                removals.delivered(push, app: context.plan.app.id)
                 return true
             case .removeToken:
                 guard removals.mayRemove(push, response, app: context.plan.app.id) else {

@@ -52,12 +52,11 @@ final class TokenRemovalGuard: Sendable {
     /// True while some topic has refusals counted: only then do deliveries need to be reported.
     var isCounting: Bool { streaks.withLock { !$0.isEmpty } }
 
-    /// Pushes delivered: their topics and environments start counting afresh.
-    func delivered(_ pushes: some Sequence<Push>, app: String) {
+    /// A push delivered: its topic and environment start counting afresh.
+    func delivered(_ push: Push, app: String) {
         streaks.withLock { streaks in
-            for push in pushes where !streaks.isEmpty {
-                streaks[Key(app: app, topic: push.topic, environment: push.environment)] = nil
-            }
+            guard !streaks.isEmpty else { return }
+            streaks[Key(app: app, topic: push.topic, environment: push.environment)] = nil
         }
     }
 }
