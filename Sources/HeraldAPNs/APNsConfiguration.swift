@@ -95,8 +95,9 @@ public struct APNsConfiguration: Sendable {
     /// Apple's (the simulator's CA): a certificate it signed for Apple's hosts is never accepted. Verification
     /// itself cannot be turned off.
     public var extraCAFile: String?
-    /// Host name → address to connect to instead of resolving it (as `curl --resolve`): TLS still sends and
-    /// verifies the host name. For tests of how a host is trusted, and for pinning an egress address.
+    /// Host name → address to connect to instead of resolving it, or several separated by commas (as
+    /// `curl --resolve`): TLS still sends and verifies the host name. For tests of how a host is trusted, and for
+    /// pinning egress addresses.
     public var addressOverrides: [String: String] = [:]
     /// Connections kept open per (provider key, endpoint).
     public var connectionsPerEndpoint = 2
@@ -107,6 +108,10 @@ public struct APNsConfiguration: Sendable {
     public var requestTimeout: Duration = .seconds(10)
     /// Time to connect, finish TLS and receive the server's SETTINGS.
     public var connectTimeout: Duration = .seconds(10)
+    /// Time for one address to accept the TCP connection before the next address is tried (the last one tried
+    /// has what is left of `connectTimeout`): an address that drops packets (IPv6 without a working route) costs
+    /// this, not the whole connect. Long enough for one lost SYN to be sent again.
+    public var addressConnectTimeout: Duration = .seconds(3)
     /// A connection that received nothing for this long is sent a PING (as is one whose request timed out).
     public var pingInterval: Duration = .seconds(15)
     /// A PING unanswered for this long closes the connection (its requests fail as retryable).

@@ -358,6 +358,38 @@ import Testing
         await client.shutdown()
     }
 
+    /// An address that drops the connect (a full accept queue: the SYN goes unanswered, like IPv6 without a route)
+    /// costs `addressConnectTimeout`, then the next address is tried, whichever of the two comes first.
+    @Test func anAddressThatDropsTheConnectIsLeftForTheNext() async throws {
+        let server = try NGHTTPServer(port: 20319, tokens: [Fixtures.token])
+        defer { server.kill() }
+        let blackHole = try loopbackListener(port: 20319, address: "127.0.0.2", backlog: 0)
+        defer { close(blackHole) }
+        let filler = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(filler) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = UInt16(20319).bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.2")
+        let filled = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(filler, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        try #require(filled == 0, "the black hole's one backlog place")
+        for order in ["127.0.0.2,127.0.0.1", "127.0.0.1,127.0.0.2"] {
+            var configuration = Fixtures.configuration(port: 20319)
+            configuration.addressOverrides = ["localhost": order]
+            configuration.connectTimeout = .seconds(10)
+            configuration.addressConnectTimeout = .milliseconds(500)
+            configuration.requestTimeout = .seconds(8)
+            let client = try APNsClient(configuration: configuration, logger: Fixtures.logger, metrics: MetricsRegistry())
+            let started = ContinuousClock.now
+            let response = try await client.send(Fixtures.request(), credentials: Fixtures.credentials, environment: .production)
+            #expect(response.status == 200, "\(order)")
+            #expect(ContinuousClock.now - started < .seconds(3), "\(order): \(ContinuousClock.now - started)")
+            await client.shutdown()
+        }
+    }
+
     /// A peer that closes or resets the connection during the TLS handshake, with no alert, is a connection
     /// failure and retriable: nothing refused a certificate, so the pushes waiting for it must not be given up.
     @Test func aConnectionDroppedDuringTheHandshakeIsRetriable() async throws {

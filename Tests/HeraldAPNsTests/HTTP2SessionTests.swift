@@ -1,3 +1,4 @@
+import Foundation
 @testable import HeraldAPNs
 import Testing
 
@@ -57,5 +58,19 @@ import Testing
         #expect((settings + goaway).withUnsafeBufferPointer { session.receive($0) } == nil)
         _ = session.takeOutgoing(into: &out, limit: 65_536)
         #expect(session.isFinished)
+    }
+}
+
+@Suite struct SocketConnectorTests {
+    @Test func addressesAlternateFamilies() {
+        func address(_ family: Int32) -> SocketAddress {
+            var address = SocketAddress()
+            address.storage.ss_family = sa_family_t(family)
+            return address
+        }
+        let six = Int32(AF_INET6), four = Int32(AF_INET)
+        let ordered = SocketConnector.alternatingFamilies([six, six, six, four].map(address)).map(\.family)
+        #expect(ordered == [six, four, six, six])
+        #expect(SocketConnector.alternatingFamilies([four, six, six].map(address)).map(\.family) == [four, six, six])
     }
 }

@@ -145,21 +145,21 @@ func isListening(port: UInt16) -> Bool {
 
 /// Refuses to start a server on a port something else already holds (a stale server would answer instead).
 /// A TCP socket listening on 127.0.0.1:`port` that the test accepts on (or not) itself; the caller closes it.
-func loopbackListener(port: UInt16) throws -> Int32 {
-    try ensurePortIsFree(port)
+func loopbackListener(port: UInt16, address host: String = "127.0.0.1", backlog: Int32 = 16) throws -> Int32 {
+    if host == "127.0.0.1" { try ensurePortIsFree(port) }
     let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
     var one: Int32 = 1
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
     var address = sockaddr_in()
     address.sin_family = sa_family_t(AF_INET)
     address.sin_port = port.bigEndian
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_addr.s_addr = inet_addr(host)
     let bound = withUnsafePointer(to: &address) {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
     }
-    guard bound == 0, listen(fd, 16) == 0 else {
+    guard bound == 0, listen(fd, backlog) == 0 else {
         close(fd)
-        throw TestFailure("cannot listen on 127.0.0.1:\(port)")
+        throw TestFailure("cannot listen on \(host):\(port)")
     }
     return fd
 }

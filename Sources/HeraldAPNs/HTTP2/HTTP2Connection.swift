@@ -39,6 +39,9 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     private var addresses: [SocketAddress] = []
     private var nextAddress = 0
     private var attemptsLeft = 0
+    /// The address being connected to, and when it is given up for the next one (nil on the last address).
+    private var address: SocketAddress?
+    private var addressDeadline: ContinuousClock.Instant?
     private var outgoing: [UInt8] = []
     private var outgoingOffset = 0
     var isDirty = false
@@ -81,10 +84,12 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
 
     /// Resolves the host on a short-lived thread (getaddrinfo blocks), then connects on the loop.
     func start() {
-        let host = core.configuration.addressOverrides[endpoint.host.lowercased()] ?? endpoint.host
+        let hosts = core.configuration.addressOverrides[endpoint.host.lowercased()]?.split(separator: ",").map {
+            $0.trimmingCharacters(in: .whitespaces)
+        } ?? [endpoint.host]
         let port = endpoint.port, loop = core.loop
         Thread.named("apns-resolve") { [self] in
-            let result = SocketConnector.resolve(host: host, port: port)
+            let result = SocketConnector.resolve(hosts: hosts, port: port)
             loop.execute { self.connect(result) }
         }.start()
     }
@@ -113,10 +118,12 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         attemptsLeft -= 1
         let address = addresses[nextAddress % addresses.count]
         nextAddress += 1
+        self.address = address
         switch SocketConnector.startConnecting(to: address, endpoint: endpoint) {
         case .success(let descriptor): fd = descriptor
         case .failure(let error): return connectNextAddress(after: error)
         }
+        addressDeadline = attemptsLeft > 0 ? .now + core.configuration.addressConnectTimeout : nil
         state = .connecting
         writeInterest = true
         core.loop.register(fd, self, for: [.readable, .writable])
@@ -316,7 +323,12 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     func tick(now: ContinuousClock.Instant) {
         switch state {
         case .resolving, .connecting, .handshaking, .awaitingSettings:
-            if now >= establishDeadline {
+            if state == .connecting, let addressDeadline, now >= addressDeadline, now < establishDeadline {
+                let error = APNsError(.connectionFailed, "connect to \(endpoint) at \(address?.text ?? "?"): "
+                                      + "no answer within \(core.configuration.addressConnectTimeout)")
+                logger.warning("APNs address did not answer; trying the next", ["error": error.message])
+                connectNextAddress(after: error)
+            } else if now >= establishDeadline {
                 close(APNsError(.connectionFailed, "connecting to \(endpoint) timed out after \(core.configuration.connectTimeout) (\(state))"))
             }
         case .ready, .draining:

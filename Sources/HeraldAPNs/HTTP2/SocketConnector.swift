@@ -6,12 +6,48 @@ struct SocketAddress: @unchecked Sendable {  // @unchecked: a plain C value (soc
     var storage = sockaddr_storage()
     var length: socklen_t = 0
     var family: Int32 { Int32(storage.ss_family) }
+
+    /// The numeric address, for messages.
+    var text: String {
+        var host = [CChar](repeating: 0, count: Int(NI_MAXHOST))
+        var copy = storage
+        let status = withUnsafePointer(to: &copy) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                getnameinfo($0, length, &host, socklen_t(host.count), nil, 0, NI_NUMERICHOST)
+            }
+        }
+        return status == 0 ? String(decoding: host.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : "?"
+    }
 }
 
 /// Opening the TCP side of a connection: resolving a host (getaddrinfo blocks, so off the loop thread) and
 /// starting a non-blocking connect to one of its addresses.
 enum SocketConnector {
-    static func resolve(host: String, port: UInt16) -> Result<[SocketAddress], APNsError> {
+    /// The addresses of all `hosts`, families alternating (IPv6, IPv4, IPv6, … when the first is IPv6), so that
+    /// a family that does not work costs one address's attempt before the other is tried (RFC 8305).
+    static func resolve(hosts: [String], port: UInt16) -> Result<[SocketAddress], APNsError> {
+        var all: [SocketAddress] = []
+        for host in hosts {
+            switch resolve(host: host, port: port) {
+            case .success(let addresses): all += addresses
+            case .failure(let error): return .failure(error)
+            }
+        }
+        return .success(alternatingFamilies(all))
+    }
+
+    static func alternatingFamilies(_ addresses: [SocketAddress]) -> [SocketAddress] {
+        guard let first = addresses.first?.family else { return addresses }
+        let preferred = addresses.filter { $0.family == first }, others = addresses.filter { $0.family != first }
+        var ordered: [SocketAddress] = []
+        for index in 0..<max(preferred.count, others.count) {
+            if index < preferred.count { ordered.append(preferred[index]) }
+            if index < others.count { ordered.append(others[index]) }
+        }
+        return ordered
+    }
+
+    private static func resolve(host: String, port: UInt16) -> Result<[SocketAddress], APNsError> {
         var hints = addrinfo()
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
         hints.ai_family = AF_UNSPEC
