@@ -53,13 +53,13 @@ struct Broadcaster: Sendable {
                 "apns.reason": reason, "hint": Self.hint(response.reason)])
             return await store("save APNs' refusal", {
                 try await channels.saveRefusal(app: app, postIDHash: post, environment: request.environment,
-                                               reason: reason, message: Self.hint(response.reason))
+                                               reason: reason, message: Self.hint(response.reason), jobID: plan.job.id)
             }) != nil || !Task.isCancelled
         case .failure(let error):
             logger.error("no answer from APNs to a channel request", ["app": app, "post": post, "error": "\(error)"])
             return await store("save the failure", {
                 try await channels.saveRefusal(app: app, postIDHash: post, environment: request.environment,
-                                               reason: error.kind, message: error.message)
+                                               reason: error.kind, message: error.message, jobID: plan.job.id)
             }) != nil || !Task.isCancelled
         }
         return true

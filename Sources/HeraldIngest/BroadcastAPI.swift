@@ -64,9 +64,10 @@ struct BroadcastAPI: Sendable {
                 return .json(bytes: channel.jsonValue.encoded(), status: 201)
             case .ready(let channel):
                 return try existing(channel, wanted: wanted)
-            case .refused(let reason, let message):
+            case .refused(let reason, let message, let jobID) where jobID == nil || jobID == job.id:
                 throw HTTPError(status: 502, code: "apns_refused", message: "APNs refused the channel: \(reason): \(message)")
-            case .absent:
+            case .refused, .absent:
+                // A refusal of an earlier request's job (run after that request gave up) is not this one's answer.
                 continue
             }
         }

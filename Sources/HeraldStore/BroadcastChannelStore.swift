@@ -35,8 +35,9 @@ public struct BroadcastChannel: Sendable, Equatable {
 public enum BroadcastChannelState: Sendable, Equatable {
     case absent
     case ready(BroadcastChannel)
-    /// APNs refused to create it (`reason` is Apple's, e.g. FeatureNotEnabled).
-    case refused(reason: String, message: String)
+    /// APNs refused to create it (`reason` is Apple's, e.g. FeatureNotEnabled) for the job `jobID` (nil: a refusal
+    /// saved before refusals named their job).
+    case refused(reason: String, message: String, jobID: String?)
 }
 
 /// A post's broadcast channels: `herald:{app}:bcast:<postIdHash>`, a hash with one field per environment (the
@@ -72,7 +73,8 @@ public struct BroadcastChannelStore: Sendable {
             return .ready(channel)
         }
         if values.count > 1, let text = values[1], let refusal = JSONValue(parsing: Array(text.utf8)) {
-            return .refused(reason: refusal["reason"]?.stringValue ?? "", message: refusal["message"]?.stringValue ?? "")
+            return .refused(reason: refusal["reason"]?.stringValue ?? "", message: refusal["message"]?.stringValue ?? "",
+                            jobID: refusal["jobId"]?.stringValue)
         }
         return .absent
     }
@@ -97,8 +99,8 @@ public struct BroadcastChannelStore: Sendable {
     /// Keeps APNs' refusal until the post is asked again; a post that has no channel keeps it a day (posts of an
     /// app without the capability would otherwise leave a record each, for ever: the janitor walks channels only).
     public func saveRefusal(app: String, postIDHash: String, environment: APNsEnvironment, reason: String,
-                            message: String) async throws {
-        let refusal = JSONValue.object(["reason": .string(reason), "message": .string(message)]).encoded()
+                            message: String, jobID: String) async throws {
+        let refusal = JSONValue.object(["reason": .string(reason), "message": .string(message), "jobId": .string(jobID)]).encoded()
         _ = try await redis.run(Self.refuse, keys: [RedisKeys(app: app).broadcast(postIDHash)],
                                 args: [environment.rawValue + ":refused", String(decoding: refusal, as: UTF8.self)]
                                     + APNsEnvironment.allCases.map(\.rawValue))

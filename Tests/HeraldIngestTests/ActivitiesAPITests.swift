@@ -421,6 +421,28 @@ import Testing
         #expect(Int64(Date().timeIntervalSince1970 * 1000) - used < 60_000, "marked in use now")
     }
 
+    /// A refusal saved by an earlier request's job (one that ran after that request had given up with 503) is not
+    /// the answer to this request's own job: it waits for its own, here until its wait runs out.
+    @Test func anEarlierJobsRefusalIsNotThisRequestsAnswer() async throws {
+        let ingest = try await IngestHarness.start(broadcastChannelWait: .seconds(2))
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0], post = postHash()
+        let channels = BroadcastChannelStore(redis: ingest.redis)
+        let refusing = Task {
+            // After the request has looked for a refusal (and cleared it) and published its job.
+            try await Task.sleep(for: .milliseconds(600))
+            try await channels.saveRefusal(app: app.id, postIDHash: post, environment: .production,
+                                           reason: "FeatureNotEnabled", message: "an earlier job's", jobID: "earlier-job")
+        }
+        let asked = try await ingest.request("POST", "/v1/apps/\(app.id)/activities/\(post)/broadcast", key: app.secretKey,
+                                             json: #"{"environment": "production"}"#)
+        try await refusing.value
+        #expect(asked.status == 503, "\(asked.status) \(asked.text)")
+        guard case .refused(_, _, let jobID) = try await channels.state(app: app.id, postIDHash: post, environment: .production)
+        else { Issue.record("the earlier job's refusal is left as it was"); return }
+        #expect(jobID == "earlier-job")
+    }
+
     // MARK: Logs
 
     /// Runs the real `herald-ingest` at debug level, sends it registrations (accepted, renewed, refused for every

@@ -24,7 +24,7 @@ final class IngestHarness: Sendable {
     /// harness removes it on `stop()`); `brokers` set skips creating the jobs topic; `redisURL` replaces the test
     /// Redis (a closed port, a listener that never answers).
     static func start(rateLimit: Int = 240, appRateLimit: Int = 600_000, activityTTL: Duration = .seconds(3600),
-                      publishTimeout: Duration = .seconds(5), brokers: String? = nil,
+                      publishTimeout: Duration = .seconds(5), broadcastChannelWait: Duration = .seconds(10), brokers: String? = nil,
                       redisURL: String? = nil, apps: TestApps? = nil, adminPort: Bool = false) async throws -> IngestHarness {
         let apps = try apps ?? TestApps()
         let brokerList = try brokers ?? TestEnvironment.kafkaBrokers()
@@ -41,6 +41,7 @@ final class IngestHarness: Sendable {
         configuration.activityTTL = activityTTL
         configuration.jobsTopic = topic
         configuration.publishTimeout = publishTimeout
+        configuration.broadcastChannelWait = broadcastChannelWait
         configuration.jobSigning = apps.jobSigning
         if adminPort { configuration.adminAddress = HostPort(host: "127.0.0.1", port: 0) }
         let redis = RedisClient(configuration: try RedisConfiguration(url: try redisURL ?? TestEnvironment.redisURL()))
