@@ -136,14 +136,18 @@ struct Broadcaster: Sendable {
         case failed
     }
 
+    /// True for APNs' answers that say a channel no longer exists: ChannelNotRegistered, and FeatureNotEnabled, as
+    /// turning the app's Broadcast capability off deletes every channel it had (enabled again, it starts with none).
+    static func isGone(_ reason: APNsReason?) -> Bool { reason == .channelNotRegistered || reason == .featureNotEnabled }
+
     /// Deletes one of the post's channels at APNs, then forgets it; failures are logged. Nil when cancelled.
     func delete(_ channel: BroadcastChannel, app: App, credentials: APNsCredentials, post: String) async -> ChannelDeletion? {
         guard let answer = await manage(.delete(bundleID: app.apns.bundleId, channelID: channel.channelID),
                                         credentials: credentials, environment: channel.environment) else { return nil }
-        guard case .success(let response) = answer, response.isSuccess || response.reason == .channelNotRegistered else {
+        guard case .success(let response) = answer, response.isSuccess || Self.isGone(response.reason) else {
             logger.error("APNs did not delete a broadcast channel",
                          ["app": app.id, "post": post, "apns.channel_id": channel.channelID, "answer": "\(answer)"])
-            if case .success(let response) = answer, response.status == 400, response.reason != .featureNotEnabled {
+            if case .success(let response) = answer, response.status == 400 {
                 return .refused
             }
             return .failed
@@ -180,7 +184,7 @@ struct Broadcaster: Sendable {
                 (failure.status, failure.apnsReason, failure.apnsUniqueID, failure.error) =
                     (response.status, response.reason?.description, response.uniqueID, nil)
                 retryable = response.disposition == .retry || response.disposition == .refreshProviderToken
-                if response.reason == .channelNotRegistered, let post {
+                if Self.isGone(response.reason), let post {
                     // Deleted at APNs (or never there): later updates would fail the same way.
                     _ = await store("forget the channel", {
                         try await channels.remove(app: plan.app.id, postIDHash: post, channel)

@@ -263,6 +263,32 @@ struct DeliveryTests {
         await harness.stop()
     }
 
+    /// Turning an app's Broadcast capability off deletes all its channels, and APNs then answers FeatureNotEnabled
+    /// (never ChannelNotRegistered): the channel is forgotten, so devices are no longer handed a dead one and the
+    /// post's next channel request asks APNs for a new one.
+    @Test("a broadcast answered FeatureNotEnabled forgets the channel")
+    func aChannelOfADisabledCapabilityIsForgotten() async throws {
+        let harness = try await DispatcherHarness.start(maxAttempts: 2)
+        let app = harness.apps.apps[0]
+        let post = postHash()
+        try await harness.produce(try EventIntake.broadcastChannel(.object(["environment": .string("production")]),
+                                                                   appID: app.id, postIDHash: post))
+        let channels = BroadcastChannelStore(redis: harness.redis)
+        try await eventually("the post's channel was made") {
+            try await !channels.channels(app: app.id, postIDHash: post).isEmpty
+        }
+        let channel = try #require(try await channels.channels(app: app.id, postIDHash: post).first)
+        try harness.simulators.production.setRules([SimulatorRule(channelID: channel.channelID, status: 400,
+                                                                  reason: "FeatureNotEnabled")])
+        var update = PushJob(id: "upd-\(SecureRandom.hex(4))", appId: app.id, target: .post(post))
+        update.liveActivity = PushJob.LiveActivity(event: .update, contentState: .object(["score": .string("1-0")]))
+        try await harness.produce(update)
+        let letters = try await harness.deadLetters(expecting: 1)
+        #expect(letters.first?["reason"]?.stringValue == "FeatureNotEnabled", "\(letters)")
+        try await eventually("the channel forgotten") { try await channels.channels(app: app.id, postIDHash: post).isEmpty }
+        await harness.stop()
+    }
+
     /// A topic deleted and created again starts its offsets over: another job's finished fan-out at the same
     /// partition and offset (its `done` mark kept an hour) must not make this one look settled.
     @Test("a fan-out at an offset where another job's fan-out finished (a topic created again) still runs")
