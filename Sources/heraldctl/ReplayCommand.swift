@@ -45,7 +45,8 @@ enum ReplayCommand {
         already sent. Ctrl-C or SIGTERM stops after the jobs in flight are acknowledged and recorded, so a rerun
         sends exactly the rest. A replay killed outright (SIGKILL, power loss) can send again the jobs handed to
         Kafka but not yet recorded at that moment: at most 5,000 in flight plus one Redis round trip's worth of
-        acknowledged ones. A run whose records Redis refuses stops sending (exit 1). The job id of a replayed job is
+        acknowledged ones. A run whose records Redis refuses stops sending (exit 1), and so does one whose job Kafka
+        left unanswered for 30 s, or refused 20 in a row. The job id of a replayed job is
         replay-NAME-PARTITION-OFFSET. Do not run the same replay from two places at once. After the topic is
         deleted and created again, its letters reuse old positions: give replays of it a new --name.
 
@@ -231,7 +232,16 @@ final class Replay {
             summary.stop = .error
             summary.error = connections.explain(error, topic: connections.dlqTopic).description
         }
-        await ledger.waitForInFlight(below: 0)
+        if ledger.stoppedAcknowledging == nil {
+            await ledger.waitForInFlight(below: 0)
+        } else {
+            // The last jobs sent would mostly wait out their timeouts too (a broker that stopped answering on an open
+            // connection has librdkafka fail them one by one, for minutes): a short grace, then they count as
+            // unanswered. Should one still reach Kafka, a rerun sends it again.
+            let deadline = ContinuousClock.now + .seconds(10)
+            while ledger.inFlight > 0, ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(100)) }
+            if ledger.inFlight > 0 { summary.failures["no_answer", default: 0] += ledger.inFlight }
+        }
         ledger.finish()
         if let error = await recorder.value {
             summary.stop = .error
@@ -242,7 +252,7 @@ final class Replay {
         if options.dryRun, options.json { output.write(listed == 0 ? "]," : "\n],") }
         let outcome = ledger.outcome
         summary.republished = options.dryRun ? counters.sent.load(ordering: .relaxed) : outcome.acknowledged
-        summary.failures = outcome.failures
+        summary.failures.merge(outcome.failures) { $0 + $1 }
         summary.scanned = reader.scanned.current
         summary.elapsed = ContinuousClock.now - started
         return summary
@@ -255,6 +265,7 @@ final class Replay {
             return false
         }
         if ledger.hasFailed { return stopRecordingFailed() }
+        if ledger.stoppedAcknowledging != nil { return stopUnacknowledged() }
         // Tuples of the entry (a class) and not of its dead letter: a letter is a large struct to copy.
         var candidates: [(entry: DLQEntry, member: String)] = []
         for entry in entries {
@@ -318,6 +329,7 @@ final class Replay {
                 return false
             }
             if ledger.hasFailed { return stopRecordingFailed() }
+            if ledger.stoppedAcknowledging != nil { return stopUnacknowledged() }
             counters.waiting.subtract(1, ordering: .relaxed)
             guard case .success(let job?) = built else {
                 if case .failure = built { skip("invalid_job") } else { skip("not_replayable") }
@@ -339,6 +351,15 @@ final class Replay {
     /// would only add to what a rerun sends again.
     private func stopRecordingFailed() -> Bool {
         summary.stop = .error
+        return false
+    }
+
+    /// Kafka stopped acknowledging the jobs (`ReplayLedger.failuresToStop` in a row): the rest would time out too.
+    private func stopUnacknowledged() -> Bool {
+        guard let stalled = ledger.stoppedAcknowledging else { return true }
+        summary.stop = .error
+        summary.error = "Kafka stopped acknowledging jobs (the last \(stalled.count) failed, \(stalled.lastError)), so the replay "
+            + "stopped sending; run it again once \(connections.jobsTopic) takes writes: it sends what was not acknowledged"
         return false
     }
 

@@ -26,6 +26,11 @@ final class ReplayLedger: Sendable {
         var acknowledgedCount = 0
         var recorded = 0
         var failures: [String: Int] = [:]
+        /// Jobs not acknowledged since the last one that was, the last one's Kafka error, and whether one of them
+        /// went unanswered for the whole message timeout.
+        var failuresInARow = 0
+        var lastFailure = ""
+        var timedOut = false
         var finished = false
         var recordingFailed = false
         var recorder: CheckedContinuation<Void, Never>?
@@ -62,7 +67,9 @@ final class ReplayLedger: Sendable {
             case .success:
                 state.acknowledged.append(member)
                 state.acknowledgedCount += 1
-            case .failure(let error): state.failures[error.code.name, default: 0] += 1
+                state.failuresInARow = 0
+                state.timedOut = false
+            case .failure(let error): Self.failed(error, &state)
             }
             return takeWaiters(&state)
         }
@@ -73,11 +80,31 @@ final class ReplayLedger: Sendable {
     func notSent(_ error: KafkaError) {
         let wake = state.withLock { state -> [CheckedContinuation<Void, Never>] in
             state.inFlight -= 1
-            state.failures[error.code.name, default: 0] += 1
+            Self.failed(error, &state)
             return takeWaiters(&state)
         }
         for continuation in wake { continuation.resume() }
     }
+
+    private static func failed(_ error: KafkaError, _ state: inout State) {
+        state.failures[error.code.name, default: 0] += 1
+        state.failuresInARow += 1
+        state.lastFailure = error.code.name
+        if error.code == .messageTimedOut { state.timedOut = true }
+    }
+
+    /// After this many jobs in a row were refused, or one went unanswered for the whole message timeout, Kafka is
+    /// taken to have stopped taking them (a broker down, write access revoked): sending more would only have each
+    /// one wait out the timeout.
+    static let failuresToStop = 20
+
+    /// The jobs not acknowledged in a row and the last one's error, once Kafka is taken to have stopped.
+    var stoppedAcknowledging: (count: Int, lastError: String)? {
+        state.withLock { $0.timedOut || $0.failuresInARow >= Self.failuresToStop ? ($0.failuresInARow, $0.lastFailure) : nil }
+    }
+
+    /// Jobs handed to the producer and not answered yet.
+    var inFlight: Int { state.withLock { $0.inFlight } }
 
     /// Waits until fewer than `limit` jobs await their acknowledgement (0: until all are settled).
     func waitForInFlight(below limit: Int) async {

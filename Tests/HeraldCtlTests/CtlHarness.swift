@@ -91,8 +91,9 @@ struct CtlHarness {
     let jobSigningSecretPath: String
 
     /// `jobSigningSecretPath`: the secret file of the dispatcher that will read the replayed jobs, if any.
-    static func make(partitions: Int = 2, jobSigningSecretPath: String? = nil) async throws -> CtlHarness {
-        let brokers = try TestEnvironment.kafkaBrokers()
+    /// `brokers`: a broker of the test's own instead of the shared one.
+    static func make(partitions: Int = 2, jobSigningSecretPath: String? = nil, brokers: String? = nil) async throws -> CtlHarness {
+        let brokers = try brokers ?? TestEnvironment.kafkaBrokers()
         let redisURL = try TestEnvironment.redisURL()
         let suffix = SecureRandom.hex(5)
         let admin = try KafkaAdmin(configuration: KafkaConfiguration(brokerList: brokers), logger: logger)

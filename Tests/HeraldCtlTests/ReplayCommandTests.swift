@@ -204,6 +204,30 @@ struct ReplayCommandTests {
         #expect(sent < 40, "sending stops once a record is refused, not after all 60 (\(sent) sent)")
     }
 
+    @Test("a replay whose jobs Kafka stops acknowledging (the broker stopped) stops sending and exits 1")
+    func kafkaStopsAcknowledging() async throws {
+        let broker = try await TansuBroker.started(directory: try scratchDirectory("herald-ctl-broker-"))
+        let harness = try await CtlHarness.make(brokers: broker.address)
+        defer { Task { await harness.close() } }
+        let tokens = (0..<300).map { _ in SecureRandom.hex(32) }
+        for token in tokens { try await harness.subscribe(token) }
+        try await harness.publish(tokens.map { harness.deadLetter(token: $0) })
+        // 5 a second: the 300 would take a minute. The letters are fetched at once; the jobs' acknowledgements
+        // stop when the broker does, and each one sent since fails after the 30 s message timeout.
+        let replay = try harness.start(["replay", "--rate", "5", "--json"])
+        try await Task.sleep(for: .seconds(2))
+        broker.pause()
+        let result = await replay.wait(timeout: .seconds(120))
+        broker.resume()
+        await broker.crash()
+        #expect(result.status == 1, "\(result.stdout)\n\(result.stderr)")
+        let summary = try result.json()
+        #expect(summary["stopped"]?.stringValue == "error")
+        #expect(summary["error"]?.stringValue?.contains("Kafka stopped acknowledging") == true, "\(summary)")
+        let sent = (summary["republished"]?.numberValue ?? 0) + (summary["failed"]?.numberValue ?? 0)
+        #expect(sent < 250, "sending stops once Kafka stops acknowledging, not after all 300 (\(summary))")
+    }
+
     @Test("exit codes and messages: bad filter 2, Redis or Kafka unreachable 1, --help with examples")
     func errors() async throws {
         let harness = try await CtlHarness.make()

@@ -50,6 +50,10 @@ public final class TansuBroker: Sendable {
         }
     }
 
+    /// Stops the broker (SIGSTOP): connections stay open and nothing is answered, until `resume()`.
+    public func pause() { process.withLock { $0?.signal(SIGSTOP) } }
+    public func resume() { process.withLock { $0?.signal(SIGCONT) } }
+
     /// A crash (`ChildProcess.crash`): connections drop without goodbye. Also the way to stop it, as a
     /// memory-storage broker has nothing to flush.
     public func crash() async {
