@@ -68,11 +68,13 @@ struct BroadcastJanitor: Service {
         while !Task.isCancelled {
             let posts = try await channels.idlePosts(app: app.id, before: before, skipping: left,
                                                      limit: BroadcastChannelStore.pageSize)
-            for post in posts {
-                // Used since the page was read (an update, a create asked again): not idle after all, and out of
-                // the range read.
-                guard let used = try await channels.lastUsed(app: app.id, postIDHash: post), used < before else { continue }
+            posts: for post in posts {
                 for channel in try await channels.channels(app: app.id, postIDHash: post) {
+                    // Used since the page was read, or since its other channel's delete (which may have waited out
+                    // APNs' answers): not idle after all, and out of the range read.
+                    guard let used = try await channels.lastUsed(app: app.id, postIDHash: post), used < before else {
+                        continue posts
+                    }
                     switch await broadcaster.delete(channel, app: app, credentials: credentials, post: post) {
                     case .deleted?:
                         cleaned.labels("idle_deleted").increment()
