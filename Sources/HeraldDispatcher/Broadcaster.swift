@@ -82,10 +82,7 @@ struct Broadcaster: Sendable {
             }
             let failedEveryAttempt = if case .deadLettered(exhausted: true) = published { true } else { false }
             if failedEveryAttempt { exhausted.insert(channel.channelID) }
-            do { try await context.settled.broadcastSettled(channel.channelID, exhausted: failedEveryAttempt) } catch {
-                logger.warning("cannot mark a broadcast published; a run of the job again would publish it again",
-                               ["app": app, "post": post, "apns.channel_id": channel.channelID, "error": "\(error)"])
-            }
+            await record(published, channel: channel, context: context)
         }
         guard !list.isEmpty else { return (true, exhausted) }
         // An update: the janitor deletes only channels of posts idle for HERALD_BROADCAST_IDLE_SECONDS.
@@ -98,7 +95,21 @@ struct Broadcaster: Sendable {
         guard let payload = context.plan.job.payload?.encoded() else { return true }
         let channel = BroadcastChannel(channelID: target.channelId, environment: target.environment,
                                        storagePolicy: target.storagePolicy, createdAt: "")
-        return await publish(payload, to: channel, context: context, post: context.plan.job.replayOf?.postIdHash) != nil
+        guard let published = await publish(payload, to: channel, context: context,
+                                             post: context.plan.job.replayOf?.postIdHash) else { return false }
+        await record(published, channel: channel, context: context)
+        return true
+    }
+
+    /// Marks a settled broadcast in the job's progress and counts it in its status; a failure is logged.
+    private func record(_ published: Published, channel: BroadcastChannel, context: JobContext) async {
+        let delivered = if case .delivered = published { true } else { false }
+        let exhausted = if case .deadLettered(exhausted: true) = published { true } else { false }
+        do { try await context.settled.broadcastSettled(channel.channelID, delivered: delivered, exhausted: exhausted) } catch {
+            logger.warning("cannot mark a broadcast settled; a run of the job again would publish it again, and its status "
+                           + "does not count it", ["app": context.plan.app.id, "apns.channel_id": channel.channelID,
+                                                   "error": "\(error)"])
+        }
     }
 
     /// After the final update: deletes the post's channels at APNs, then forgets them. A channel APNs keeps

@@ -90,10 +90,12 @@ final class SettledPushes: Sendable {
         return saved
     }
 
-    /// Marks the broadcast to `channelID` settled (`exhausted`: dead-lettered after every attempt).
-    func broadcastSettled(_ channelID: String, exhausted: Bool) async throws {
-        try await progress.statuses.broadcastSettled(progressKey: progressKey, channelID: channelID, exhausted: exhausted,
-                                                     progressTTL: progress.ttl)
+    /// Marks the broadcast to `channelID` settled and counts it in the job's status: `delivered`, or dead-lettered
+    /// (`exhausted`: after every attempt).
+    func broadcastSettled(_ channelID: String, delivered: Bool, exhausted: Bool) async throws {
+        try await progress.statuses.broadcastSettled(app: app, jobID: origin.jobID, progressKey: progressKey,
+                                                     channelID: channelID, delivered: delivered, exhausted: exhausted,
+                                                     progressTTL: progress.ttl, owner: owner)
     }
 
     /// From now on every settled push is marked in the progress record as it settles.

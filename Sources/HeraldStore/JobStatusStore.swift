@@ -13,6 +13,10 @@ public struct JobStatus: Sendable, Equatable {
         /// Attempts after the first, over the settled pushes.
         public var retried = 0
         public var deadLettered = 0
+        /// iOS 18 broadcasts of the job (one per channel of a post, or a broadcast job's one) APNs accepted, and
+        /// those dead-lettered; each reaches every device on its channel.
+        public var broadcasts = 0
+        public var broadcastsDeadLettered = 0
 
         public init() {}
 
@@ -22,6 +26,8 @@ public struct JobStatus: Sendable, Equatable {
             sum.tokensRemoved += b.tokensRemoved
             sum.retried += b.retried
             sum.deadLettered += b.deadLettered
+            sum.broadcasts += b.broadcasts
+            sum.broadcastsDeadLettered += b.broadcastsDeadLettered
             return sum
         }
     }
@@ -44,7 +50,9 @@ public struct JobStatus: Sendable, Equatable {
             "counts": .object(["delivered": .number(Double(counts.delivered)),
                                "tokensRemoved": .number(Double(counts.tokensRemoved)),
                                "retried": .number(Double(counts.retried)),
-                               "deadLettered": .number(Double(counts.deadLettered))]),
+                               "deadLettered": .number(Double(counts.deadLettered)),
+                               "broadcasts": .number(Double(counts.broadcasts)),
+                               "broadcastsDeadLettered": .number(Double(counts.broadcastsDeadLettered))]),
         ]
         fields["target"] = target
         fields["acceptedAt"] = acceptedAt.map { .string($0) }
@@ -129,6 +137,8 @@ public struct JobStatusStore: Sendable {
         status.counts.tokensRemoved = fields["tokensRemoved"].flatMap { Int($0) } ?? 0
         status.counts.retried = fields["retried"].flatMap { Int($0) } ?? 0
         status.counts.deadLettered = fields["deadLettered"].flatMap { Int($0) } ?? 0
+        status.counts.broadcasts = fields["broadcasts"].flatMap { Int($0) } ?? 0
+        status.counts.broadcastsDeadLettered = fields["broadcastsDeadLettered"].flatMap { Int($0) } ?? 0
         status.jobDeadLettered = fields["jobDeadLettered"] == "1"
         return status
     }
@@ -152,12 +162,15 @@ public struct JobStatusStore: Sendable {
                                 args: [owner, cursor, seconds(progressTTL)] + tokens.map { "s:" + $0 })
     }
 
-    /// Marks a broadcast to `channelID` settled (published, or dead-lettered) in a fan-out's progress record, so a
-    /// run of the same record again does not publish it twice: one broadcast reaches every device on the channel.
-    /// `exhausted`: dead-lettered after every attempt (a final update keeps such a channel for the replay).
-    public func broadcastSettled(progressKey: String, channelID: String, exhausted: Bool, progressTTL: Duration) async throws {
-        _ = try await redis.run(Self.markBroadcast, keys: [progressKey],
-                                args: ["b:" + channelID, seconds(progressTTL), exhausted ? "x" : "1"])
+    /// Marks a broadcast to `channelID` settled in a fan-out's progress record, so a run of the same record again
+    /// does not publish it twice (one broadcast reaches every device on the channel), and counts it in the job's
+    /// status, once: `delivered` (APNs accepted it) or dead-lettered; `exhausted`: dead-lettered after every attempt
+    /// (a final update keeps such a channel for the replay). Nothing when another run than `owner` started the job.
+    public func broadcastSettled(app: String, jobID: String, progressKey: String, channelID: String, delivered: Bool,
+                                 exhausted: Bool, progressTTL: Duration, owner: String) async throws {
+        _ = try await redis.run(Self.markBroadcast, keys: [RedisKeys(app: app).jobStatus(jobID), progressKey],
+                                args: ["b:" + channelID, seconds(progressTTL), exhausted ? "x" : "1",
+                                       delivered ? "broadcasts" : "broadcastsDeadLettered", seconds(ttl), owner])
     }
 
     /// What a `settled` call ends the job with.
@@ -212,7 +225,7 @@ public struct JobStatusStore: Sendable {
         if redis.call('HEXISTS', status, 'f:' .. KEYS[2]) == 1 then return {'done', '1'} end
         if redis.call('HEXISTS', status, 'finishedAt') == 1 then
           redis.call('HDEL', status, 'finishedAt', 'jobDeadLettered', 'startedAt', 'delivered', 'tokensRemoved',
-                     'retried', 'deadLettered')
+                     'retried', 'deadLettered', 'broadcasts', 'broadcastsDeadLettered')
         end
         redis.call('HSET', status, 'owner', ARGV[6])
         redis.call('HSETNX', status, 'jobId', ARGV[2])
@@ -287,10 +300,18 @@ public struct JobStatusStore: Sendable {
         return 1
         """)
 
-    /// KEYS: progress. ARGV: the broadcast's mark (`b:<channelId>`), the progress TTL, its value (`x`: exhausted).
+    /// KEYS: status, progress. ARGV: the broadcast's mark (`b:<channelId>`), the progress TTL, its value (`x`:
+    /// exhausted), the status field that counts it, the status TTL, the writing run. A mark that was there already
+    /// counts nothing.
     static let markBroadcast = RedisScript(source: """
-        redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-        redis.call('EXPIRE', KEYS[1], ARGV[2])
+        local status = KEYS[1]
+        \(returnUnlessOwner(argument: 6))
+        if redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) == 1 then
+          redis.call('HINCRBY', status, ARGV[4], 1)
+          redis.call('EXPIRE', status, ARGV[5])
+        end
+        redis.call('EXPIRE', KEYS[2], ARGV[2])
+        return 1
         """)
 
     /// KEYS: status, progress. ARGV: owner, cursor, progress TTL, then the `s:<token>` marks the cursor covers.

@@ -43,7 +43,8 @@ enum SendCommand {
             1  failed: Kafka, Redis or APNs unreachable, the job not finished or APNs not answering within
                --timeout, or APNs refused the push (its answer is printed)
             2  bad usage or configuration
-            3  done, but some pushes were not delivered (their tokens removed, or dead-lettered): see the counts
+            3  done, but some pushes were not delivered (their tokens removed, or dead-lettered) or some broadcasts
+               were dead-lettered: see the counts
 
           Examples:
             heraldctl send --app shop --device-token a1b2… --environment sandbox --alert-title Hi --direct
@@ -179,7 +180,8 @@ enum SendCommand {
                 output.write(json ? String(decoding: status.jsonValue.encoded(), as: UTF8.self) + "\n"
                                   : describe(status, after: ContinuousClock.now - published))
                 let counts = status.counts
-                return counts.tokensRemoved + counts.deadLettered > 0 || status.jobDeadLettered ? 3 : 0
+                return counts.tokensRemoved + counts.deadLettered + counts.broadcastsDeadLettered > 0
+                    || status.jobDeadLettered ? 3 : 0
             }
             try await Task.sleep(for: .milliseconds(200))
         }
@@ -193,6 +195,9 @@ enum SendCommand {
         let c = status.counts
         var text = "job \(status.jobID): done within \(String(format: "%.1f", elapsed.inSeconds)) s: \(c.delivered) delivered, "
             + "\(c.tokensRemoved) tokens removed, \(c.deadLettered) dead-lettered, \(c.retried) retries"
+        if c.broadcasts + c.broadcastsDeadLettered > 0 {
+            text += "; broadcasts: \(c.broadcasts) published, \(c.broadcastsDeadLettered) dead-lettered"
+        }
         if status.jobDeadLettered { text += "; the whole job was dead-lettered (heraldctl dlq list says why)" }
         return text + "\n"
     }

@@ -223,6 +223,9 @@ struct DeliveryTests {
         // that finished it.
         #expect(harness.simulators.accepted().count == 1)
         #expect(harness.simulators.broadcasts().count == 1, "\(harness.simulators.broadcasts())")
+        let status = try #require(try await JobStatusStore(redis: harness.redis).read(app: app.id, jobID: update.id))
+        #expect(status.counts.broadcasts == 1 && status.counts.delivered == 1 && status.counts.broadcastsDeadLettered == 0,
+                "\(status.counts)")
         // The same job produced again (a new record, as after fixing what dead-lettered it) runs.
         try await harness.produce(update)
         try await eventually("the job produced again went") {
@@ -286,6 +289,10 @@ struct DeliveryTests {
         let letters = try await harness.deadLetters(expecting: 1)
         #expect(letters.first?["reason"]?.stringValue == "FeatureNotEnabled", "\(letters)")
         try await eventually("the channel forgotten") { try await channels.channels(app: app.id, postIDHash: post).isEmpty }
+        let updateID = update.id
+        try await eventually("the job's status counts the broadcast dead-lettered") {
+            try await JobStatusStore(redis: harness.redis).read(app: app.id, jobID: updateID)?.counts.broadcastsDeadLettered == 1
+        }
         await harness.stop()
     }
 

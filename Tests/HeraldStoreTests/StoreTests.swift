@@ -862,6 +862,31 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         try await redis.client.command(["DEL", keys.jobStatus(job.id), first, again])
     }
 
+    @Test("a post's broadcasts are counted once each in its status, by outcome, and only by the run that started it")
+    func countsBroadcastsOnce() async throws {
+        let redis = try TestRedis()
+        let store = JobStatusStore(redis: redis.client)
+        let job = PushJob(id: "job-" + SecureRandom.hex(4), appId: redis.app, target: .post(String(repeating: "a", count: 64)))
+        let keys = RedisKeys(app: redis.app)
+        let progress = keys.fanOut(group: "g", topic: "t", partition: 0, offset: 1, job: job.id)
+        _ = try await store.started(app: redis.app, origin: JobStatusStore.Origin(job), startedAt: "2026-12-07T09:00:00Z",
+                                    progressKey: progress, owner: "a")
+        func mark(_ channel: String, delivered: Bool, exhausted: Bool = false, owner: String = "a") async throws {
+            try await store.broadcastSettled(app: redis.app, jobID: job.id, progressKey: progress, channelID: channel,
+                                             delivered: delivered, exhausted: exhausted, progressTTL: .seconds(60), owner: owner)
+        }
+        try await mark("c1", delivered: true)
+        try await mark("c2", delivered: false, exhausted: true)
+        try await mark("c1", delivered: true)  // written again: counted once
+        try await mark("c3", delivered: true, owner: "revoked")  // a run whose partition was taken over
+        let status = try #require(try await store.read(app: redis.app, jobID: job.id))
+        #expect(status.counts.broadcasts == 1 && status.counts.broadcastsDeadLettered == 1, "\(status.counts)")
+        #expect(status.jsonValue["counts"]?["broadcasts"]?.numberValue == 1)
+        #expect(try await redis.client.command(["HGET", progress, "b:c2"]).string == "x")
+        #expect(try await redis.client.command(["HEXISTS", progress, "b:c3"]).int == 0)
+        try await redis.client.command(["DEL", keys.jobStatus(job.id), progress])
+    }
+
     @Test("a write of thousands of settled pushes marks each once: counted once however often it is written")
     func marksLargeWritesOncePerPush() async throws {
         let redis = try TestRedis()
