@@ -89,8 +89,10 @@ final class PartitionBook: Sendable {
         }
     }
 
-    /// Runs on the consumer's thread during `poll`: must not wait on the consumer.
-    func rebalance(_ event: KafkaRebalanceEvent) {
+    /// Runs on the consumer's thread during `poll`: must not wait on the consumer. Returns, for revoked partitions,
+    /// where their settled jobs end, to be committed before they go: the next owner then starts after them, not at
+    /// the last periodic commit.
+    func rebalance(_ event: KafkaRebalanceEvent) -> [KafkaTopicPartitionOffset] {
         switch event {
         case .assigned(let partitions):
             state.withLock { s in
@@ -102,12 +104,18 @@ final class PartitionBook: Sendable {
                 }
                 metrics.partitionsAssigned.set(Int64(s.tracks.count))
             }
+            return []
         case .revoked(let partitions):
-            let cancelled = state.withLock { s -> [Task<Void, Never>] in
+            let (cancelled, settled) = state.withLock { s -> ([Task<Void, Never>], [KafkaTopicPartitionOffset]) in
                 var tasks: [Task<Void, Never>] = []
+                var settled: [KafkaTopicPartitionOffset] = []
                 s.revokedDuringPoll.formUnion(partitions)
                 for partition in partitions {
                     guard let track = s.tracks.removeValue(forKey: partition) else { continue }
+                    if let offset = track.offsets.uncommitted {
+                        settled.append(KafkaTopicPartitionOffset(topic: partition.topic, partition: partition.partition,
+                                                                 offset: offset))
+                    }
                     tasks += track.tasks.values
                     // Their jobs no longer count against the limit; they end quickly once cancelled.
                     s.inFlight -= track.tasks.count
@@ -115,9 +123,10 @@ final class PartitionBook: Sendable {
                 metrics.partitionsAssigned.set(Int64(s.tracks.count))
                 metrics.inFlightJobs.set(Int64(s.inFlight))
                 metrics.offsetsMissing.set(Self.missingCount(s))
-                return tasks
+                return (tasks, settled)
             }
             for task in cancelled { task.cancel() }
+            return settled
         }
     }
 

@@ -20,13 +20,13 @@ public final class KafkaConsumer: Sendable {
     private let isGroupMember: Bool
 
     /// Creates the consumer. `onRebalance` (group members only) learns of partitions assigned to and revoked from
-    /// this member; it runs on the consumer's thread during `poll`, so it must not wait on this consumer.
+    /// this member, and says what to commit before revoked ones go (`KafkaRebalanceHandler`).
     public init(configuration: KafkaConsumerConfiguration, logger: Logger,
-                onRebalance: (@Sendable (KafkaRebalanceEvent) -> Void)? = nil) throws(KafkaError) {
+                onRebalance: KafkaRebalanceHandler? = nil) throws(KafkaError) {
         try configuration.kafka.validate()
         // Without a handler librdkafka assigns by itself; with one, the C callback assigns, then tells the caller.
         client = try RDKafkaClient(kind: .consumer, properties: configuration.librdkafkaProperties, logger: logger,
-                                   onRebalance: configuration.groupID == nil ? nil : onRebalance ?? { _ in })
+                                   onRebalance: configuration.groupID == nil ? nil : onRebalance ?? { _ in [] })
         timeout = configuration.kafka.requestTimeout
         isGroupMember = configuration.groupID != nil
         thread = OwnedThread(name: "kafka-consumer")
@@ -144,29 +144,7 @@ public final class KafkaConsumer: Sendable {
         let client = self.client, timeout = self.timeout
         guard !closed.load(ordering: .acquiring) else { throw .closed("consumer") }
         try await commitThread.run { () throws(KafkaError) in
-            let list = RDKafkaTopicPartitionList(offsets)
-            guard let queue = rd_kafka_queue_new(client.handle) else {
-                throw KafkaError(code: .destroyed, message: "no queue for the commit result")
-            }
-            defer { rd_kafka_queue_destroy(queue) }
-            // Through a queue rather than a synchronous commit, so the wait is bounded.
-            let error = rd_kafka_commit_queue(client.handle, list.pointer, queue, nil, nil)
-            guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: "commit \(offsets)") }
-            guard let event = rd_kafka_queue_poll(queue, timeout.timeoutMilliseconds) else {
-                throw KafkaError(code: .timedOut, message: "no commit answer within \(timeout)")
-            }
-            defer { rd_kafka_event_destroy(event) }
-            let eventError = rd_kafka_event_error(event)
-            guard eventError == RD_KAFKA_RESP_ERR_NO_ERROR else {
-                throw KafkaError(eventError, message: "commit: \(String(cString: rd_kafka_event_error_string(event)))")
-            }
-            if let answered = rd_kafka_event_topic_partition_list(event) {
-                for entry in RDKafkaTopicPartitionList.entries(of: answered)
-                where entry.error != RD_KAFKA_RESP_ERR_NO_ERROR {
-                    throw KafkaError(entry.error, message: "commit \(entry.position): "
-                                     + String(cString: rd_kafka_err2str(entry.error)))
-                }
-            }
+            try rdkafkaCommit(client.handle, offsets, timeout: timeout)
         }
     }
 

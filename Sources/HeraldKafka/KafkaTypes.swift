@@ -79,6 +79,11 @@ public struct KafkaTopicPartitionOffset: Sendable, Hashable, CustomStringConvert
     public var description: String { "\(topic)[\(partition)]@\(offset)" }
 }
 
+/// Told of each rebalance (on the consumer's thread, during `poll`: it must not wait on the consumer). For
+/// `.revoked` it returns the positions to commit for those partitions before they go (committed then, waiting up to
+/// 5 s for the broker's answer, so the next owner does not run again what was done); `[]` for `.assigned`.
+public typealias KafkaRebalanceHandler = @Sendable (KafkaRebalanceEvent) -> [KafkaTopicPartitionOffset]
+
 /// A consumer-group rebalance as seen by this member.
 public enum KafkaRebalanceEvent: Sendable, Hashable {
     /// These partitions are now this member's (already assigned when the handler runs).

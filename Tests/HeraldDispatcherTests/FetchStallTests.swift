@@ -84,7 +84,10 @@ struct FetchStallTests {
         let member = try KafkaConsumer(configuration: KafkaConsumerConfiguration(
             kafka: KafkaConfiguration(brokerList: harness.topics.brokers), groupID: harness.topics.group,
             sessionTimeout: .seconds(3), heartbeatInterval: .milliseconds(500)), logger: testLogger,
-            onRebalance: { event in if case .assigned(let partitions) = event, !partitions.isEmpty { joined.store(true, ordering: .relaxed) } })
+            onRebalance: { event in
+                if case .assigned(let partitions) = event, !partitions.isEmpty { joined.store(true, ordering: .relaxed) }
+                return []
+            })
         try await member.subscribe(topics: [harness.topics.jobs])
         try await eventually("a second member took a partition", timeout: .seconds(30)) {
             _ = try await member.poll(maxRecords: 1, timeout: .milliseconds(100))
@@ -126,6 +129,42 @@ struct FetchStallTests {
 
     /// Reads what the broker holds from the start, outside the group (each partition's end), and waits until the
     /// group's committed offsets reach every end.
+    /// Jobs settled since the last periodic commit are committed as their partitions are revoked: the next owner
+    /// starts after them instead of running them again (the duplicates of a rolling restart).
+    @Test("settled jobs are committed when their partitions are revoked")
+    func settledJobsAreCommittedOnRevocation() async throws {
+        let harness = try await DispatcherHarness.start { configuration in
+            configuration.commitInterval = .seconds(3600)  // no periodic commit within the test
+        }
+        let app = harness.apps.apps[0]
+        for partition: Int32 in [0, 1] {
+            for index in 0..<10 {
+                var job = PushJob(id: "settled-\(partition)-\(index)", appId: app.id,
+                                  target: .channel("nobody-\(SecureRandom.hex(4))"))
+                job.alert = .object(["aps": .object(["alert": .string("\(index)")])])
+                try await harness.produce(job, partition: partition)
+            }
+        }
+        try await eventually("every job settled") { harness.metric("herald_dispatcher_jobs_completed_total") == 20 }
+        let taken = Mutex<[KafkaTopicPartition]>([])
+        let member = try KafkaConsumer(configuration: KafkaConsumerConfiguration(
+            kafka: KafkaConfiguration(brokerList: harness.topics.brokers), groupID: harness.topics.group,
+            sessionTimeout: .seconds(3), heartbeatInterval: .milliseconds(500)), logger: testLogger,
+            onRebalance: { event in
+                if case .assigned(let partitions) = event, !partitions.isEmpty { taken.withLock { $0 = partitions } }
+                return []
+            })
+        try await member.subscribe(topics: [harness.topics.jobs])
+        try await eventually("a second member took a partition", timeout: .seconds(30)) {
+            _ = try await member.poll(maxRecords: 1, timeout: .milliseconds(100))
+            return !taken.withLock { $0 }.isEmpty
+        }
+        let committed = try await member.committed(taken.withLock { $0 })
+        #expect(!committed.isEmpty && committed.allSatisfy { $0.offset == 10 }, "\(committed)")
+        try await member.close()
+        await harness.stop()
+    }
+
     private static func waitUntilCommittedToTheEnd(_ harness: DispatcherHarness, total: Int, timeout: Duration) async throws {
         let held = try await readTopic(harness.topics.jobs, brokers: harness.topics.brokers, expecting: total,
                                        timeout: .seconds(30))

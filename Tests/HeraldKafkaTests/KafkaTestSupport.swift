@@ -33,10 +33,17 @@ func makeProducer(messageTimeout: Duration = .seconds(10)) throws -> KafkaProduc
 
 /// Tansu-friendly group settings (joins take session.timeout/2; see platform notes).
 func makeConsumer(group: String?, onRebalance: (@Sendable (KafkaRebalanceEvent) -> Void)? = nil) throws -> KafkaConsumer {
-    try KafkaConsumer(configuration: KafkaConsumerConfiguration(kafka: KafkaConfiguration(brokers: try testBrokers()),
+    var handler: KafkaRebalanceHandler?
+    if let onRebalance {
+        handler = { event in
+            onRebalance(event)
+            return []
+        }
+    }
+    return try KafkaConsumer(configuration: KafkaConsumerConfiguration(kafka: KafkaConfiguration(brokers: try testBrokers()),
                                                                groupID: group, sessionTimeout: .seconds(6),
                                                                heartbeatInterval: .milliseconds(500)),
-                      logger: testLogger, onRebalance: onRebalance)
+                      logger: testLogger, onRebalance: handler)
 }
 
 /// Polls until `done` says enough arrived or `deadline` passes; returns everything read.

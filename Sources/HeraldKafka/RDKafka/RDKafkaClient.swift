@@ -6,13 +6,13 @@ import Synchronization
 /// What librdkafka's callbacks need, reached through the handle's opaque pointer.
 final class RDKafkaCallbackContext: Sendable {
     let logger: Logger
-    let onRebalance: (@Sendable (KafkaRebalanceEvent) -> Void)?
+    let onRebalance: KafkaRebalanceHandler?
     /// When each error text was last logged: librdkafka reports "all brokers are down" on every failed reconnect
     /// (every 50–100 ms against a broker that refuses the TLS handshake), which would flood the log.
     private let lastLogged = Lock<[String: ContinuousClock.Instant]>([:])
     static let repeatInterval = Duration.seconds(30)
 
-    init(logger: Logger, onRebalance: (@Sendable (KafkaRebalanceEvent) -> Void)?) {
+    init(logger: Logger, onRebalance: KafkaRebalanceHandler?) {
         self.logger = logger
         self.onRebalance = onRebalance
     }
@@ -44,7 +44,7 @@ final class RDKafkaClient: @unchecked Sendable { // immutable after init; librdk
     private let destroyed = Atomic(false)
 
     init(kind: Kind, properties: [String: String], logger: Logger, deliveryReports: Bool = false,
-         onRebalance: (@Sendable (KafkaRebalanceEvent) -> Void)? = nil) throws(KafkaError) {
+         onRebalance: KafkaRebalanceHandler? = nil) throws(KafkaError) {
         let conf = rd_kafka_conf_new()!
         var errorText = [CChar](repeating: 0, count: 512)
         // Sorted so a bad property is reported the same way every time.
@@ -234,9 +234,15 @@ private func rdkafkaRebalance(_ handle: OpaquePointer?, _ error: rd_kafka_resp_e
         // librdkafka keeps a pause the application asked for across a revocation: a partition assigned anew starts
         // unpaused, as its owner's bookkeeping (which forgot it when it was revoked) expects.
         if let partitions { _ = rd_kafka_resume_partitions(handle, partitions) }
-        context.onRebalance?(.assigned(changed))
+        _ = context.onRebalance?(.assigned(changed))
     case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
-        context.onRebalance?(.revoked(changed))
+        let settled = context.onRebalance?(.revoked(changed)) ?? []
+        if !settled.isEmpty {
+            do { try rdkafkaCommit(handle, settled, timeout: .seconds(5)) } catch {
+                context.logger.warning("cannot commit the revoked partitions' settled offsets; their next owner runs "
+                                       + "those jobs again", ["kafka.error": error.description])
+            }
+        }
         if cooperative {
             if let error = rd_kafka_incremental_unassign(handle, partitions) { failure = KafkaError(consuming: error) }
         } else {
@@ -254,6 +260,31 @@ private func rdkafkaRebalance(_ handle: OpaquePointer?, _ error: rd_kafka_resp_e
             "kafka.event": error == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS ? "assigned" : "revoked",
             "kafka.partitions": changed.map(\.description).joined(separator: ","),
         ])
+    }
+}
+
+/// Commits `offsets` for the consumer's group and waits up to `timeout` for the broker's answer (through a queue of
+/// its own rather than a synchronous commit, so the wait is bounded). Blocks: never on Swift's cooperative pool.
+func rdkafkaCommit(_ handle: OpaquePointer, _ offsets: [KafkaTopicPartitionOffset], timeout: Duration) throws(KafkaError) {
+    let list = RDKafkaTopicPartitionList(offsets)
+    guard let queue = rd_kafka_queue_new(handle) else {
+        throw KafkaError(code: .destroyed, message: "no queue for the commit result")
+    }
+    defer { rd_kafka_queue_destroy(queue) }
+    let error = rd_kafka_commit_queue(handle, list.pointer, queue, nil, nil)
+    guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: "commit \(offsets)") }
+    guard let event = rd_kafka_queue_poll(queue, timeout.timeoutMilliseconds) else {
+        throw KafkaError(code: .timedOut, message: "no commit answer within \(timeout)")
+    }
+    defer { rd_kafka_event_destroy(event) }
+    let eventError = rd_kafka_event_error(event)
+    guard eventError == RD_KAFKA_RESP_ERR_NO_ERROR else {
+        throw KafkaError(eventError, message: "commit: \(String(cString: rd_kafka_event_error_string(event)))")
+    }
+    if let answered = rd_kafka_event_topic_partition_list(event) {
+        for entry in RDKafkaTopicPartitionList.entries(of: answered) where entry.error != RD_KAFKA_RESP_ERR_NO_ERROR {
+            throw KafkaError(entry.error, message: "commit \(entry.position): " + String(cString: rd_kafka_err2str(entry.error)))
+        }
     }
 }
 
