@@ -80,8 +80,7 @@ struct Broadcaster: Sendable {
             guard let published = await publish(payload, to: channel, context: context, post: post) else {
                 return (false, exhausted)
             }
-            let failedEveryAttempt = if case .deadLettered(exhausted: true) = published { true } else { false }
-            if failedEveryAttempt { exhausted.insert(channel.channelID) }
+            if published == .deadLettered(exhausted: true) { exhausted.insert(channel.channelID) }
             await record(published, channel: channel, context: context)
         }
         guard !list.isEmpty else { return (true, exhausted) }
@@ -97,15 +96,16 @@ struct Broadcaster: Sendable {
                                        storagePolicy: target.storagePolicy, createdAt: "")
         guard let published = await publish(payload, to: channel, context: context,
                                              post: context.plan.job.replayOf?.postIdHash) else { return false }
-        await record(published, channel: channel, context: context)
+        context.settled.tallyBroadcast(delivered: published == .delivered)
         return true
     }
 
-    /// Marks a settled broadcast in the job's progress and counts it in its status; a failure is logged.
+    /// Marks a post's settled broadcast in the job's progress and counts it in its status; a failure is logged.
     private func record(_ published: Published, channel: BroadcastChannel, context: JobContext) async {
-        let delivered = if case .delivered = published { true } else { false }
-        let exhausted = if case .deadLettered(exhausted: true) = published { true } else { false }
-        do { try await context.settled.broadcastSettled(channel.channelID, delivered: delivered, exhausted: exhausted) } catch {
+        do {
+            try await context.settled.broadcastSettled(channel.channelID, delivered: published == .delivered,
+                                                       exhausted: published == .deadLettered(exhausted: true))
+        } catch {
             logger.warning("cannot mark a broadcast settled; a run of the job again would publish it again, and its status "
                            + "does not count it", ["app": context.plan.app.id, "apns.channel_id": channel.channelID,
                                                    "error": "\(error)"])
@@ -170,7 +170,7 @@ struct Broadcaster: Sendable {
     }
 
     /// What became of one broadcast.
-    private enum Published {
+    private enum Published: Equatable {
         case delivered
         /// `exhausted`: after every attempt of a failure worth retrying (else APNs refused it outright).
         case deadLettered(exhausted: Bool)

@@ -98,6 +98,13 @@ final class SettledPushes: Sendable {
                                                      progressTTL: progress.ttl, owner: owner)
     }
 
+    /// A broadcast job's one broadcast, counted with the job's end (it keeps no progress record).
+    func tallyBroadcast(delivered: Bool) {
+        state.withLock { s in
+            if delivered { s.tally.broadcasts += 1 } else { s.tally.broadcastsDeadLettered += 1 }
+        }
+    }
+
     /// From now on every settled push is marked in the progress record as it settles.
     func startRecording() { state.withLock { $0.recording = true } }
 

@@ -199,7 +199,7 @@ public struct JobStatusStore: Sendable {
                     finish?.jobDeadLettered == true ? "1" : "", finish?.origin.jobID ?? "",
                     finish?.origin.acceptedAt ?? "", finish?.startedAt ?? "", finish?.origin.target ?? "",
                     String(tally.delivered), String(tally.tokensRemoved), String(tally.retried),
-                    String(tally.deadLettered), owner]
+                    String(tally.deadLettered), owner, String(tally.broadcasts), String(tally.broadcastsDeadLettered)]
         // Pushes sent once are marked a group per outcome, each group one variadic HSET (whose reply counts the
         // marks that are new); a retried push, rare, by itself, so that only a new mark adds its retries.
         let groups = SettledPush.Outcome.allCases.map { outcome in
@@ -238,7 +238,8 @@ public struct JobStatusStore: Sendable {
 
     /// KEYS: status, progress. ARGV: status TTL, progress TTL ("0": no marks), finishedAt ("" unless ending),
     /// jobDeadLettered ("1"), jobId, acceptedAt, startedAt, target (set where unset, when ending), the tally's
-    /// delivered, tokensRemoved, retried, deadLettered, the writing run ("" for none); how many pushes sent once
+    /// delivered, tokensRemoved, retried, deadLettered, the writing run ("" for none), the tally's broadcasts and
+    /// broadcastsDeadLettered; how many pushes sent once
     /// settled delivered, with their token removed and dead-lettered, then those pushes as (`s:<token>`, outcome)
     /// pairs in that order, then (`s:<token>`, outcome, retries) per retried push.
     /// Returns 0 when the job had ended already or another run has started it since (nothing written: a late write
@@ -254,8 +255,8 @@ public struct JobStatusStore: Sendable {
         local counts = {d = tonumber(ARGV[9]), r = tonumber(ARGV[10]), x = tonumber(ARGV[12])}
         local retried = tonumber(ARGV[11])
         local marking = ARGV[2] ~= '0'
-        local i = 17
-        for group = 14, 16 do
+        local i = 19
+        for group = 16, 18 do
           local last = i + 2 * tonumber(ARGV[group]) - 1
           if last >= i then
             local outcome = ARGV[i + 1]
@@ -275,11 +276,13 @@ public struct JobStatusStore: Sendable {
             retried = retried + tonumber(ARGV[j + 2])
           end
         end
-        if marking and #ARGV >= 17 then redis.call('EXPIRE', progress, ARGV[2]) end
+        if marking and #ARGV >= 19 then redis.call('EXPIRE', progress, ARGV[2]) end
         if counts.d > 0 then redis.call('HINCRBY', status, 'delivered', counts.d) end
         if counts.r > 0 then redis.call('HINCRBY', status, 'tokensRemoved', counts.r) end
         if counts.x > 0 then redis.call('HINCRBY', status, 'deadLettered', counts.x) end
         if retried > 0 then redis.call('HINCRBY', status, 'retried', retried) end
+        if ARGV[14] ~= '0' then redis.call('HINCRBY', status, 'broadcasts', ARGV[14]) end
+        if ARGV[15] ~= '0' then redis.call('HINCRBY', status, 'broadcastsDeadLettered', ARGV[15]) end
         if finishedAt ~= '' then
           redis.call('HSETNX', status, 'jobId', ARGV[5])
           redis.call('HSETNX', status, 'acceptedAt', ARGV[6])
@@ -302,9 +305,10 @@ public struct JobStatusStore: Sendable {
 
     /// KEYS: status, progress. ARGV: the broadcast's mark (`b:<channelId>`), the progress TTL, its value (`x`:
     /// exhausted), the status field that counts it, the status TTL, the writing run. A mark that was there already
-    /// counts nothing.
+    /// counts nothing, nor does one for a job that has ended.
     static let markBroadcast = RedisScript(source: """
         local status = KEYS[1]
+        if redis.call('HEXISTS', status, 'finishedAt') == 1 then return 0 end
         \(returnUnlessOwner(argument: 6))
         if redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) == 1 then
           redis.call('HINCRBY', status, ARGV[4], 1)

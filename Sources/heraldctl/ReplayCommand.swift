@@ -232,16 +232,9 @@ final class Replay {
             summary.stop = .error
             summary.error = connections.explain(error, topic: connections.dlqTopic).description
         }
-        if ledger.stoppedAcknowledging == nil {
-            await ledger.waitForInFlight(below: 0)
-        } else {
-            // The last jobs sent would mostly wait out their timeouts too (a broker that stopped answering on an open
-            // connection has librdkafka fail them one by one, for minutes): a short grace, then they count as
-            // unanswered. Should one still reach Kafka, a rerun sends it again.
-            let deadline = ContinuousClock.now + .seconds(10)
-            while ledger.inFlight > 0, ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(100)) }
-            if ledger.inFlight > 0 { summary.failures["no_answer", default: 0] += ledger.inFlight }
-        }
+        // Should a job given up here still reach Kafka, a rerun sends it again.
+        await ledger.waitForAnswers(grace: .seconds(10))
+        if summary.error == nil, let stalled = ledger.stoppedAcknowledging { _ = stopUnacknowledged(stalled) }
         ledger.finish()
         if let error = await recorder.value {
             summary.stop = .error
@@ -252,7 +245,7 @@ final class Replay {
         if options.dryRun, options.json { output.write(listed == 0 ? "]," : "\n],") }
         let outcome = ledger.outcome
         summary.republished = options.dryRun ? counters.sent.load(ordering: .relaxed) : outcome.acknowledged
-        summary.failures.merge(outcome.failures) { $0 + $1 }
+        summary.failures = outcome.failures
         summary.scanned = reader.scanned.current
         summary.elapsed = ContinuousClock.now - started
         return summary
@@ -265,7 +258,7 @@ final class Replay {
             return false
         }
         if ledger.hasFailed { return stopRecordingFailed() }
-        if ledger.stoppedAcknowledging != nil { return stopUnacknowledged() }
+        if let stalled = ledger.stoppedAcknowledging { return stopUnacknowledged(stalled) }
         // Tuples of the entry (a class) and not of its dead letter: a letter is a large struct to copy.
         var candidates: [(entry: DLQEntry, member: String)] = []
         for entry in entries {
@@ -329,7 +322,7 @@ final class Replay {
                 return false
             }
             if ledger.hasFailed { return stopRecordingFailed() }
-            if ledger.stoppedAcknowledging != nil { return stopUnacknowledged() }
+            if let stalled = ledger.stoppedAcknowledging { return stopUnacknowledged(stalled) }
             counters.waiting.subtract(1, ordering: .relaxed)
             guard case .success(let job?) = built else {
                 if case .failure = built { skip("invalid_job") } else { skip("not_replayable") }
@@ -354,9 +347,8 @@ final class Replay {
         return false
     }
 
-    /// Kafka stopped acknowledging the jobs (`ReplayLedger.failuresToStop` in a row): the rest would time out too.
-    private func stopUnacknowledged() -> Bool {
-        guard let stalled = ledger.stoppedAcknowledging else { return true }
+    /// Kafka stopped acknowledging the jobs (`ReplayLedger.stoppedAcknowledging`): the rest would time out too.
+    private func stopUnacknowledged(_ stalled: (count: Int, lastError: String)) -> Bool {
         summary.stop = .error
         summary.error = "Kafka stopped acknowledging jobs (the last \(stalled.count) failed, \(stalled.lastError)), so the replay "
             + "stopped sending; run it again once \(connections.jobsTopic) takes writes: it sends what was not acknowledged"

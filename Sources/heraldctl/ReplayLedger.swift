@@ -26,11 +26,12 @@ final class ReplayLedger: Sendable {
         var acknowledgedCount = 0
         var recorded = 0
         var failures: [String: Int] = [:]
-        /// Jobs not acknowledged since the last one that was, the last one's Kafka error, and whether one of them
-        /// went unanswered for the whole message timeout.
+        /// Jobs not acknowledged since the last one that was, and once Kafka is taken to have stopped (for good:
+        /// a later acknowledgement does not undo it) how many and the last one's error.
         var failuresInARow = 0
-        var lastFailure = ""
-        var timedOut = false
+        var kafkaStopped: (count: Int, lastError: String)?
+        /// The jobs still unanswered were given up (`abandonInFlight`): later answers are ignored.
+        var abandoned = false
         var finished = false
         var recordingFailed = false
         var recorder: CheckedContinuation<Void, Never>?
@@ -62,13 +63,13 @@ final class ReplayLedger: Sendable {
     /// The producer's delivery callback (on its thread): must not block.
     func delivered(_ member: String, _ result: Result<KafkaDeliveryReport, KafkaError>) {
         let wake = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            guard !state.abandoned else { return [] }
             state.inFlight -= 1
             switch result {
             case .success:
                 state.acknowledged.append(member)
                 state.acknowledgedCount += 1
                 state.failuresInARow = 0
-                state.timedOut = false
             case .failure(let error): Self.failed(error, &state)
             }
             return takeWaiters(&state)
@@ -79,6 +80,7 @@ final class ReplayLedger: Sendable {
     /// The producer refused the job outright (nothing was queued).
     func notSent(_ error: KafkaError) {
         let wake = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            guard !state.abandoned else { return [] }
             state.inFlight -= 1
             Self.failed(error, &state)
             return takeWaiters(&state)
@@ -89,8 +91,9 @@ final class ReplayLedger: Sendable {
     private static func failed(_ error: KafkaError, _ state: inout State) {
         state.failures[error.code.name, default: 0] += 1
         state.failuresInARow += 1
-        state.lastFailure = error.code.name
-        if error.code == .messageTimedOut { state.timedOut = true }
+        if state.kafkaStopped == nil, error.code == .messageTimedOut || state.failuresInARow >= failuresToStop {
+            state.kafkaStopped = (state.failuresInARow, error.code.name)
+        }
     }
 
     /// After this many jobs in a row were refused, or one went unanswered for the whole message timeout, Kafka is
@@ -98,13 +101,27 @@ final class ReplayLedger: Sendable {
     /// one wait out the timeout.
     static let failuresToStop = 20
 
-    /// The jobs not acknowledged in a row and the last one's error, once Kafka is taken to have stopped.
-    var stoppedAcknowledging: (count: Int, lastError: String)? {
-        state.withLock { $0.timedOut || $0.failuresInARow >= Self.failuresToStop ? ($0.failuresInARow, $0.lastFailure) : nil }
-    }
+    /// The jobs not acknowledged in a row and the last one's error when Kafka was taken to have stopped; nil before.
+    var stoppedAcknowledging: (count: Int, lastError: String)? { state.withLock { $0.kafkaStopped } }
 
-    /// Jobs handed to the producer and not answered yet.
-    var inFlight: Int { state.withLock { $0.inFlight } }
+    /// Waits until every job sent is answered; once Kafka is taken to have stopped (before or meanwhile), at most
+    /// `grace` more (a broker that stopped answering on an open connection has librdkafka fail the last jobs one by
+    /// one, for minutes), and the jobs still unanswered then count as `no_answer`.
+    func waitForAnswers(grace: Duration) async {
+        var graceEnds: ContinuousClock.Instant?
+        while state.withLock({ $0.inFlight }) > 0 {
+            if graceEnds == nil, stoppedAcknowledging != nil { graceEnds = .now + grace }
+            if let graceEnds, ContinuousClock.now >= graceEnds {
+                state.withLock { state in
+                    state.failures["no_answer", default: 0] += state.inFlight
+                    state.inFlight = 0
+                    state.abandoned = true
+                }
+                return
+            }
+            try? await Task.sleep(for: .milliseconds(50))
+        }
+    }
 
     /// Waits until fewer than `limit` jobs await their acknowledgement (0: until all are settled).
     func waitForInFlight(below limit: Int) async {

@@ -884,6 +884,16 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(status.jsonValue["counts"]?["broadcasts"]?.numberValue == 1)
         #expect(try await redis.client.command(["HGET", progress, "b:c2"]).string == "x")
         #expect(try await redis.client.command(["HEXISTS", progress, "b:c3"]).int == 0)
+        // A broadcast job's one broadcast is counted with its end, and nothing counts after the end.
+        var tally = JobStatus.Counts()
+        tally.broadcasts = 1
+        try await store.settled(app: redis.app, jobID: job.id, progressKey: progress, progressTTL: nil, pushes: [],
+                                tally: tally, finish: .init(origin: JobStatusStore.Origin(job), startedAt: "x",
+                                                            finishedAt: "2026-12-07T09:01:00Z"), owner: "a")
+        try await mark("c4", delivered: true)
+        let ended = try #require(try await store.read(app: redis.app, jobID: job.id))
+        #expect(ended.state == .done && ended.counts.broadcasts == 2 && ended.counts.broadcastsDeadLettered == 1,
+                "\(ended.counts)")
         try await redis.client.command(["DEL", keys.jobStatus(job.id), progress])
     }
 

@@ -84,8 +84,9 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
 
     /// Resolves the host on a short-lived thread (getaddrinfo blocks), then connects on the loop.
     func start() {
+        // As curl --resolve writes them: an IPv6 address may be in brackets.
         let hosts = core.configuration.addressOverrides[endpoint.host.lowercased()]?.split(separator: ",").map {
-            $0.trimmingCharacters(in: .whitespaces)
+            $0.trimmingCharacters(in: CharacterSet(charactersIn: " []"))
         } ?? [endpoint.host]
         let port = endpoint.port, loop = core.loop
         Thread.named("apns-resolve") { [self] in

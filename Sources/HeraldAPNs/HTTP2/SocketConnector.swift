@@ -25,14 +25,17 @@ struct SocketAddress: @unchecked Sendable {  // @unchecked: a plain C value (soc
 enum SocketConnector {
     /// The addresses of all `hosts`, families alternating (IPv6, IPv4, IPv6, … when the first is IPv6), so that
     /// a family that does not work costs one address's attempt before the other is tried (RFC 8305).
+    /// A host that does not resolve is left out; the first failure is the answer when none does.
     static func resolve(hosts: [String], port: UInt16) -> Result<[SocketAddress], APNsError> {
         var all: [SocketAddress] = []
+        var firstFailure: APNsError?
         for host in hosts {
             switch resolve(host: host, port: port) {
             case .success(let addresses): all += addresses
-            case .failure(let error): return .failure(error)
+            case .failure(let error): firstFailure = firstFailure ?? error
             }
         }
+        if all.isEmpty, let firstFailure { return .failure(firstFailure) }
         return .success(alternatingFamilies(all))
     }
 
