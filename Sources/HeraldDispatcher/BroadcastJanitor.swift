@@ -11,8 +11,8 @@ import HeraldStore
 ///   once they were seen so a whole round apart, as a channel is made at APNs just before it is saved;
 /// - forgets channels Redis has but APNs no longer knows (the Broadcast capability turned off deletes them all).
 ///
-/// Several dispatchers running it at once is harmless: a second delete answers ChannelNotRegistered, which counts
-/// as deleted. An app is listed in an environment once it asked APNs for a channel there, while it has channels
+/// Several dispatchers running it at once is harmless: a second delete answers ChannelNotRegistered, and the
+/// channel is forgotten. An app is listed in an environment once it asked APNs for a channel there, while it has channels
 /// there in Redis, or had some at APNs at the last look, so apps that never broadcast cost Apple no requests.
 struct BroadcastJanitor: Service {
     let apps: AppRegistry
@@ -79,6 +79,10 @@ struct BroadcastJanitor: Service {
                     case .deleted?:
                         cleaned.labels("idle_deleted").increment()
                         logger.info("broadcast channel of an idle post deleted",
+                                    ["app": app.id, "post": post, "apns.channel_id": channel.channelID])
+                    case .gone?:
+                        cleaned.labels("forgotten").increment()
+                        logger.info("broadcast channel of an idle post gone at APNs; forgotten",
                                     ["app": app.id, "post": post, "apns.channel_id": channel.channelID])
                     case .refused?:
                         break  // the channel stays; tried again next round

@@ -129,7 +129,7 @@ struct Broadcaster: Sendable {
             guard let deletion = await delete(channel, app: plan.app, credentials: plan.credentials, post: post) else {
                 return false
             }
-            if deletion == .deleted {
+            if deletion == .deleted || deletion == .gone {
                 logger.info("final update sent; broadcast channel deleted",
                             ["app": app, "post": post, "apns.channel_id": channel.channelID])
             }
@@ -139,8 +139,10 @@ struct Broadcaster: Sendable {
 
     /// What became of a channel delete.
     enum ChannelDeletion {
-        /// Gone at APNs (or APNs never knew it) and forgotten.
+        /// Deleted at APNs and forgotten.
         case deleted
+        /// APNs no longer had it (`isGone`), and it is forgotten.
+        case gone
         /// APNs refused this channel (a 400 about it, such as BadChannelId); the channel stays in Redis.
         case refused
         /// APNs refused the app or could not be reached, or Redis failed: other deletes would fare no better now.
@@ -166,7 +168,7 @@ struct Broadcaster: Sendable {
         guard await store("forget the channel", {
             try await channels.remove(app: app.id, postIDHash: post, channel)
         }) != nil else { return Task.isCancelled ? nil : .failed }
-        return .deleted
+        return response.isSuccess ? .deleted : .gone
     }
 
     /// What became of one broadcast.
