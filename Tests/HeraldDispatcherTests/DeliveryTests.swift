@@ -234,13 +234,10 @@ struct DeliveryTests {
         await harness.stop()
     }
 
-    /// A final update whose broadcast fails every attempt keeps its channel for the replay, also when its record runs
-    /// again after it finished (a rebalance before the commit): that run must not delete what the first one kept.
-    @Test("a final update's channel kept for the replay stays when the record runs again")
-    func aKeptChannelStaysWhenTheFinalRecordRunsAgain() async throws {
-        let harness = try await DispatcherHarness.start(maxAttempts: 2)
-        let app = harness.apps.apps[0]
-        let post = postHash()
+    /// The post's production channel, made through the dispatcher, whose broadcasts the simulator then answers with
+    /// `status` and `reason`.
+    private func madeChannel(_ harness: DispatcherHarness, app: TestApps.Entry, post: String, answered status: Int,
+                             _ reason: String) async throws -> BroadcastChannel {
         try await harness.produce(try EventIntake.broadcastChannel(.object(["environment": .string("production")]),
                                                                    appID: app.id, postIDHash: post))
         let channels = BroadcastChannelStore(redis: harness.redis)
@@ -248,8 +245,19 @@ struct DeliveryTests {
             try await !channels.channels(app: app.id, postIDHash: post).isEmpty
         }
         let channel = try #require(try await channels.channels(app: app.id, postIDHash: post).first)
-        try harness.simulators.production.setRules([SimulatorRule(channelID: channel.channelID, status: 503,
-                                                                  reason: "ServiceUnavailable")])
+        try harness.simulators.production.setRules([SimulatorRule(channelID: channel.channelID, status: status, reason: reason)])
+        return channel
+    }
+
+    /// A final update whose broadcast fails every attempt keeps its channel for the replay, also when its record runs
+    /// again after it finished (a rebalance before the commit): that run must not delete what the first one kept.
+    @Test("a final update's channel kept for the replay stays when the record runs again")
+    func aKeptChannelStaysWhenTheFinalRecordRunsAgain() async throws {
+        let harness = try await DispatcherHarness.start(maxAttempts: 2)
+        let app = harness.apps.apps[0]
+        let post = postHash()
+        let channels = BroadcastChannelStore(redis: harness.redis)
+        let channel = try await madeChannel(harness, app: app, post: post, answered: 503, "ServiceUnavailable")
         var end = PushJob(id: "end-\(SecureRandom.hex(4))", appId: app.id, target: .post(post))
         end.liveActivity = PushJob.LiveActivity(event: .end, contentState: .object(["score": .string("2-1")]))
         end.final = true
@@ -274,15 +282,8 @@ struct DeliveryTests {
         let harness = try await DispatcherHarness.start(maxAttempts: 2)
         let app = harness.apps.apps[0]
         let post = postHash()
-        try await harness.produce(try EventIntake.broadcastChannel(.object(["environment": .string("production")]),
-                                                                   appID: app.id, postIDHash: post))
         let channels = BroadcastChannelStore(redis: harness.redis)
-        try await eventually("the post's channel was made") {
-            try await !channels.channels(app: app.id, postIDHash: post).isEmpty
-        }
-        let channel = try #require(try await channels.channels(app: app.id, postIDHash: post).first)
-        try harness.simulators.production.setRules([SimulatorRule(channelID: channel.channelID, status: 400,
-                                                                  reason: "FeatureNotEnabled")])
+        _ = try await madeChannel(harness, app: app, post: post, answered: 400, "FeatureNotEnabled")
         var update = PushJob(id: "upd-\(SecureRandom.hex(4))", appId: app.id, target: .post(post))
         update.liveActivity = PushJob.LiveActivity(event: .update, contentState: .object(["score": .string("1-0")]))
         try await harness.produce(update)
