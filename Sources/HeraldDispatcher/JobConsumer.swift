@@ -384,10 +384,10 @@ final class JobConsumer: Service {
     }
 
     private func commitSettled() async {
-        let positions = book.uncommitted()
-        guard !positions.isEmpty else { return }
+        let book = self.book
         do {
-            try await consumer.commit(positions)
+            let positions = try await consumer.commit { book.uncommitted() }
+            guard !positions.isEmpty else { return }
             book.committed(positions)
             metrics.commits.labels("ok").increment()
         } catch {

@@ -138,13 +138,26 @@ public final class KafkaConsumer: Sendable {
     /// A position is the next offset to read: use `KafkaRecord.offsetToCommit` for a handled record.
     public func commit(_ offsets: [KafkaTopicPartitionOffset]) async throws(KafkaError) {
         guard !offsets.isEmpty else { return }
+        _ = try await commit { offsets }
+    }
+
+    /// Commits the positions `positions` gives and waits for the broker's answer; returns them. They are read when
+    /// the commit is queued, in order with the commit a revocation makes (`KafkaRebalanceHandler`): an older one
+    /// read before it can never land after it.
+    public func commit(_ positions: @escaping @Sendable () -> [KafkaTopicPartitionOffset]) async throws(KafkaError)
+        -> [KafkaTopicPartitionOffset] {
         guard isGroupMember else {
             throw KafkaError(code: .invalidArgument, message: "a consumer without a group id cannot commit")
         }
         let client = self.client, timeout = self.timeout
         guard !closed.load(ordering: .acquiring) else { throw .closed("consumer") }
-        try await commitThread.run { () throws(KafkaError) in
-            try rdkafkaCommit(client.handle, offsets, timeout: timeout)
+        return try await commitThread.run { () throws(KafkaError) -> [KafkaTopicPartitionOffset] in
+            guard let pending = try client.commitOrder.withLock({ _ throws(KafkaError) -> RDKafkaPendingCommit? in
+                let offsets = positions()
+                return offsets.isEmpty ? nil : try rdkafkaQueueCommit(client.handle, offsets)
+            }) else { return [] }
+            try pending.wait(timeout: timeout)
+            return pending.offsets
         }
     }
 

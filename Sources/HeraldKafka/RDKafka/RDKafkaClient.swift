@@ -7,6 +7,10 @@ import Synchronization
 final class RDKafkaCallbackContext: Sendable {
     let logger: Logger
     let onRebalance: KafkaRebalanceHandler?
+    /// Held while a commit's positions are read and the commit is queued (`rdkafkaQueueCommit`), by the consumer's
+    /// own commits and by the one before a revocation: librdkafka sends commits in the order they were queued, so an
+    /// older position can never land after a newer one.
+    let commitOrder = Lock(())
     /// When each error text was last logged: librdkafka reports "all brokers are down" on every failed reconnect
     /// (every 50–100 ms against a broker that refuses the TLS handshake), which would flood the log.
     private let lastLogged = Lock<[String: ContinuousClock.Instant]>([:])
@@ -42,6 +46,9 @@ final class RDKafkaClient: @unchecked Sendable { // immutable after init; librdk
     let consumerQueue: OpaquePointer?
     private let context: Unmanaged<RDKafkaCallbackContext>
     private let destroyed = Atomic(false)
+
+    /// See `RDKafkaCallbackContext.commitOrder`.
+    var commitOrder: Lock<Void> { context.takeUnretainedValue().commitOrder }
 
     init(kind: Kind, properties: [String: String], logger: Logger, deliveryReports: Bool = false,
          onRebalance: KafkaRebalanceHandler? = nil) throws(KafkaError) {
@@ -236,12 +243,18 @@ private func rdkafkaRebalance(_ handle: OpaquePointer?, _ error: rd_kafka_resp_e
         if let partitions { _ = rd_kafka_resume_partitions(handle, partitions) }
         _ = context.onRebalance?(.assigned(changed))
     case RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS:
-        let settled = context.onRebalance?(.revoked(changed)) ?? []
-        if !settled.isEmpty {
-            do { try rdkafkaCommit(handle, settled, timeout: .seconds(5)) } catch {
-                context.logger.warning("cannot commit the revoked partitions' settled offsets; their next owner runs "
-                                       + "those jobs again", ["kafka.error": error.description])
+        // A lost assignment (the session ran out) may be another member's already: it is not committed to.
+        let lost = rd_kafka_assignment_lost(handle) != 0
+        do {
+            let pending = try context.commitOrder.withLock { _ throws(KafkaError) -> RDKafkaPendingCommit? in
+                let settled = context.onRebalance?(.revoked(changed)) ?? []
+                return settled.isEmpty || lost ? nil : try rdkafkaQueueCommit(handle, settled)
             }
+            // A commit that outlasts the wait may still land later, behind the next owner's: those jobs run again.
+            try pending?.wait(timeout: .seconds(5))
+        } catch {
+            context.logger.warning("cannot commit the revoked partitions' settled offsets; their next owner may run "
+                                   + "those jobs again", ["kafka.error": error.description])
         }
         if cooperative {
             if let error = rd_kafka_incremental_unassign(handle, partitions) { failure = KafkaError(consuming: error) }
@@ -263,27 +276,41 @@ private func rdkafkaRebalance(_ handle: OpaquePointer?, _ error: rd_kafka_resp_e
     }
 }
 
-/// Commits `offsets` for the consumer's group and waits up to `timeout` for the broker's answer (through a queue of
-/// its own rather than a synchronous commit, so the wait is bounded). Blocks: never on Swift's cooperative pool.
-func rdkafkaCommit(_ handle: OpaquePointer, _ offsets: [KafkaTopicPartitionOffset], timeout: Duration) throws(KafkaError) {
-    let list = RDKafkaTopicPartitionList(offsets)
+/// Queues a commit of `offsets` for the consumer's group (under `RDKafkaCallbackContext.commitOrder`); its answer
+/// comes on a queue of its own rather than through a synchronous commit, so that the wait is bounded.
+func rdkafkaQueueCommit(_ handle: OpaquePointer, _ offsets: [KafkaTopicPartitionOffset]) throws(KafkaError) -> RDKafkaPendingCommit {
+    let list = RDKafkaTopicPartitionList(offsets)  // librdkafka copies it
     guard let queue = rd_kafka_queue_new(handle) else {
         throw KafkaError(code: .destroyed, message: "no queue for the commit result")
     }
-    defer { rd_kafka_queue_destroy(queue) }
     let error = rd_kafka_commit_queue(handle, list.pointer, queue, nil, nil)
-    guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: "commit \(offsets)") }
-    guard let event = rd_kafka_queue_poll(queue, timeout.timeoutMilliseconds) else {
-        throw KafkaError(code: .timedOut, message: "no commit answer within \(timeout)")
+    guard error == RD_KAFKA_RESP_ERR_NO_ERROR else {
+        rd_kafka_queue_destroy(queue)
+        throw KafkaError(error, message: "commit \(offsets)")
     }
-    defer { rd_kafka_event_destroy(event) }
-    let eventError = rd_kafka_event_error(event)
-    guard eventError == RD_KAFKA_RESP_ERR_NO_ERROR else {
-        throw KafkaError(eventError, message: "commit: \(String(cString: rd_kafka_event_error_string(event)))")
-    }
-    if let answered = rd_kafka_event_topic_partition_list(event) {
-        for entry in RDKafkaTopicPartitionList.entries(of: answered) where entry.error != RD_KAFKA_RESP_ERR_NO_ERROR {
-            throw KafkaError(entry.error, message: "commit \(entry.position): " + String(cString: rd_kafka_err2str(entry.error)))
+    return RDKafkaPendingCommit(queue: queue, offsets: offsets)
+}
+
+/// A commit librdkafka has queued, waited for once.
+struct RDKafkaPendingCommit: @unchecked Sendable {  // the queue is used by one thread at a time, then destroyed
+    let queue: OpaquePointer
+    let offsets: [KafkaTopicPartitionOffset]
+
+    /// Waits up to `timeout` for the broker's answer. Blocks: never on Swift's cooperative pool.
+    func wait(timeout: Duration) throws(KafkaError) {
+        defer { rd_kafka_queue_destroy(queue) }
+        guard let event = rd_kafka_queue_poll(queue, timeout.timeoutMilliseconds) else {
+            throw KafkaError(code: .timedOut, message: "no commit answer within \(timeout)")
+        }
+        defer { rd_kafka_event_destroy(event) }
+        let eventError = rd_kafka_event_error(event)
+        guard eventError == RD_KAFKA_RESP_ERR_NO_ERROR else {
+            throw KafkaError(eventError, message: "commit: \(String(cString: rd_kafka_event_error_string(event)))")
+        }
+        if let answered = rd_kafka_event_topic_partition_list(event) {
+            for entry in RDKafkaTopicPartitionList.entries(of: answered) where entry.error != RD_KAFKA_RESP_ERR_NO_ERROR {
+                throw KafkaError(entry.error, message: "commit \(entry.position): " + String(cString: rd_kafka_err2str(entry.error)))
+            }
         }
     }
 }
