@@ -385,6 +385,8 @@ final class JobConsumer: Service {
 
     private func commitSettled() async {
         let book = self.book
+        // Nothing to commit (also once the consumer is closed): no commit, counted neither way.
+        guard !book.uncommitted().isEmpty else { return }
         do {
             let positions = try await consumer.commit { book.uncommitted() }
             guard !positions.isEmpty else { return }

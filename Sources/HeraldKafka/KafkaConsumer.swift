@@ -143,7 +143,7 @@ public final class KafkaConsumer: Sendable {
 
     /// Commits the positions `positions` gives and waits for the broker's answer; returns them. They are read when
     /// the commit is queued, in order with the commit a revocation makes (`KafkaRebalanceHandler`): an older one
-    /// read before it can never land after it.
+    /// read before it is not sent after it.
     public func commit(_ positions: @escaping @Sendable () -> [KafkaTopicPartitionOffset]) async throws(KafkaError)
         -> [KafkaTopicPartitionOffset] {
         guard isGroupMember else {

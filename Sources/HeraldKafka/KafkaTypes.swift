@@ -79,9 +79,10 @@ public struct KafkaTopicPartitionOffset: Sendable, Hashable, CustomStringConvert
     public var description: String { "\(topic)[\(partition)]@\(offset)" }
 }
 
-/// Told of each rebalance (on the consumer's thread, during `poll`: it must not wait on the consumer). For
-/// `.revoked` it returns the positions to commit for those partitions before they go (committed then, waiting up to
-/// 5 s for the broker's answer, so the next owner does not run again what was done); `[]` for `.assigned`.
+/// Told of each rebalance (on the consumer's thread, during `poll`, holding the consumer's commit lock: it must not
+/// wait on the consumer or a commit). For `.revoked` it returns the positions to commit for those partitions before
+/// they go (committed then, waiting up to 5 s for the broker's answer, so the next owner does not run again what was
+/// done; not when the assignment was lost, as another member may own them already); `[]` for `.assigned`.
 public typealias KafkaRebalanceHandler = @Sendable (KafkaRebalanceEvent) -> [KafkaTopicPartitionOffset]
 
 /// A consumer-group rebalance as seen by this member.

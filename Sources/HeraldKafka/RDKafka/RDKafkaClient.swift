@@ -9,7 +9,7 @@ final class RDKafkaCallbackContext: Sendable {
     let onRebalance: KafkaRebalanceHandler?
     /// Held while a commit's positions are read and the commit is queued (`rdkafkaQueueCommit`), by the consumer's
     /// own commits and by the one before a revocation: librdkafka sends commits in the order they were queued, so an
-    /// older position can never land after a newer one.
+    /// older position is not sent after a newer one (one it retries after an error may still land later).
     let commitOrder = Lock(())
     /// When each error text was last logged: librdkafka reports "all brokers are down" on every failed reconnect
     /// (every 50–100 ms against a broker that refuses the TLS handshake), which would flood the log.
