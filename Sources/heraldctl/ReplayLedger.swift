@@ -30,7 +30,7 @@ final class ReplayLedger: Sendable {
         /// a later acknowledgement does not undo it) how many and the last one's error.
         var failuresInARow = 0
         var kafkaStopped: (count: Int, lastError: String)?
-        /// The jobs still unanswered were given up (`abandonInFlight`): later answers are ignored.
+        /// The jobs still unanswered were given up (`waitForAnswers`): later answers are ignored.
         var abandoned = false
         var finished = false
         var recordingFailed = false
@@ -123,7 +123,7 @@ final class ReplayLedger: Sendable {
         }
     }
 
-    /// Waits until fewer than `limit` jobs await their acknowledgement (0: until all are settled).
+    /// Waits until fewer than `limit` jobs await their acknowledgement.
     func waitForInFlight(below limit: Int) async {
         await withCheckedContinuation { continuation in
             let ready = state.withLock { state -> Bool in
