@@ -121,30 +121,18 @@ import Testing
         let masters = try await clusterMasters()
         let source = try #require(masters.first { $0.serves(slot) })
         let target = try #require(masters.first { $0.id != source.id })
-        _ = try await clusterAdmin(target.port, "CLUSTER", "SETSLOT", String(slot), "IMPORTING", source.id)
-        _ = try await clusterAdmin(source.port, "CLUSTER", "SETSLOT", String(slot), "MIGRATING", target.id)
-        _ = try await clusterAdmin(source.port, "MIGRATE", "127.0.0.1", String(target.port), key, "0", "5000")
+        try await startMovingSlot(slot, from: source, to: target, migrating: [key])
         var failure: (any Error)?
         do {
             #expect(try await client.command(["GET", key]).string == "here", "ASK followed")
-            for master in masters { _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", target.id) }
+            try await finishMovingSlot(slot, from: source, to: target, among: masters)
             #expect(try await client.command(["GET", key]).string == "here", "MOVED followed")
             let moved = try await client.pipeline([["GET", key], ["SET", key, "again"], ["GET", key]])
             #expect(moved == [.bulk(Array("here".utf8)), .status("OK"), .bulk(Array("again".utf8))])
         } catch { failure = error }
         // Back where it was, for the other tests.
-        _ = try await clusterAdmin(source.port, "CLUSTER", "SETSLOT", String(slot), "IMPORTING", target.id)
-        _ = try await clusterAdmin(target.port, "CLUSTER", "SETSLOT", String(slot), "MIGRATING", source.id)
-        _ = try await clusterAdmin(target.port, "MIGRATE", "127.0.0.1", String(source.port), key, "0", "5000")
-        for master in masters { _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", source.id) }
-        // Until every node agrees again, the next test could meet the slot half moved.
-        try await eventually("every node names the slot's master again", timeout: .seconds(30)) {
-            for port in try await clusterNodePorts() {
-                let owner = try await clusterMasters(asSeenBy: port).first { $0.serves(slot) }
-                guard owner?.id == source.id else { return false }
-            }
-            return true
-        }
+        try await startMovingSlot(slot, from: target, to: source, migrating: [key])
+        try await finishMovingSlot(slot, from: target, to: source, among: masters)
         if let failure { throw failure }
         #expect(try await client.command(["GET", key]).string == "again")
         try await client.command(["DEL", key])
@@ -204,21 +192,39 @@ import Testing
         let masters = try await clusterMasters()
         let (tag, slot, source) = try await emptySlot(among: masters)
         let target = try #require(masters.first { $0.id != source.id })
-        for master in [target] + masters.filter({ $0.id != target.id }) {
-            _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", target.id)
-        }
+        try await startMovingSlot(slot, from: source, to: target)
+        try await finishMovingSlot(slot, from: source, to: target, among: masters)
         var failure: (any Error)?
         do { try await body(tag, slot, target) } catch { failure = error }
-        for master in [source] + masters.filter({ $0.id != source.id }) {
-            _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", source.id)
+        try await startMovingSlot(slot, from: target, to: source)
+        try await finishMovingSlot(slot, from: target, to: source, among: masters)
+        if let failure { throw failure }
+    }
+
+    /// The first half of moving a slot as `redis-cli --cluster reshard` does: the target importing it, the source
+    /// migrating it (answering `ASK` for keys it no longer has), then `keys` migrated.
+    private func startMovingSlot(_ slot: Int, from source: ClusterMaster, to target: ClusterMaster,
+                                 migrating keys: [String] = []) async throws {
+        _ = try await clusterAdmin(target.port, "CLUSTER", "SETSLOT", String(slot), "IMPORTING", source.id)
+        _ = try await clusterAdmin(source.port, "CLUSTER", "SETSLOT", String(slot), "MIGRATING", target.id)
+        for key in keys { _ = try await clusterAdmin(source.port, "MIGRATE", "127.0.0.1", String(target.port), key, "0", "5000") }
+    }
+
+    /// The second half: `SETSLOT NODE` on the target first, where assigning an importing slot to itself bumps its
+    /// config epoch, so its claim outranks the gossip of every node (a plain `SETSLOT NODE` keeps the epoch, and a
+    /// replica whose master's epoch is higher talks the target out of the slot again); then on the other masters.
+    /// Returns once every node, replicas included, names the target.
+    private func finishMovingSlot(_ slot: Int, from source: ClusterMaster, to target: ClusterMaster,
+                                  among masters: [ClusterMaster]) async throws {
+        for master in [target, source] + masters.filter({ $0.id != target.id && $0.id != source.id }) {
+            _ = try await clusterAdmin(master.port, "CLUSTER", "SETSLOT", String(slot), "NODE", target.id)
         }
-        try await eventually("every node names the slot's master again", timeout: .seconds(30)) {
+        try await eventually("every node names the slot's new master", timeout: .seconds(30)) {
             for port in try await clusterNodePorts() {
-                guard try await clusterMasters(asSeenBy: port).first(where: { $0.serves(slot) })?.id == source.id else { return false }
+                guard try await clusterMasters(asSeenBy: port).first(where: { $0.serves(slot) })?.id == target.id else { return false }
             }
             return true
         }
-        if let failure { throw failure }
     }
 
     /// A slot an operator unassigns (`CLUSTER DELSLOTS`, after a master without a replica was lost) answers
