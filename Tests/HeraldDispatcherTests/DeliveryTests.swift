@@ -770,8 +770,9 @@ struct DeliveryTests {
             configuration.fetchStallRecovery = FetchStallRecovery(stallTimeout: .seconds(3))
         }
         let app = harness.apps.apps[0]
-        // The hot channel's first push takes 10 s to answer; its 20 jobs queue behind it on partition 0.
-        try harness.simulators.production.setRules([.delay(tokenPrefix: "b05e", milliseconds: 10_000, times: 1)])
+        // The hot channel's first push takes 6 s to answer (twice the stall timeout); its 20 jobs queue behind it on
+        // partition 0.
+        try harness.simulators.production.setRules([.delay(tokenPrefix: "b05e", milliseconds: 6_000, times: 1)])
         let hot = "hot-\(SecureRandom.hex(4))", quiet = "quiet-\(SecureRandom.hex(4))"
         try await harness.subscribe(app, channel: hot, token: deviceToken("b05e"))
         let other = deviceToken()
