@@ -265,11 +265,14 @@ final class RedisTopology: Sendable {
             return order
         }
         for address in candidates {
+            // Closing the client cancels a refresh under way: no map to install, nothing failed.
+            if Task.isCancelled { return }
             guard let node = try? node(at: address), let reply = try? await node.single(Self.slotsCommand),
                   let ranges = RedisCluster.slotRanges(reply, asked: address), !ranges.isEmpty else { continue }
             install(ranges)
             return
         }
+        if Task.isCancelled { return }
         logger.warning("redis cluster map refresh failed", ["redis.asked": "\(candidates.count)"])
     }
 }
