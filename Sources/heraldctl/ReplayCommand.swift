@@ -30,6 +30,8 @@ enum ReplayCommand {
           --dry-run           send nothing; list the jobs that would be sent (nothing is recorded either)
           --limit N           re-publish at most N jobs in this run; run again to continue
           --rate R            at most R jobs per second (default: as fast as Kafka acknowledges)
+          --ack-timeout S     how long a job may wait for Kafka's acknowledgement, in seconds (default 30); one
+                              left unanswered that long stops the replay
           --include-removed   also send to tokens that no longer have any subscription or Live Activity
                               registration in Redis, and to broadcast channels their post no longer has
                               (skipped by default: the device was unregistered, or the post ended, since)
@@ -46,7 +48,7 @@ enum ReplayCommand {
         sends exactly the rest. A replay killed outright (SIGKILL, power loss) can send again the jobs handed to
         Kafka but not yet recorded at that moment: at most 5,000 in flight plus one Redis round trip's worth of
         acknowledged ones. A run whose records Redis refuses stops sending (exit 1), and so does one whose job Kafka
-        left unanswered for 30 s, or refused 20 in a row. The job id of a replayed job is
+        left unanswered for --ack-timeout, or refused 20 in a row. The job id of a replayed job is
         replay-NAME-PARTITION-OFFSET. Do not run the same replay from two places at once. After the topic is
         deleted and created again, its letters reuse old positions: give replays of it a new --name.
 
@@ -95,7 +97,9 @@ enum ReplayCommand {
             }
             return value
         }
-        let options = Options(name: name, limit: limit, rate: rate, dryRun: flags.has("dry-run"),
+        let ackTimeout = try flags.int("ack-timeout", default: 30, range: 1...3_600)
+        let options = Options(name: name, limit: limit, rate: rate, ackTimeout: .seconds(ackTimeout),
+                              dryRun: flags.has("dry-run"),
                               includeRemoved: flags.has("include-removed"), includeReplayed: flags.has("include-replayed"),
                               includeUnsigned: flags.has("include-unsigned"), json: flags.has("json"))
         let connections = try Connections()
@@ -125,7 +129,7 @@ enum ReplayCommand {
         var producer: KafkaProducer?
         if !options.dryRun {
             let created = try KafkaProducer(configuration: KafkaProducerConfiguration(
-                kafka: connections.kafka, messageTimeout: .seconds(30), linger: .milliseconds(5)), logger: connections.logger)
+                kafka: connections.kafka, messageTimeout: options.ackTimeout, linger: .milliseconds(5)), logger: connections.logger)
             do {
                 _ = try await created.partitionCount(topic: connections.jobsTopic)
             } catch {
@@ -171,6 +175,8 @@ enum ReplayCommand {
         var name: String
         var limit: Int
         var rate: Double?
+        /// Kafka's `message.timeout.ms` for the replayed jobs: a job unanswered this long stops the replay.
+        var ackTimeout: Duration
         var dryRun: Bool
         var includeRemoved: Bool
         var includeReplayed: Bool

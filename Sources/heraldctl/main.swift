@@ -114,7 +114,7 @@ func runCommand() async {
             exit(try await SendCommand.run(Flags(rest, allowed: SendCommand.flagNames, switches: SendCommand.switches)))
         case ("redis", "migrate"): try await RedisCommand.migrate(Flags(rest.dropFirst(), allowed: [], switches: ["dry-run"]))
         case ("replay", _):
-            let code = try await ReplayCommand.run(Flags(rest, allowed: DLQFilter.flagNames.union(["name", "limit", "rate"]),
+            let code = try await ReplayCommand.run(Flags(rest, allowed: DLQFilter.flagNames.union(["name", "limit", "rate", "ack-timeout"]),
                                                          switches: ["dry-run", "include-removed", "include-replayed",
                                                                     "include-unsigned", "json"]))
             exit(code)

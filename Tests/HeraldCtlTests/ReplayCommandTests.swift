@@ -213,11 +213,11 @@ struct ReplayCommandTests {
         for token in tokens { try await harness.subscribe(token) }
         try await harness.publish(tokens.map { harness.deadLetter(token: $0) })
         // 5 a second: the 300 would take a minute. The letters are fetched at once; the jobs' acknowledgements
-        // stop when the broker does, and each one sent since fails after the 30 s message timeout.
-        let replay = try harness.start(["replay", "--rate", "5", "--json"])
+        // stop when the broker does, and each one sent since fails after --ack-timeout.
+        let replay = try harness.start(["replay", "--rate", "5", "--ack-timeout", "5", "--json"])
         try await Task.sleep(for: .seconds(2))
         broker.pause()
-        let result = await replay.wait(timeout: .seconds(120))
+        let result = await replay.wait(timeout: .seconds(60))
         broker.resume()
         await broker.crash()
         #expect(result.status == 1, "\(result.stdout)\n\(result.stderr)")
@@ -240,6 +240,8 @@ struct ReplayCommandTests {
 
         let badRate = try await harness.heraldctl(["replay", "--rate", "fast"])
         #expect(badRate.status == 2 && badRate.stderr.contains("--rate"))
+        let badAckTimeout = try await harness.heraldctl(["replay", "--ack-timeout", "0"])
+        #expect(badAckTimeout.status == 2 && badAckTimeout.stderr.contains("--ack-timeout: expected a whole number"))
         let badName = try await harness.heraldctl(["replay", "--name", "a b"])
         #expect(badName.status == 2 && badName.stderr.contains("--name"))
         let badSince = try await harness.heraldctl(["replay", "--since", "soon"])
