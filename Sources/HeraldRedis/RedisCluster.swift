@@ -108,7 +108,9 @@ public enum RedisCluster {
         for entry in entries {
             guard let parts = entry.array, parts.count >= 3, let start = parts[0].int, let end = parts[1].int,
                   start <= end, start >= 0, end < slotCount,
-                  let master = parts[2].array, master.count >= 2, let host = master[0].string, let port = master[1].int
+                  let master = parts[2].array, master.count >= 2, let port = master[1].int,
+                  // NULL: the node's endpoint is unknown (cluster-preferred-endpoint-type unknown-endpoint).
+                  let host = master[0] == .null ? "" : master[0].string
             else { return nil }
             let address = RedisAddress(host: host.isEmpty || host == "?" ? asked.host : host, port: Int(port))
             ranges.append((Int(start)...Int(end), address))

@@ -26,6 +26,9 @@ final class RedisTopology: Sendable {
         /// Why the seeds' last asking failed.
         var detectionError: RedisError?
         var refresh: Task<Void, Never>?
+        /// A `MOVED` arrived while `refresh` ran: the map it installs may be older (a node whose gossip lags), so
+        /// another refresh follows it.
+        var movedDuringRefresh = false
         var lastRefresh: ContinuousClock.Instant?
         var isClosed = false
     }
@@ -149,6 +152,7 @@ final class RedisTopology: Sendable {
                 slots[slot] = node
                 state.mode = .cluster(slots)
             }
+            if state.refresh != nil { state.movedDuringRefresh = true }
             return node
         }
         scheduleRefresh()
@@ -175,7 +179,8 @@ final class RedisTopology: Sendable {
         for node in nodes { await node.close() }
     }
 
-    /// The seeds in order, for the first call: the first that answers decides the mode.
+    /// The seeds in order, for the first call: the first that answers with a mode (an error: standalone; a slot map:
+    /// a cluster) decides it.
     private func detect() async throws {
         var lastError = RedisError(.connection, "no seed to ask")
         for seed in configuration.seeds {
@@ -185,7 +190,11 @@ final class RedisTopology: Sendable {
                 lastError = error
                 continue
             }
-            if let unavailable = RedisError.unavailability(of: reply) { throw unavailable }
+            // A seed still loading its data set, or one not yet in the cluster (no slots), is passed over too.
+            if let unavailable = RedisError.unavailability(of: reply) {
+                lastError = unavailable
+                continue
+            }
             if case .error = reply {
                 // Cluster support disabled, or an ACL without `cluster|slots`: one server (a cluster behind such
                 // an ACL is found by its first MOVED, which may have come first).
@@ -199,7 +208,8 @@ final class RedisTopology: Sendable {
                 return
             }
             guard let ranges = RedisCluster.slotRanges(reply, asked: seed), !ranges.isEmpty else {
-                throw RedisError(.unavailable, "CLUSTERDOWN \(seed) named no node serving a slot")
+                lastError = RedisError(.unavailable, "CLUSTERDOWN \(seed) named no node serving a slot")
+                continue
             }
             install(ranges)
             return
@@ -242,10 +252,13 @@ final class RedisTopology: Sendable {
             state.refresh = Task {
                 if wait > .zero { try? await Task.sleep(for: wait) }
                 await self.refresh()
-                self.state.withLock { state in
+                let again = self.state.withLock { state in
                     state.refresh = nil
                     state.lastRefresh = .now
+                    defer { state.movedDuringRefresh = false }
+                    return state.movedDuringRefresh
                 }
+                if again { self.scheduleRefresh() }
             }
         }
     }

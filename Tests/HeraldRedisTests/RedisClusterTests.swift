@@ -301,6 +301,25 @@ import Testing
         #expect(try await client.command(["GET", key]).string == "1")
         await client.close()
     }
+
+    /// A first seed that is a cluster node serving no slot (a replacement not yet joined) answers an empty slot map:
+    /// the next seed is asked, rather than every call failing.
+    @Test func aSeedServingNoSlotIsPassedOver() async throws {
+        // Its own bus port: the default, 10,000 above a free port, may not exist.
+        let fresh = try OwnRedisServer(arguments: ["--cluster-enabled", "yes", "--cluster-port", String(try closedPort())])
+        try await fresh.start()
+        let url = try TestEnvironment.redisClusterURL()
+        let schemeEnd = try #require(url.range(of: "://"))
+        let client = RedisClient(configuration: try RedisConfiguration(
+            url: "redis://127.0.0.1:\(fresh.port)," + url[schemeEnd.upperBound...]))
+        let key = freshPrefix() + "seed"
+        try await client.command(["SET", key, "1", "EX", "60"])
+        #expect(try await client.command(["GET", key]).string == "1")
+        #expect(try await client.masters().count == 3)
+        try await client.command(["DEL", key])
+        await client.close()
+        try await fresh.shutdown()
+    }
 }
 
 func clusterAdmin(_ port: Int, _ arguments: String...) async throws -> String {

@@ -7,11 +7,14 @@ import Testing
 final class OwnRedisServer {
     let port: Int
     let password: String?
+    private let arguments: [String]
     private let directory: URL
 
-    init(password: String? = nil) throws {
+    /// `arguments` go to redis-server after the test's own (`--cluster-enabled yes`, say).
+    init(password: String? = nil, arguments: [String] = []) throws {
         port = try closedPort()
         self.password = password
+        self.arguments = arguments
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("herald-redis-test-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
     }
@@ -23,6 +26,7 @@ final class OwnRedisServer {
                          "--daemonize", "yes", "--pidfile", pidFile, "--dir", directory.path,
                          "--logfile", directory.appendingPathComponent("redis.log").path]
         if let password { arguments += ["--requirepass", password] }
+        arguments += self.arguments
         let started = try await runTool(arguments)
         try #require(started.status == 0, "redis-server did not start on port \(port)")
         let deadline = ContinuousClock.now + .seconds(5)
