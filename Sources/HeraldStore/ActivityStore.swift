@@ -356,8 +356,8 @@ extension Scripts {
     /// 0 when it was gone already.
     static let removeRegistration = RedisScript(source: """
         local seen = redis.call('HGET', KEYS[1], 'lastSeenMs')
-        local keepAfter = tonumber(ARGV[2])
-        if seen and keepAfter and tonumber(seen) > keepAfter then return -1 end
+        local seenMs, keepAfter = tonumber(seen or ''), tonumber(ARGV[2])
+        if seenMs and keepAfter and seenMs > keepAfter then return -1 end
         redis.call('ZREM', KEYS[2], ARGV[1])
         if not seen then return 0 end
         redis.call('DEL', KEYS[1])

@@ -3,6 +3,7 @@ import Foundation
 import HeraldCore
 import HeraldCrypto
 import HeraldKafka
+import HeraldRedis
 import HeraldRuntime
 @testable import HeraldStore
 import HeraldTestSupport
@@ -224,6 +225,33 @@ struct UnitTests {
         #expect(limit.tryAcquire(in: .prompt))
         behind.cancel()
         await #expect(throws: CancellationError.self) { try await behind.value }
+    }
+
+    @Test("Redis answers about the data (WRONGTYPE, a script's Lua error) count towards a refusal; refused writes, missing permissions and outages do not")
+    func storeRefusalsAreAnswersAboutTheData() async throws {
+        let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
+        let key = "herald:test:{\(SecureRandom.hex(6))}:string"
+        _ = try await redis.command(["SET", key, "not a hash", "EX", "60"])
+        func thrown(_ command: [String]) async -> (any Error)? {
+            do { _ = try await redis.command(command); return nil } catch { return error }
+        }
+        let wrongType = await thrown(["EVAL", "return redis.call('HGET', KEYS[1], 'f')", "1", key])
+        let luaError = await thrown(["EVAL", "return tonumber(redis.call('GET', KEYS[1])) > 1", "1", key])
+        #expect(wrongType.flatMap(StoreRefusal.dataError) != nil, "\(String(describing: wrongType))")
+        #expect(luaError.flatMap(StoreRefusal.dataError) != nil, "\(String(describing: luaError))")
+        // Redis 6's wrapping of a Lua error, and what an operator fixes (as Redis 7 and 6 word them).
+        #expect(StoreRefusal.dataError(RedisError(.server, "ERR Error running script (call to f_1): @user_script:1: user_script:1: attempt to compare nil with number")) != nil)
+        for operators in ["ERR The user executing the script can't run this command or subcommand script: 21, on @user_script:1.",
+                          "NOPERM this user has no permissions to run the 'hset' command",
+                          "OOM command not allowed when used memory > 'maxmemory'. script: 11, on @user_script:1.",
+                          "ERR Error running script (call to f_1): @user_script:1: -OOM command not allowed when used memory > 'maxmemory'",
+                          "READONLY You can't write against a read only replica."] {
+            #expect(StoreRefusal.dataError(RedisError(.server, operators)) == nil, "\(operators)")
+        }
+        #expect(StoreRefusal.dataError(RedisError(.unavailable, "LOADING Redis is loading the dataset in memory")) == nil)
+        #expect(StoreRefusal.dataError(RedisError(.timeout, "no answer")) == nil)
+        _ = try await redis.command(["DEL", key])
+        await redis.close()
     }
 
     @Test("backoff doubles per attempt within half and all of the ceiling, capped by the maximum")

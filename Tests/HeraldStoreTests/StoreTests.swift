@@ -348,6 +348,19 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(left > ttl && left <= ttl + slack, "a known token index is renewed to ttl + ttl/60, got \(left)")
     }
 
+    /// A registration whose `lastSeenMs` is not a number (written by hand) goes on a 410 like any older one, rather
+    /// than fail the removal every time.
+    @Test func aRegistrationWithAnUnreadableLastSeenIsRemoved() async throws {
+        let redis = try TestRedis()
+        let store = ActivityStore(redis: redis.client)
+        let app = try Self.app(), dead = token()
+        let stored = try await store.register(app: redis.app, user: "u", try input(app, post: "0dd5eeee", token: dead))
+        let key = RedisKeys(app: redis.app).registration(stored.registration.id, post: "0dd5eeee")
+        _ = try await redis.client.command(["HSET", key, "lastSeenMs", "yesterday"])
+        #expect(try await store.removeInvalidToken(app: redis.app, pushToken: dead, keepSeenAfter: Date()) == 1)
+        #expect(try await redis.client.command(["EXISTS", key]).int == 0)
+    }
+
     @Test func finalUpdateAndInvalidTokenRemoval() async throws {
         let redis = try TestRedis()
         let store = ActivityStore(redis: redis.client)
