@@ -80,15 +80,19 @@ struct JobRunner: Sendable {
             do { try await limit.acquire() } catch { return false }
             settled = await deliverer.deliver(push, context: context)
         case .channel(let channel):
+            var ran = false // false when the record had finished the job already: its run removed the channel
             // The channel index holds the targets themselves: a scan is the whole read, nothing to load after it.
-            do throws(StoreRefusal) { settled = try await fanOut(context) { cursor in
+            do throws(StoreRefusal) { settled = try await fanOut(context, beforeSending: { _ in
+                ran = true
+                return true
+            }) { cursor in
                 let batch = try await subscriptions.channelBatch(app: plan.app.id, channel: channel, cursor: cursor,
                                                                  count: batchSize)
                 return (batch.cursor, batch.targets)
             } load: { targets in
                 targets.compactMap(plan.push(for:))
             } } catch { return await deadLetterWhole(context, error) }
-            if settled, plan.job.final == true {
+            if settled, plan.job.final == true, ran {
                 guard await removeChannel(app: plan.app.id, channel: channel) else { return false }
             }
         case .broadcast(let target):

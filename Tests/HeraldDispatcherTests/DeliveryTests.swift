@@ -635,6 +635,34 @@ struct DeliveryTests {
         await harness.stop()
     }
 
+    /// A final channel event's record that runs again after its job finished (a rebalance before the commit) sends
+    /// nothing and leaves alone the subscriptions made since the channel was closed.
+    @Test("a final channel event's record run again after it finished keeps the channel's new subscriptions")
+    func aClosedChannelsNewSubscriptionsStayWhenTheFinalRecordRunsAgain() async throws {
+        let harness = try await DispatcherHarness.start()
+        let app = harness.apps.apps[0]
+        let channel = "order:\(SecureRandom.hex(4)):status"
+        // More than one send's worth, so the job keeps a record of its progress, which says it finished.
+        let tokens = (0...JobRunner.pushesPerSend).map { _ in deviceToken() }
+        for token in tokens { try await harness.subscribe(app, channel: channel, token: token) }
+        var delivered = PushJob(id: "final-\(SecureRandom.hex(3))", appId: app.id, target: .channel(channel))
+        delivered.alert = .object(["aps": .object(["alert": .string("delivered")])])
+        delivered.final = true
+        try await harness.produce(delivered)
+        try await eventually("the job settled") { harness.metric("herald_dispatcher_jobs_completed_total") == 1 }
+        #expect(harness.simulators.accepted().count == tokens.count)
+        #expect(try await harness.redis.command(["EXISTS", RedisKeys(app: app.id).channel(channel)]).int == 0)
+        let newcomer = deviceToken()
+        try await harness.subscribe(app, channel: channel, token: newcomer)
+        let record = try #require(try await readTopic(harness.topics.jobs, brokers: harness.topics.brokers, expecting: 1,
+                                                      timeout: .seconds(20)).last)
+        #expect(await harness.service.runner.run(record))
+        #expect(harness.simulators.accepted().count == tokens.count, "nothing sent again")
+        #expect(try await harness.subscriptions.list(app: app.id, deviceToken: newcomer).subscriptions.map(\.channel) == [channel],
+                "the run again removed a subscription made after the channel closed")
+        await harness.stop()
+    }
+
     @Test("a subscription not renewed within its lifetime receives nothing and the sweep removes it from every index")
     func expiredSubscriptionsAreSwept() async throws {
         let harness = try await DispatcherHarness.start { $0.subscriptionSweepInterval = .milliseconds(200) }
