@@ -50,6 +50,8 @@ final class SettledPushes: Sendable {
         var pending: [SettledPush] = []
         var waiting: [CheckedContinuation<Void, Never>] = []
         var writing = false
+        /// The tokens of the write under way.
+        var beingWritten: [String] = []
     }
 
     let app: String
@@ -108,9 +110,13 @@ final class SettledPushes: Sendable {
     /// From now on every settled push is marked in the progress record as it settles.
     func startRecording() { state.withLock { $0.recording = true } }
 
+    /// Saves the scan cursor and drops the marks of the pushes it covers. A push whose mark is not written for sure
+    /// keeps it: a write whose answer was lost may have counted it, and only the mark tells its next write so.
     func advance(cursor: String, covering tokens: [String]) async throws {
+        let unsure = state.withLock { s in Set(s.pending.map(\.token) + s.beingWritten) }
+        let covered = unsure.isEmpty ? tokens : tokens.filter { !unsure.contains($0) }
         try await progress.statuses.advanced(app: app, jobID: origin.jobID, progressKey: progressKey,
-                                             progressTTL: progress.ttl, owner: owner, cursor: cursor, covering: tokens)
+                                             progressTTL: progress.ttl, owner: owner, cursor: cursor, covering: covered)
     }
 
     func record(_ pushes: [SettledPush]) async {
@@ -175,17 +181,20 @@ final class SettledPushes: Sendable {
                     return ([], [])
                 }
                 defer { s.pending = []; s.waiting = [] }
+                s.beingWritten = s.pending.map(\.token)
                 return (s.pending, s.waiting)
             }
             guard !waiting.isEmpty else { return }
             do {
                 try await progress.statuses.settled(app: app, jobID: origin.jobID, progressKey: progressKey,
                                                     progressTTL: progress.ttl, pushes: pushes, owner: owner)
+                state.withLock { $0.beingWritten = [] }
             } catch {
                 // Kept for the next write, or the job's end: until then a restart would send them again. While Redis
                 // refuses writes and serves reads the fan-out goes on, so past `maximumPending` the oldest are kept
                 // as counts only (a restart sends those again too): memory and each write's size stay bounded.
                 state.withLock { s in
+                    s.beingWritten = []
                     s.pending = pushes + s.pending
                     let overflow = s.pending.count - Self.maximumPending
                     guard overflow > 0 else { return }

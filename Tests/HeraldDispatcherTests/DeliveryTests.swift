@@ -895,6 +895,50 @@ struct DeliveryTests {
         await redis.close()
     }
 
+    /// A write of settled pushes that Redis ran but whose answer was lost (the client gave up on a server busy
+    /// with a slow script) leaves them to be written again: the cursor saved meanwhile keeps their marks, so the
+    /// second write finds them and the job's status counts each push once.
+    @Test("a progress write whose answer was lost counts its pushes once")
+    func aProgressWriteWhoseAnswerWasLostCountsOnce() async throws {
+        var configuration = try RedisConfiguration(url: try TestEnvironment.redisURL())
+        configuration.commandTimeout = .milliseconds(300)
+        let redis = RedisClient(configuration: configuration)
+        let statuses = JobStatusStore(redis: redis)
+        let app = "lost-" + SecureRandom.hex(4)
+        let job = PushJob(id: "j-" + SecureRandom.hex(4), appId: app, target: .channel("news"))
+        let progress = FanOutProgress(statuses: statuses, group: "g", ttl: .seconds(60))
+        let source = DeadLetter.Source(topic: "t", partition: 0, offset: 7)
+        let settled = SettledPushes(job: job, source: source, progress: progress,
+                                    logger: Logger(label: "test", minimumLevel: .error))
+        _ = try await settled.start()
+        settled.startRecording()
+        let key = progress.key(app: app, source, job: job.id)
+        // One second of a script on the progress record's node: the write waits behind it, the client gives up
+        // after 300 ms, and Redis runs the write once the script is done.
+        let blocker = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
+        async let busy = blocker.run(RedisScript(source: """
+            local function now() local t = redis.call('TIME'); return tonumber(t[1]) * 1000000 + tonumber(t[2]) end
+            local start = now()
+            while now() - start < 1000000 do end
+            return 1
+            """), keys: [key], args: [])
+        try await Task.sleep(for: .milliseconds(100))
+        let tokens = (0..<3).map { _ in SecureRandom.hex(32) }
+        await settled.record(tokens.map { SettledPush(token: $0, outcome: .delivered, retries: 0) })
+        #expect(settled.pendingCount == 3, "the write timed out")
+        _ = try await busy
+        try await eventually("the write ran after all") {
+            try await redis.command(["HEXISTS", key, "s:" + tokens[0]]).int == 1
+        }
+        try await settled.advance(cursor: "42", covering: tokens)
+        try await settled.finish()
+        let status = try #require(try await statuses.read(app: app, jobID: job.id))
+        #expect(status.counts.delivered == 3, "\(status.counts)")
+        try await redis.command(["DEL", key, RedisKeys(app: app).jobStatus(job.id)])
+        await blocker.close()
+        await redis.close()
+    }
+
     @Test("fan-outs running together hold at most maxBatchesHeld batches between them, and each delivers every push once")
     func fanOutsShareOneBatchBudget() async throws {
         let harness = try await DispatcherHarness.start {
