@@ -29,6 +29,10 @@ struct SubscriptionSweeper: Service {
                         expired.increment(by: UInt64(removed))
                         logger.info("expired subscriptions removed", ["app": app, "removed": String(removed)])
                     }
+                } catch let incomplete as SubscriptionStore.SweepIncomplete {
+                    expired.increment(by: UInt64(incomplete.removed))
+                    logger.warning("expired subscriptions Redis cannot read are left; the rest were removed",
+                                   ["app": app, "removed": String(incomplete.removed), "error": "\(incomplete.error)"])
                 } catch {
                     logger.warning("cannot sweep expired subscriptions; next round retries", ["app": app, "error": "\(error)"])
                 }

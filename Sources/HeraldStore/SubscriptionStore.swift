@@ -243,53 +243,83 @@ public struct SubscriptionStore: Sendable {
     }
 
     /// Removes the app's subscriptions whose expiry has passed, a batch per call of each expiry index until none
-    /// is left; returns how many went.
+    /// is left; returns how many went. A record or index Redis answers with an error (a key of another type) is
+    /// passed over so the rest are swept all the same; the sweep then throws `SweepIncomplete`, which says so.
     public func expire(app: String, now: Date = Date()) async throws -> Int {
         let keys = RedisKeys(app: app)
         let nowSeconds = Int64(now.timeIntervalSince1970)
-        var removed = 0
+        var removed = 0, failure: (any Error)?
         for bucket in 0..<RedisKeys.expiryBuckets {
-            let index = keys.subscriptionExpiry(bucket: bucket)
-            while true {
-                let members = try await redis.command(["ZRANGEBYSCORE", index, "-inf", String(nowSeconds), "LIMIT", "0",
-                                                       String(batchSize)]).strings ?? []
-                guard !members.isEmpty else { break }
-                // `<id><token>`: the id is 24 hex digits.
-                let parsed = members.map { member in
-                    (member: member, id: String(member.prefix(24)), token: String(member.dropFirst(24)))
-                }
-                let records = try await redis.pipeline(parsed.map {
-                    ["HMGET", keys.subscription($0.id, token: $0.token), "channel", "updatedMs", "expiresAt"]
-                })
-                try throwFirstErrorReply(records)
-                var doomed: [Removal] = [], gone: [String] = [], renewed: [String] = []
-                for (entry, record) in zip(parsed, records) {
-                    guard let fields = record.array, fields.count == 3, let channel = fields[0].string,
-                          let updatedMs = fields[1].string else {
-                        gone.append(entry.member)
-                        continue
-                    }
-                    let expiresAt = fields[2].string ?? ""
-                    if expiresAt.isEmpty {
-                        gone.append(entry.member) // written since without an expiry (the TTL was turned off)
-                    } else if let seconds = Int64(expiresAt), seconds > nowSeconds {
-                        renewed += [expiresAt, entry.member] // its score is its expiry again
-                    } else {
-                        doomed.append(Removal(id: entry.id, token: entry.token, channel: channel, updatedMs: updatedMs))
-                    }
-                }
-                // Only while still due: an upsert since the read gave the entry a later expiry, and keeps it.
-                if !gone.isEmpty {
-                    try throwFirstErrorReply(await redis.run(Scripts.unindexExpiredEntry, calls: gone.map {
-                        ([index], [$0, String(nowSeconds)])
-                    }))
-                }
-                if !renewed.isEmpty { try await redis.command(["ZADD", index] + renewed) }
-                removed += try await remove(keys, doomed, expiredBy: nowSeconds)
-                if members.count < batchSize { break }
+            do {
+                let (bucketRemoved, unreadable) = try await expire(keys.subscriptionExpiry(bucket: bucket), keys: keys,
+                                                                   nowSeconds: nowSeconds)
+                removed += bucketRemoved
+                if failure == nil, let unreadable { failure = unreadable }
+            } catch let error as RedisError where error.code == .server {
+                failure = failure ?? error
             }
         }
+        if let failure { throw SweepIncomplete(removed: removed, error: failure) }
         return removed
+    }
+
+    /// One expiry index's due entries: how many subscriptions went, and the error of the first entry left unread.
+    private func expire(_ index: String, keys: RedisKeys, nowSeconds: Int64) async throws -> (Int, RedisError?) {
+        var removed = 0, unreadable = 0, firstUnreadable: RedisError?
+        while true {
+            // Entries left unread stay first in line: read past them.
+            let members = try await redis.command(["ZRANGEBYSCORE", index, "-inf", String(nowSeconds), "LIMIT",
+                                                   String(unreadable), String(batchSize)]).strings ?? []
+            guard !members.isEmpty else { break }
+            // `<id><token>`: the id is 24 hex digits.
+            let parsed = members.map { member in
+                (member: member, id: String(member.prefix(24)), token: String(member.dropFirst(24)))
+            }
+            let records = try await redis.pipeline(parsed.map {
+                ["HMGET", keys.subscription($0.id, token: $0.token), "channel", "updatedMs", "expiresAt"]
+            })
+            var doomed: [Removal] = [], gone: [String] = [], renewed: [String] = []
+            for (entry, record) in zip(parsed, records) {
+                if case .error(let message) = record {
+                    unreadable += 1
+                    firstUnreadable = firstUnreadable ?? RedisError.fromReply(message)
+                    continue
+                }
+                guard let fields = record.array, fields.count == 3, let channel = fields[0].string,
+                      let updatedMs = fields[1].string else {
+                    gone.append(entry.member)
+                    continue
+                }
+                let expiresAt = fields[2].string ?? ""
+                if expiresAt.isEmpty {
+                    gone.append(entry.member) // written since without an expiry (the TTL was turned off)
+                } else if let seconds = Int64(expiresAt), seconds > nowSeconds {
+                    renewed += [expiresAt, entry.member] // its score is its expiry again
+                } else {
+                    doomed.append(Removal(id: entry.id, token: entry.token, channel: channel, updatedMs: updatedMs))
+                }
+            }
+            // Only while still due: an upsert since the read gave the entry a later expiry, and keeps it.
+            if !gone.isEmpty {
+                try throwFirstErrorReply(await redis.run(Scripts.unindexExpiredEntry, calls: gone.map {
+                    ([index], [$0, String(nowSeconds)])
+                }))
+            }
+            if !renewed.isEmpty { try await redis.command(["ZADD", index] + renewed) }
+            removed += try await remove(keys, doomed, expiredBy: nowSeconds)
+            if members.count < batchSize { break }
+        }
+        return (removed, firstUnreadable)
+    }
+
+    /// A sweep that removed `removed` subscriptions but had to pass over a record or an index: `error` is
+    /// Redis's answer about the first.
+    public struct SweepIncomplete: Error, CustomStringConvertible {
+        public var removed: Int
+        public var error: any Error
+        public var description: String {
+            "\(removed) removed; some expired subscriptions could not be read and were left: \(error)"
+        }
     }
 
     /// A subscription to remove, as read.

@@ -439,6 +439,35 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await redis.appKeys() == [], "nothing left anywhere")
     }
 
+    /// Subscription records Redis cannot read (keys of another type), more than a batch of them ahead of a due one
+    /// in its expiry index: the sweep passes over them, removes the rest, and says what it left.
+    @Test func recordsRedisCannotReadDoNotStopTheSweep() async throws {
+        let redis = try TestRedis()
+        let store = SubscriptionStore(redis: redis.client, ttl: .seconds(100), batchSize: 4)
+        let keys = RedisKeys(app: redis.app)
+        let device = token()
+        let due = try await store.upsert(app: redis.app, try subscription("news", device),
+                                         now: Date(timeIntervalSinceNow: -3600)).subscription
+        let index = keys.subscriptionExpiry(id: due.id)
+        var broken: [String] = []
+        for _ in 0..<6 { // scored before the due one: read first
+            let (id, other) = (SecureRandom.hex(12), token())
+            broken.append(keys.subscription(id, token: other))
+            _ = try await redis.client.command(["SET", broken[broken.count - 1], "not a hash"])
+            _ = try await redis.client.command(["ZADD", index, "1", id + other])
+        }
+        let incomplete = await #expect(throws: SubscriptionStore.SweepIncomplete.self) {
+            try await store.expire(app: redis.app)
+        }
+        #expect(incomplete?.removed == 1)
+        #expect(incomplete?.description.contains("WRONGTYPE") == true, "\(String(describing: incomplete))")
+        #expect(try await store.list(app: redis.app, deviceToken: device).subscriptions.isEmpty)
+        #expect(try await redis.expiryEntries() == 6, "the unreadable ones' entries stay")
+        for key in broken { _ = try await redis.client.command(["DEL", key]) }
+        #expect(try await store.expire(app: redis.app) == 0)
+        #expect(try await redis.expiryEntries() == 0, "the entries of records now gone are dropped")
+    }
+
     @Test func theSweepKeepsASubscriptionWrittenSinceWithoutAnExpiry() async throws {
         let redis = try TestRedis()
         let store = SubscriptionStore(redis: redis.client, ttl: nil)
