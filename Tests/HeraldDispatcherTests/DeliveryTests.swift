@@ -871,17 +871,9 @@ struct DeliveryTests {
     @Test("while Redis refuses a fan-out's progress writes, the settled pushes kept to mark stay bounded and all are counted")
     func settledPushesKeptWhileWritesFailAreBounded() async throws {
         let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
-        let statuses = JobStatusStore(redis: redis)
         let app = "budget-" + SecureRandom.hex(4)
-        let job = PushJob(id: "j-" + SecureRandom.hex(4), appId: app, target: .channel("news"))
-        let progress = FanOutProgress(statuses: statuses, group: "g", ttl: .seconds(60))
-        let source = DeadLetter.Source(topic: "t", partition: 0, offset: 7)
-        let settled = SettledPushes(job: job, source: source, progress: progress,
-                                    logger: Logger(label: "test", minimumLevel: .error))
-        _ = try await settled.start()
-        settled.startRecording()
+        let (settled, statuses, job, key) = try await recordingFanOut(redis, app: app)
         // A key of another type where the progress record belongs: every write of marks fails, reads go on.
-        let key = progress.key(app: app, source, job: job.id)
         try await redis.command(["SET", key, "not a hash"])
         for _ in 0..<30 {
             await settled.record((0..<100).map { _ in SettledPush(token: SecureRandom.hex(32), outcome: .delivered, retries: 0) })
@@ -895,6 +887,20 @@ struct DeliveryTests {
         await redis.close()
     }
 
+    /// The settled pushes of a recording fan-out of a made-up job, as a job's run makes them, and its progress key.
+    private func recordingFanOut(_ redis: RedisClient, app: String) async throws
+        -> (settled: SettledPushes, statuses: JobStatusStore, job: PushJob, key: String) {
+        let statuses = JobStatusStore(redis: redis)
+        let job = PushJob(id: "j-" + SecureRandom.hex(4), appId: app, target: .channel("news"))
+        let progress = FanOutProgress(statuses: statuses, group: "g", ttl: .seconds(60))
+        let source = DeadLetter.Source(topic: "t", partition: 0, offset: 7)
+        let settled = SettledPushes(job: job, source: source, progress: progress,
+                                    logger: Logger(label: "test", minimumLevel: .error))
+        _ = try await settled.start()
+        settled.startRecording()
+        return (settled, statuses, job, progress.key(app: app, source, job: job.id))
+    }
+
     /// A write of settled pushes that Redis ran but whose answer was lost (the client gave up on a server busy
     /// with a slow script) leaves them to be written again: the cursor saved meanwhile keeps their marks, so the
     /// second write finds them and the job's status counts each push once.
@@ -903,16 +909,8 @@ struct DeliveryTests {
         var configuration = try RedisConfiguration(url: try TestEnvironment.redisURL())
         configuration.commandTimeout = .milliseconds(300)
         let redis = RedisClient(configuration: configuration)
-        let statuses = JobStatusStore(redis: redis)
         let app = "lost-" + SecureRandom.hex(4)
-        let job = PushJob(id: "j-" + SecureRandom.hex(4), appId: app, target: .channel("news"))
-        let progress = FanOutProgress(statuses: statuses, group: "g", ttl: .seconds(60))
-        let source = DeadLetter.Source(topic: "t", partition: 0, offset: 7)
-        let settled = SettledPushes(job: job, source: source, progress: progress,
-                                    logger: Logger(label: "test", minimumLevel: .error))
-        _ = try await settled.start()
-        settled.startRecording()
-        let key = progress.key(app: app, source, job: job.id)
+        let (settled, statuses, job, key) = try await recordingFanOut(redis, app: app)
         // One second of a script on the progress record's node: the write waits behind it, the client gives up
         // after 300 ms, and Redis runs the write once the script is done.
         let blocker = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
