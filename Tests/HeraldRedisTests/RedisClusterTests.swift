@@ -292,14 +292,7 @@ import Testing
     }
 
     @Test func aSeedThatIsDownIsPassedOver() async throws {
-        let url = try TestEnvironment.redisClusterURL()
-        let schemeEnd = try #require(url.range(of: "://"))
-        let client = RedisClient(configuration: try RedisConfiguration(
-            url: "redis://127.0.0.1:\(try closedPort())," + url[schemeEnd.upperBound...]))
-        let key = freshPrefix() + "seed"
-        try await client.command(["SET", key, "1", "EX", "60"])
-        #expect(try await client.command(["GET", key]).string == "1")
-        await client.close()
+        try await expectServed(withFirstSeed: try closedPort())
     }
 
     /// A first seed that is a cluster node serving no slot (a replacement not yet joined) answers an empty slot map:
@@ -308,17 +301,22 @@ import Testing
         // Its own bus port: the default, 10,000 above a free port, may not exist.
         let fresh = try OwnRedisServer(arguments: ["--cluster-enabled", "yes", "--cluster-port", String(try closedPort())])
         try await fresh.start()
+        try await expectServed(withFirstSeed: fresh.port)
+        try await fresh.shutdown()
+    }
+
+    /// A client whose seeds are the one on `port`, then the test cluster's, writes and reads a key.
+    private func expectServed(withFirstSeed port: Int) async throws {
         let url = try TestEnvironment.redisClusterURL()
         let schemeEnd = try #require(url.range(of: "://"))
         let client = RedisClient(configuration: try RedisConfiguration(
-            url: "redis://127.0.0.1:\(fresh.port)," + url[schemeEnd.upperBound...]))
+            url: "redis://127.0.0.1:\(port)," + url[schemeEnd.upperBound...]))
         let key = freshPrefix() + "seed"
         try await client.command(["SET", key, "1", "EX", "60"])
         #expect(try await client.command(["GET", key]).string == "1")
         #expect(try await client.masters().count == 3)
         try await client.command(["DEL", key])
         await client.close()
-        try await fresh.shutdown()
     }
 }
 
