@@ -10,7 +10,7 @@ import HeraldStore
 /// Key: `herald:{<app>}:fanout:<group>:<topic>:<partition>:<offset>:<jobId>`, a hash per job record (a re-delivered
 /// record finds its own), in the app's slot with the job's status: `cursor` — the scan cursor up to which every push
 /// is settled; `s:<token>` — a push settled past that cursor (marked by the same script that counts it in the job's
-/// status); `b:<channelId>` — a post's broadcast to that channel settled, `x` when dead-lettered after every attempt
+/// status), or before it while its mark was not written for sure when the cursor was saved; `b:<channelId>` — a post's broadcast to that channel settled, `x` when dead-lettered after every attempt
 /// (one request reaches every device on it, so a run again skips it even where the fan-out keeps no other mark);
 /// `done` — the whole fan-out settled (kept an hour, for a record that runs again before its offset was committed).
 /// It expires after `ttl` otherwise.
@@ -52,6 +52,9 @@ final class SettledPushes: Sendable {
         var writing = false
         /// The tokens of the write under way.
         var beingWritten: [String] = []
+        /// Tokens whose marks a saved cursor kept (not written for sure then): the next save drops those written
+        /// since.
+        var keptMarks: Set<String> = []
     }
 
     let app: String
@@ -111,12 +114,26 @@ final class SettledPushes: Sendable {
     func startRecording() { state.withLock { $0.recording = true } }
 
     /// Saves the scan cursor and drops the marks of the pushes it covers. A push whose mark is not written for sure
-    /// keeps it: a write whose answer was lost may have counted it, and only the mark tells its next write so.
+    /// keeps it until a later save: a write whose answer was lost may have counted it, and only the mark tells its
+    /// next write so.
     func advance(cursor: String, covering tokens: [String]) async throws {
-        let unsure = state.withLock { s in Set(s.pending.map(\.token) + s.beingWritten) }
-        let covered = unsure.isEmpty ? tokens : tokens.filter { !unsure.contains($0) }
-        try await progress.statuses.advanced(app: app, jobID: origin.jobID, progressKey: progressKey,
-                                             progressTTL: progress.ttl, owner: owner, cursor: cursor, covering: covered)
+        let (covered, writtenSince) = state.withLock { s -> ([String], Set<String>) in
+            let unsure = Set(s.pending.map(\.token) + s.beingWritten)
+            let writtenSince = s.keptMarks.subtracting(unsure)
+            s.keptMarks.subtract(writtenSince)
+            var covered = Array(writtenSince)
+            for token in tokens {
+                if unsure.contains(token) { s.keptMarks.insert(token) } else { covered.append(token) }
+            }
+            return (covered, writtenSince)
+        }
+        do {
+            try await progress.statuses.advanced(app: app, jobID: origin.jobID, progressKey: progressKey,
+                                                 progressTTL: progress.ttl, owner: owner, cursor: cursor, covering: covered)
+        } catch {
+            state.withLock { $0.keptMarks.formUnion(writtenSince) }
+            throw error
+        }
     }
 
     func record(_ pushes: [SettledPush]) async {

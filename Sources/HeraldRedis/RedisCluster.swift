@@ -109,10 +109,14 @@ public enum RedisCluster {
             guard let parts = entry.array, parts.count >= 3, let start = parts[0].int, let end = parts[1].int,
                   start <= end, start >= 0, end < slotCount,
                   let master = parts[2].array, master.count >= 2, let port = master[1].int,
-                  // NULL: the node's endpoint is unknown (cluster-preferred-endpoint-type unknown-endpoint).
+                  // NULL or "": the node's endpoint is unknown (cluster-preferred-endpoint-type unknown-endpoint),
+                  // reached at the asked node's host.
                   let host = master[0] == .null ? "" : master[0].string
             else { return nil }
-            let address = RedisAddress(host: host.isEmpty || host == "?" ? asked.host : host, port: Int(port))
+            // "?": a node announcing a hostname it has none of; not necessarily at the asked host. Its slots stay
+            // without a node (503) until the map names one.
+            if host == "?" { continue }
+            let address = RedisAddress(host: host.isEmpty ? asked.host : host, port: Int(port))
             ranges.append((Int(start)...Int(end), address))
         }
         return ranges

@@ -903,7 +903,8 @@ struct DeliveryTests {
 
     /// A write of settled pushes that Redis ran but whose answer was lost (the client gave up on a server busy
     /// with a slow script) leaves them to be written again: the cursor saved meanwhile keeps their marks, so the
-    /// second write finds them and the job's status counts each push once.
+    /// second write finds them and the job's status counts each push once; the next cursor saved after that write
+    /// drops them.
     @Test("a progress write whose answer was lost counts its pushes once")
     func aProgressWriteWhoseAnswerWasLostCountsOnce() async throws {
         var configuration = try RedisConfiguration(url: try TestEnvironment.redisURL())
@@ -911,16 +912,20 @@ struct DeliveryTests {
         let redis = RedisClient(configuration: configuration)
         let app = "lost-" + SecureRandom.hex(4)
         let (settled, statuses, job, key) = try await recordingFanOut(redis, app: app)
-        // One second of a script on the progress record's node: the write waits behind it, the client gives up
+        // Two seconds of a script on the progress record's node: the write waits behind it, the client gives up
         // after 300 ms, and Redis runs the write once the script is done.
-        let blocker = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
+        var blocking = try RedisConfiguration(url: try TestEnvironment.redisURL())
+        blocking.commandTimeout = .seconds(10)
+        let blocker = RedisClient(configuration: blocking)
         async let busy = blocker.run(RedisScript(source: """
             local function now() local t = redis.call('TIME'); return tonumber(t[1]) * 1000000 + tonumber(t[2]) end
             local start = now()
-            while now() - start < 1000000 do end
+            while now() - start < 2000000 do end
             return 1
             """), keys: [key], args: [])
-        try await Task.sleep(for: .milliseconds(100))
+        try await eventually("the record's node is busy with the script", timeout: .seconds(2)) {
+            do { _ = try await redis.command(["EXISTS", key]); return false } catch { return true }
+        }
         let tokens = (0..<3).map { _ in SecureRandom.hex(32) }
         await settled.record(tokens.map { SettledPush(token: $0, outcome: .delivered, retries: 0) })
         #expect(settled.pendingCount == 3, "the write timed out")
@@ -928,10 +933,17 @@ struct DeliveryTests {
         try await eventually("the write ran after all") {
             try await redis.command(["HEXISTS", key, "s:" + tokens[0]]).int == 1
         }
+        func marked(_ token: String) async throws -> Bool { try await redis.command(["HEXISTS", key, "s:" + token]).int == 1 }
         try await settled.advance(cursor: "42", covering: tokens)
+        #expect(try await marked(tokens[0]), "kept while not written for sure")
+        let later = SecureRandom.hex(32)
+        await settled.record([SettledPush(token: later, outcome: .delivered, retries: 0)]) // writes the three again
+        #expect(settled.pendingCount == 0)
+        try await settled.advance(cursor: "84", covering: [later])
+        for token in tokens + [later] { #expect(try await !marked(token), "dropped once written for sure") }
         try await settled.finish()
         let status = try #require(try await statuses.read(app: app, jobID: job.id))
-        #expect(status.counts.delivered == 3, "\(status.counts)")
+        #expect(status.counts.delivered == 4, "\(status.counts)")
         try await redis.command(["DEL", key, RedisKeys(app: app).jobStatus(job.id)])
         await blocker.close()
         await redis.close()
