@@ -1,4 +1,5 @@
 import HeraldCore
+import HeraldCrypto
 import HeraldHTTP
 import HeraldKafka
 import HeraldRuntime
@@ -62,8 +63,15 @@ struct EventsAPI: Sendable {
     /// could not deliver within `message.timeout.ms`, checking about once a second): 503 when the broker has not
     /// acknowledged by then. A 503 releases a client-chosen id, so a retry with the same id publishes again.
     func publish(_ job: PushJob, clientChoseID: Bool) async throws -> HTTPResponse {
+        let claimer = SecureRandom.hex(8)
         if clientChoseID {
-            switch try await idempotency.claim(app: job.appId, id: job.id) {
+            let claim: IdempotencyStore.Claim
+            do { claim = try await idempotency.claim(app: job.appId, id: job.id, by: claimer) } catch {
+                // Redis may have made the claim and lost its answer: freed, or the retry would get 409 for a while.
+                retryRelease(job, by: claimer)
+                throw error
+            }
+            switch claim {
             case .claimed: break
             case .alreadyPublished: return Self.accepted(job)
             case .inProgress:
@@ -75,7 +83,7 @@ struct EventsAPI: Sendable {
         let outcome = await awaitAck(job)
         guard case .acknowledged = outcome else {
             publishFailures.increment()
-            if clientChoseID { try? await idempotency.release(app: job.appId, id: job.id) }
+            if clientChoseID { await release(job, by: claimer) }
             if case .failed(let error) = outcome { throw error }
             logger.warning("kafka did not acknowledge in time", ["job.id": job.id, "timeout": "\(publishTimeout)"])
             throw HTTPError.unavailable("the job queue did not acknowledge the event within \(publishTimeout); retry later"
@@ -89,6 +97,29 @@ struct EventsAPI: Sendable {
         }
         if clientChoseID { await markPublished(job) }
         return Self.accepted(job)
+    }
+
+    /// Frees the job's id for the client's retry before the 503 answers it, or in the background when Redis fails
+    /// that first try.
+    private func release(_ job: PushJob, by claimer: String) async {
+        do { try await idempotency.release(app: job.appId, id: job.id, by: claimer) } catch { retryRelease(job, by: claimer) }
+    }
+
+    /// Frees the job's id in the background: a few tries, a second apart, as Redis may be failing too; the claim
+    /// expires by itself otherwise.
+    private func retryRelease(_ job: PushJob, by claimer: String) {
+        Task { [idempotency, logger] in
+            for attempt in 1...3 {
+                do { return try await idempotency.release(app: job.appId, id: job.id, by: claimer) } catch {
+                    if attempt == 3 {
+                        logger.warning("cannot free the event's id; its retries get 409 until the claim expires",
+                                       ["job.id": job.id, "error": "\(error)"])
+                        return
+                    }
+                    try? await Task.sleep(for: .seconds(1))
+                }
+            }
+        }
     }
 
     /// Queues the job and waits for the broker's answer.

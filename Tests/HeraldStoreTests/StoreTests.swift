@@ -735,12 +735,15 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
     @Test func anIdPublishesOnce() async throws {
         let redis = try TestRedis()
         let store = IdempotencyStore(redis: redis.client)
-        #expect(try await store.claim(app: redis.app, id: "e1") == .claimed)
-        #expect(try await store.claim(app: redis.app, id: "e1") == .inProgress)
-        try await store.release(app: redis.app, id: "e1")
-        #expect(try await store.claim(app: redis.app, id: "e1") == .claimed)
+        #expect(try await store.claim(app: redis.app, id: "e1", by: "a") == .claimed)
+        #expect(try await store.claim(app: redis.app, id: "e1", by: "b") == .inProgress)
+        try await store.release(app: redis.app, id: "e1", by: "b")
+        #expect(try await store.claim(app: redis.app, id: "e1", by: "c") == .inProgress, "only its claimer frees it")
+        try await store.release(app: redis.app, id: "e1", by: "a")
+        #expect(try await store.claim(app: redis.app, id: "e1", by: "d") == .claimed)
         try await store.complete(app: redis.app, id: "e1")
-        #expect(try await store.claim(app: redis.app, id: "e1") == .alreadyPublished)
+        try await store.release(app: redis.app, id: "e1", by: "d")
+        #expect(try await store.claim(app: redis.app, id: "e1", by: "e") == .alreadyPublished, "a release after the ack frees nothing")
     }
 
     /// An id used again once its window is over starts with no status: the earlier job's (kept longer) would
@@ -750,7 +753,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let store = IdempotencyStore(redis: redis.client, window: .seconds(1))
         let statuses = JobStatusStore(redis: redis.client)
         let job = PushJob(id: "e2-" + SecureRandom.hex(4), appId: redis.app, target: .channel("news"))
-        #expect(try await store.claim(app: redis.app, id: job.id) == .claimed)
+        #expect(try await store.claim(app: redis.app, id: job.id, by: "a") == .claimed)
         try await statuses.accepted(job)
         let finish = JobStatusStore.Finish(origin: .init(job), startedAt: "x", finishedAt: "2026-12-06T10:00:00Z")
         let progress = RedisKeys(app: redis.app).fanOut(group: "g", topic: "t", partition: 0, offset: 1, job: "j")
@@ -758,9 +761,9 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
                                    finish: finish)
         try await store.complete(app: redis.app, id: job.id)
         #expect(try await statuses.read(app: redis.app, jobID: job.id)?.state == .done)
-        #expect(try await store.claim(app: redis.app, id: job.id) == .alreadyPublished)
+        #expect(try await store.claim(app: redis.app, id: job.id, by: "a") == .alreadyPublished)
         try await Task.sleep(for: .milliseconds(2100))
-        #expect(try await store.claim(app: redis.app, id: job.id) == .claimed)
+        #expect(try await store.claim(app: redis.app, id: job.id, by: "a") == .claimed)
         #expect(try await statuses.read(app: redis.app, jobID: job.id) == nil)
     }
 
@@ -772,7 +775,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         try await redis.client.command(["ACL", "SETUSER", user, "on", ">" + password, "~*", "&*", "+@all", "-set"])
         let url = try TestEnvironment.redisURL().replacingOccurrences(of: "redis://", with: "redis://\(user):\(password)@")
         let refused = RedisClient(configuration: try RedisConfiguration(url: url))
-        await #expect(throws: RedisError.self) { try await IdempotencyStore(redis: refused).claim(app: redis.app, id: "e3") }
+        await #expect(throws: RedisError.self) { try await IdempotencyStore(redis: refused).claim(app: redis.app, id: "e3", by: "a") }
         await refused.close()
         try await redis.client.command(["ACL", "DELUSER", user])
     }
@@ -1024,7 +1027,9 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         try await channels.markEnvironmentUsed(app: app, .production)
         #expect(try await channels.usedEnvironments(app: app) == [.production])
         let idempotency = IdempotencyStore(redis: redis)
-        _ = try await idempotency.claim(app: app, id: "event-1")
+        _ = try await idempotency.claim(app: app, id: "event-1", by: "a")
+        try await idempotency.release(app: app, id: "event-1", by: "a")
+        _ = try await idempotency.claim(app: app, id: "event-1", by: "b")
         try await idempotency.complete(app: app, id: "event-1")
         let status = JobStatusStore(redis: redis)
         let job = PushJob(id: "job-" + SecureRandom.hex(4), appId: app, target: .channel("order:1:status"))
