@@ -85,6 +85,11 @@ public enum RedisLayout {
             }
             if !dryRun {
                 let reads = try await redis.pipeline(found.flatMap { [["HGETALL", $0.key], ["PTTL", $0.key]] })
+                // Read as unreadable, a record would only be deleted: an error other than a key of another type
+                // (a node loading or failing over, a refused command) leaves the batch for the next run.
+                for case .error(let message) in reads where !message.hasPrefix("WRONGTYPE") {
+                    throw RedisError.fromReply(message)
+                }
                 let moves = found.enumerated().map { index, old in
                     let fields = reads[index * 2].fieldValues ?? [:]
                     return old.isSubscription ? moveSubscription(old, fields)

@@ -123,13 +123,15 @@ struct RedisLayoutTests {
     }
 
     /// Redis refusing the writes of this layout (here an ACL without `HSET`; `OOM` at maxmemory refuses them alike
-    /// while it still deletes) fails the run and leaves every record in layout 1, for the next run to move.
-    @Test func aRunWhoseWritesAreRefusedDeletesNothing() async throws {
+    /// while it still deletes), or answering the reads with an error (without `HGETALL`; a node loading or failing
+    /// over answers alike, and a record read so would be taken for unreadable and only deleted), fails the run and
+    /// leaves every record in layout 1, for the next run to move.
+    @Test(arguments: ["hset", "hgetall"]) func aRunWhoseCommandsAreRefusedDeletesNothing(refused command: String) async throws {
         let devices = (0..<5).map { _ in token() }
         for (n, device) in devices.enumerated() { try await writeLayout1(device, "news", id: String(format: "%024d", n), expiresAt: nil) }
         let before = try await layout1Keys().sorted()
         let user = "migrate-" + SecureRandom.hex(4), password = SecureRandom.hex(16)
-        try await redis.command(["ACL", "SETUSER", user, "on", ">" + password, "~*", "&*", "+@all", "-hset"])
+        try await redis.command(["ACL", "SETUSER", user, "on", ">" + password, "~*", "&*", "+@all", "-" + command])
         let url = try TestEnvironment.redisURL()
         let database7 = String(url[..<url.lastIndex(of: "/")!]) + "/7"
         let refused = RedisClient(configuration: try RedisConfiguration(
