@@ -164,22 +164,23 @@ public struct BroadcastChannelStore: Sendable {
         return reply == .integer(1)
     }
 
-    /// Every indexed post's channels, read a page of posts at a time.
+    /// Every indexed post's channels. The index is read whole (at most Apple's 10,000 channels per environment):
+    /// read by position a page at a time, a post that a publish moved to its end meanwhile would shift another past
+    /// a page boundary, unread, and the janitor would take that post's channel for an orphan. A post Redis answers
+    /// with an error throws, for the same reason.
     public func indexedChannels(app: String) async throws -> [(post: String, channel: BroadcastChannel)] {
         let keys = RedisKeys(app: app)
+        let posts = try await redis.command(["ZRANGE", keys.broadcastIndex, "0", "-1"]).array?.compactMap(\.string) ?? []
         var found: [(post: String, channel: BroadcastChannel)] = []
-        var start = 0
-        while true {
-            let posts = try await redis.command(["ZRANGE", keys.broadcastIndex, String(start),
-                                                 String(start + Self.pageSize - 1)]).array?.compactMap(\.string) ?? []
-            guard !posts.isEmpty else { return found }
-            let replies = try await redis.pipeline(posts.map { ["HGETALL", keys.broadcast($0)] })
-            for (post, reply) in zip(posts, replies) {
+        for start in stride(from: 0, to: posts.count, by: Self.pageSize) {
+            let page = posts[start..<min(start + Self.pageSize, posts.count)]
+            let replies = try await redis.pipeline(page.map { ["HGETALL", keys.broadcast($0)] })
+            try throwFirstErrorReply(replies)
+            for (post, reply) in zip(page, replies) {
                 found += Self.channels(in: reply).map { (post, $0) }
             }
-            guard posts.count == Self.pageSize else { return found }
-            start += Self.pageSize
         }
+        return found
     }
 
     /// Channels APNs listed that Redis does not know, by `<environment>:<channelId>`, with when each was first
