@@ -380,6 +380,27 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
         await client.shutdown()
     }
 
+    /// A request cancelled on a full connection frees its stream when its RST_STREAM is written: the request
+    /// waiting for that stream goes at once, not after the next thing the server sends (here nothing, for 15 s).
+    @Test func aCancelledRequestsStreamGoesToTheNextAtOnce() async throws {
+        let fixture = try SimulatorFixture(port: 20530, rules: [.delay(tokenPrefix: "5b0", milliseconds: 8_000)],
+                                           maxConcurrentStreams: 1)
+        let client = try fixture.client(configure: { $0.connectionsPerEndpoint = 1 })
+        _ = try await client.send(SimulatorFixture.alert(SimulatorFixture.token()), credentials: fixture.credentials,
+                                  environment: .production) // the connection is up, at one stream
+        let held = Task { await outcome(client, SimulatorFixture.alert(SimulatorFixture.token("5b0")), fixture.credentials) }
+        #expect(await eventually { await client.connections().first?.activeStreams == 1 }, "the slow request holds the one stream")
+        let waiting = Task { await outcome(client, SimulatorFixture.alert(SimulatorFixture.token()), fixture.credentials) }
+        try await Task.sleep(for: .milliseconds(200))
+        held.cancel()
+        let started = ContinuousClock.now
+        let next = await waiting.value
+        #expect((try? next.get().status) == 200, "\(next)")
+        #expect(ContinuousClock.now - started < .seconds(2), "waited \(ContinuousClock.now - started)")
+        _ = await held.value
+        await client.shutdown()
+    }
+
     @Test(.timeLimit(.minutes(1))) func goawayMidLoadLosesNothing() async throws {
         let fixture = try SimulatorFixture(port: 20515, rules: [.goaway(afterStreams: 40, reason: "Shutdown")])
         let metrics = MetricsRegistry()

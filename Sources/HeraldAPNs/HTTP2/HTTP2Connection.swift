@@ -212,6 +212,9 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
     func flush() {
         isDirty = false
         guard let tls, let session, state != .closed else { return }
+        // Writing can close streams too (our RST_STREAM is sent): their slots go to waiting requests now, not
+        // after the next read.
+        defer { reportToPool() }
         while true {
             if outgoingOffset == outgoing.count {
                 outgoing.removeAll(keepingCapacity: true)
@@ -263,6 +266,13 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
             readyAt = .now
             pool.connectionBecameReady(self)
         }
+        reportToPool()
+        core.markDirty(self)
+    }
+
+    /// Tells the pool that this connection started draining (it opens a replacement) or has room for more streams.
+    private func reportToPool() {
+        guard state != .closed else { return }
         if drainingStarted {
             drainingStarted = false
             pool.connectionStartedDraining(self)
@@ -271,7 +281,6 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
             capacityChanged = false
             pool.needsDispatch()
         }
-        core.markDirty(self)
     }
 
     // MARK: Streams
@@ -285,6 +294,7 @@ final class HTTP2Connection: EventLoopHandler, HTTP2SessionEvents, @unchecked Se
         case .failure(let refusal):
             logger.warning("stream refused by nghttp2", ["apns.error": refusal.message])
             startDraining()
+            pool.connectionStartedDraining(self)
             return false
         }
         streams[streamID] = request
