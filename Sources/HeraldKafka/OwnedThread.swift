@@ -44,8 +44,10 @@ final class OwnedThread: @unchecked Sendable { // jobs/stopRequested/exited are 
         }
         jobs.append(job)
         condition.signal()
-        condition.unlock()
+        // Under the lock: once `stop` has returned the owner may destroy what `wake` touches (rd_kafka_yield on a
+        // handle); it cannot return before this call does.
         wake?()
+        condition.unlock()
         return true
     }
 
@@ -53,12 +55,14 @@ final class OwnedThread: @unchecked Sendable { // jobs/stopRequested/exited are 
     var isCurrent: Bool { Thread.current === thread }
 
     /// Runs the jobs already queued, then ends the thread and waits for it (unless called on the thread itself).
+    /// Stopping again (a `deinit` after `close`) does not wake: what `wake` touches may be destroyed by then.
     func stop() {
         condition.lock()
+        let first = !stopRequested
         stopRequested = true
         condition.broadcast()
+        if first { wake?() }
         condition.unlock()
-        wake?()
         guard !isCurrent else { return }
         condition.lock()
         while !exited { condition.wait() }
