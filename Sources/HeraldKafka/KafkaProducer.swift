@@ -19,7 +19,7 @@ final class ProducerInstance: Sendable {
     let client: RDKafkaClient
     let thread: OwnedThread
     /// Metadata requests block for up to their timeout (a gone broker): never on the delivery-report thread.
-    let metadataThread = OwnedThread(name: "kafka-metadata")
+    let metadataThread: OwnedThread
     /// Counts instances, so a late delivery report cannot retire the instance that replaced its own.
     let generation: Int
 
@@ -27,6 +27,8 @@ final class ProducerInstance: Sendable {
         let client = try RDKafkaClient(kind: .producer, properties: properties, logger: logger, deliveryReports: true)
         self.client = client
         self.generation = generation
+        // Started once the handle exists: a thread started before a failing `RDKafkaClient` would wait for ever.
+        metadataThread = OwnedThread(name: "kafka-metadata")
         // Serves delivery reports and error callbacks; rd_kafka_yield cuts a poll short when a job arrives.
         thread = OwnedThread(name: "kafka-poll", idle: { _ = rd_kafka_poll(client.handle, 100) },
                              wake: { rd_kafka_yield(client.handle) })
