@@ -154,12 +154,26 @@ extension WorkerLoop {
         drive(connection)
     }
 
-    /// Parses and reads until the connection waits: for bytes, for its handler, or for the socket to drain.
+    /// Steps one connection takes per turn of its loop (each a head parsed, a body complete or an answer queued).
+    static let stepsPerTurn = 64
+
+    /// Parses and reads until the connection waits: for bytes, for its handler, or for the socket to drain. A client
+    /// pipelining requests as fast as they are answered would keep it going for ever: after `stepsPerTurn` it goes
+    /// on in the loop's next turn, after the other connections.
     func drive(_ connection: HTTPConnection) {
+        var steps = 0
         while true {
             switch connection.phase {
             case .head, .body:
-                if step(connection) { continue }
+                if step(connection) {
+                    steps += 1
+                    guard steps < Self.stepsPerTurn else {
+                        let fd = connection.fd
+                        perform { [self] in if let connection = connections[fd] { drive(connection) } }
+                        return
+                    }
+                    continue
+                }
                 guard connection.readable, receive(connection) else { return }
             case .lingering:
                 discardInput(connection)
