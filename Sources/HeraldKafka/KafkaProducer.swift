@@ -65,6 +65,8 @@ public final class KafkaProducer: Sendable {
         var topics: [String: TopicHandle] = [:]
         /// Set while a stall is being probed or a replacement is under way, so one happens at a time.
         var recovering = false
+        /// Set while a replacement handle is being built.
+        var replacing = false
         var lastReplacement: ContinuousClock.Instant?
     }
 
@@ -200,10 +202,27 @@ public final class KafkaProducer: Sendable {
     }
 
     /// Swaps in a fresh handle (unless `stale` was replaced already) and retires `stale` in the background.
+    /// The current handle and how many replaced it (for tests).
+    var currentHandle: (handle: OpaquePointer, generation: Int) {
+        let instance = state.withLock { $0.instance }
+        return (instance.client.handle, instance.generation)
+    }
+
     /// The configuration librdkafka runs the current handle with (for tests: what reached it).
     var effectiveProperties: [String: String] { state.withLock { $0.instance }.client.effectiveProperties }
 
     private func replace(_ stale: ProducerInstance) {
+        // Every send refused by a fatal handle asks for a replacement: one builds it, the others leave it at that.
+        let building = state.withLock { state -> Bool in
+            guard !state.closed, state.instance === stale, !state.replacing else {
+                state.recovering = false // a stall probe's replacement is done or under way
+                return false
+            }
+            state.replacing = true
+            return true
+        }
+        guard building else { return }
+        defer { state.withLock { $0.replacing = false } }
         let fresh: ProducerInstance
         do {
             fresh = try ProducerInstance(properties: properties, logger: logger, generation: stale.generation + 1)

@@ -1,7 +1,8 @@
 import CRdKafka
 import Foundation
-import HeraldKafka
+@testable import HeraldKafka
 import Testing
+import HeraldTestSupport
 
 /// librdkafka's in-process mock cluster: a real Kafka protocol server on loopback with fault injection.
 final class MockCluster {
@@ -50,6 +51,33 @@ struct KafkaMockClusterTests {
         #expect(report == KafkaDeliveryReport(topic: "jobs", partition: 0, offset: 1))
         await producer.close()
         withExtendedLifetime(cluster) {} // the cluster must outlive the producer's connections
+    }
+
+    /// A fatal error (here raised by librdkafka's test hook, as an idempotence violation would) fails the sends
+    /// queued on the handle; the sends that see it at once ask for one replacement between them, and the next
+    /// send goes out on the fresh handle.
+    @Test func aFatalErrorReplacesTheHandleOnce() async throws {
+        let cluster = try MockCluster(topic: "jobs")
+        let producer = try producer(cluster)
+        _ = try await producer.send(topic: "jobs", key: "warm", value: [0])
+        #expect(rd_kafka_test_fatal_error(producer.currentHandle.handle, RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                                          "raised by the test") == RD_KAFKA_RESP_ERR_NO_ERROR)
+        let outcomes = await withTaskGroup(of: KafkaError?.self) { group in
+            for index in 0..<20 {
+                group.addTask {
+                    do { _ = try await producer.send(topic: "jobs", key: "k\(index)", value: [1]); return nil }
+                    catch { return error as? KafkaError ?? KafkaError(code: .invalidArgument, message: "\(error)") }
+                }
+            }
+            return await group.reduce(into: [KafkaError?]()) { $0.append($1) }
+        }
+        #expect(outcomes.contains { $0?.isFatal == true }, "\(outcomes)")
+        try await eventually("the handle replaced", timeout: .seconds(10)) { producer.currentHandle.generation >= 1 }
+        let report = try await producer.send(topic: "jobs", key: "after", value: [2])
+        #expect(report.topic == "jobs")
+        #expect(producer.currentHandle.generation == 1, "one replacement, not one per refused send")
+        await producer.close()
+        withExtendedLifetime(cluster) {}
     }
 
     @Test func aPermanentBrokerErrorFailsTheSendAtOnceWithItsCode() async throws {
