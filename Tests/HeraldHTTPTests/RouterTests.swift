@@ -102,23 +102,3 @@ struct RouterTests {
         #expect(failure(#"{"channel": "a", "count": 2}"#) == nil)
     }
 }
-
-@Suite("Connections per client address")
-struct AddressCounterTests {
-    /// An IPv6 client counts by its /64 (a host is given one, and could use another address of it per connection);
-    /// an IPv4 address counts alone, written plainly or IPv4-mapped.
-    @Test func anIPv6ClientCountsByItsSlash64() {
-        #expect(AddressCounter.key("2001:db8:1:2:aaaa::1") == "2001:db8:1:2::/64")
-        #expect(AddressCounter.key("2001:db8:1:2:ffff:ffff:ffff:ffff") == "2001:db8:1:2::/64")
-        #expect(AddressCounter.key("2001:db8:1:3::1") == "2001:db8:1:3::/64")
-        #expect(AddressCounter.key("::ffff:192.0.2.7") == "192.0.2.7")
-        #expect(AddressCounter.key("192.0.2.7") == "192.0.2.7")
-        let counter = AddressCounter(limit: 2)
-        #expect(counter.admit("2001:db8:1:2::a") && counter.admit("2001:db8:1:2::b"))
-        #expect(!counter.admit("2001:db8:1:2::c"), "a third address of the same /64")
-        #expect(counter.admit("2001:db8:1:3::c"), "another /64")
-        counter.release("2001:db8:1:2::a")
-        #expect(counter.admit("2001:db8:1:2::d"))
-        #expect(counter.admit("::ffff:192.0.2.7") && counter.admit("192.0.2.7") && !counter.admit("192.0.2.7"))
-    }
-}
