@@ -68,7 +68,7 @@ struct EventsAPI: Sendable {
             let claim: IdempotencyStore.Claim
             do { claim = try await idempotency.claim(app: job.appId, id: job.id, by: claimer) } catch {
                 // Redis may have made the claim and lost its answer: freed, or the retry would get 409 for a while.
-                retryRelease(job, by: claimer)
+                await release(job, by: claimer)
                 throw error
             }
             switch claim {

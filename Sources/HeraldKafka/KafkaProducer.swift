@@ -201,7 +201,6 @@ public final class KafkaProducer: Sendable {
         if !queued { state.withLock { $0.recovering = false } }
     }
 
-    /// Swaps in a fresh handle (unless `stale` was replaced already) and retires `stale` in the background.
     /// The current handle and how many replaced it (for tests).
     var currentHandle: (handle: OpaquePointer, generation: Int) {
         let instance = state.withLock { $0.instance }
@@ -211,6 +210,7 @@ public final class KafkaProducer: Sendable {
     /// The configuration librdkafka runs the current handle with (for tests: what reached it).
     var effectiveProperties: [String: String] { state.withLock { $0.instance }.client.effectiveProperties }
 
+    /// Swaps in a fresh handle (unless `stale` was replaced already) and retires `stale` in the background.
     private func replace(_ stale: ProducerInstance) {
         // Every send refused by a fatal handle asks for a replacement: one builds it, the others leave it at that.
         let building = state.withLock { state -> Bool in

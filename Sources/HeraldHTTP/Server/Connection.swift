@@ -47,6 +47,8 @@ final class HTTPConnection {
     var end = 0
     /// Edge-triggered: the socket may hold bytes not yet read (an edge came and no short read since).
     var readable = true
+    /// Took its steps for this turn of the loop: it goes on in the next, whatever edges or answers come meanwhile.
+    var driveQueued = false
     /// The peer shut down its sending side (reported with the edge of its last bytes).
     var peerClosed = false
     var output: [UInt8] = []
@@ -161,6 +163,7 @@ extension WorkerLoop {
     /// pipelining requests as fast as they are answered would keep it going for ever: after `stepsPerTurn` it goes
     /// on in the loop's next turn, after the other connections.
     func drive(_ connection: HTTPConnection) {
+        guard !connection.driveQueued else { return }
         var steps = 0
         while true {
             switch connection.phase {
@@ -168,8 +171,14 @@ extension WorkerLoop {
                 if step(connection) {
                     steps += 1
                     guard steps < Self.stepsPerTurn else {
-                        let fd = connection.fd
-                        perform { [self] in if let connection = connections[fd] { drive(connection) } }
+                        connection.driveQueued = true
+                        let (fd, identity) = (connection.fd, ObjectIdentifier(connection))
+                        perform { [self] in
+                            // Not a connection accepted since on the same descriptor.
+                            guard let connection = connections[fd], ObjectIdentifier(connection) == identity else { return }
+                            connection.driveQueued = false
+                            drive(connection)
+                        }
                         return
                     }
                     continue
