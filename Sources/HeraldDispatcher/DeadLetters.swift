@@ -107,15 +107,10 @@ struct StoreRefusal: Error, CustomStringConvertible {
     /// How many such answers in a row make a refusal.
     static let tries = 5
 
-    /// `error` when it is an answer about the data, which counts towards a refusal: WRONGTYPE (a key of another
-    /// type where a record belongs) or a script's Lua error (a record it cannot read). Either comes back the same
-    /// every time. Not a refused write (OOM, READONLY…) nor a missing permission, which an operator fixes.
+    /// `error` when it is an answer about the data (`RedisError.isAboutTheData`), which counts towards a refusal.
     static func dataError(_ error: any Error) -> RedisError? {
-        guard let redis = error as? RedisError, redis.code == .server, !redis.isRefusingWrites else { return nil }
-        let message = redis.message
-        let luaError = message.hasPrefix("ERR user_script:") // Redis 7; Redis 6 wraps it:
-            || message.hasPrefix("ERR Error running script") && message.contains(": user_script:")
-        return redis.serverErrorPrefix == "WRONGTYPE" || luaError ? redis : nil
+        guard let redis = error as? RedisError, redis.isAboutTheData else { return nil }
+        return redis
     }
 
     var what: String

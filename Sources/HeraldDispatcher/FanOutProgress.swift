@@ -10,7 +10,8 @@ import HeraldStore
 /// Key: `herald:{<app>}:fanout:<group>:<topic>:<partition>:<offset>:<jobId>`, a hash per job record (a re-delivered
 /// record finds its own), in the app's slot with the job's status: `cursor` — the scan cursor up to which every push
 /// is settled; `s:<token>` — a push settled past that cursor (marked by the same script that counts it in the job's
-/// status), or before it while its mark was not written for sure when the cursor was saved; `b:<channelId>` — a post's broadcast to that channel settled, `x` when dead-lettered after every attempt
+/// status), or before it while its mark was not written for sure when the cursor was saved; `b:<channelId>` — a
+/// post's broadcast to that channel settled, `x` when dead-lettered after every attempt
 /// (one request reaches every device on it, so a run again skips it even where the fan-out keeps no other mark);
 /// `done` — the whole fan-out settled (kept an hour, for a record that runs again before its offset was committed).
 /// It expires after `ttl` otherwise.
@@ -31,7 +32,8 @@ struct FanOutProgress: Sendable {
     }
 
     func key(app: String, _ source: DeadLetter.Source, job: String) -> String {
-        RedisKeys(app: app).fanOut(group: group, topic: source.topic, partition: source.partition, offset: source.offset, job: job)
+        RedisKeys(app: app).fanOut(group: group, topic: source.topic, partition: source.partition,
+                                   offset: source.offset, job: job)
     }
 }
 
@@ -129,7 +131,8 @@ final class SettledPushes: Sendable {
         }
         do {
             try await progress.statuses.advanced(app: app, jobID: origin.jobID, progressKey: progressKey,
-                                                 progressTTL: progress.ttl, owner: owner, cursor: cursor, covering: covered)
+                                                 progressTTL: progress.ttl, owner: owner, cursor: cursor,
+                                                 covering: covered)
         } catch {
             state.withLock { $0.keptMarks.formUnion(writtenSince) }
             throw error

@@ -63,7 +63,8 @@ struct EventsAPI: Sendable {
     /// could not deliver within `message.timeout.ms`, checking about once a second): 503 when the broker has not
     /// acknowledged by then. A 503 releases a client-chosen id, so a retry with the same id publishes again.
     func publish(_ job: PushJob, clientChoseID: Bool) async throws -> HTTPResponse {
-        let claimer = SecureRandom.hex(8)
+        // Names this request's claim on a client-chosen id, so only this request can release it.
+        let claimer = clientChoseID ? SecureRandom.hex(8) : ""
         if clientChoseID {
             let claim: IdempotencyStore.Claim
             do { claim = try await idempotency.claim(app: job.appId, id: job.id, by: claimer) } catch {

@@ -62,6 +62,16 @@ public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
             && Self.writeRefusalPrefixes.contains { message.contains("-\($0) ") }
     }
 
+    /// An answer about the data itself, the same on every try until someone fixes the key: `WRONGTYPE` (a key of
+    /// another type where a record belongs) or a script's Lua error (a record it cannot read). Not a refused write
+    /// nor a missing permission, which an operator fixes without touching the data.
+    public var isAboutTheData: Bool {
+        guard code == .server, !isRefusingWrites else { return false }
+        if serverErrorPrefix == "WRONGTYPE" { return true }
+        return message.hasPrefix("ERR user_script:") // Redis 7; Redis 6 wraps it:
+            || message.hasPrefix("ERR Error running script") && message.contains(": user_script:")
+    }
+
     private static let writeRefusalPrefixes: Set<Substring> = ["OOM", "READONLY", "MISCONF", "NOREPLICAS"]
 
     /// The error a `command` call throws for an error reply.

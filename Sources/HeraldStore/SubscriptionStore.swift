@@ -255,8 +255,7 @@ public struct SubscriptionStore: Sendable {
                                                                    nowSeconds: nowSeconds)
                 removed += bucketRemoved
                 if failure == nil, let unreadable { failure = unreadable }
-            } catch let error as RedisError where error.code == .server && !error.isRefusingWrites
-                        && error.serverErrorPrefix != "NOPERM" {
+            } catch let error as RedisError where error.isAboutTheData {
                 failure = failure ?? error // about this index's data: the other indexes are swept all the same
             }
         }
