@@ -214,7 +214,7 @@ public final class RedisClient: Sendable {
             asked.append(encoded: encoder)
             return try await node.many(asked).last ?? .null
         } catch let error as RedisError {
-            topology.callFailed(error)
+            topology.callFailed(error, on: node.address)
             throw error
         }
     }
@@ -317,7 +317,7 @@ public final class RedisClient: Sendable {
 
     private func many(_ encoder: RESPEncoder, on node: RedisNode) async throws -> [RedisValue] {
         do { return try await node.many(encoder) } catch let error as RedisError {
-            topology.callFailed(error)
+            topology.callFailed(error, on: node.address)
             throw error
         }
     }

@@ -29,8 +29,24 @@ final class RedisTopology: Sendable {
         /// A `MOVED` arrived while `refresh` ran: the map it installs may be older (a node whose gossip lags), so
         /// another refresh follows it.
         var movedDuringRefresh = false
+        /// Nodes whose calls failed since the last refresh began: asked last, as one that is down would hold the
+        /// refresh for its whole timeout.
+        var failing: Set<RedisAddress> = []
         var lastRefresh: ContinuousClock.Instant?
         var isClosed = false
+
+        func refreshCandidates(seeds: [RedisAddress]) -> [RedisAddress] {
+            var seen = failing, order: [RedisAddress] = []
+            if case .cluster(let slots) = mode {
+                let serving = Set(slots.compactMap { $0.map(ObjectIdentifier.init) })
+                for (address, node) in nodes where serving.contains(ObjectIdentifier(node)) {
+                    if seen.insert(address).inserted { order.append(address) }
+                }
+            }
+            for seed in seeds where seen.insert(seed).inserted { order.append(seed) }
+            for address in nodes.keys where seen.insert(address).inserted { order.append(address) }
+            return order + failing.filter { nodes[$0] != nil }.sorted { $0.description < $1.description }
+        }
     }
 
     enum Mode {
@@ -160,11 +176,20 @@ final class RedisTopology: Sendable {
     }
 
     /// A call failed on its connection or the cluster said it is down: in a cluster the map may be stale (a
-    /// failover), so it is refreshed; a standalone Redis has no map.
-    func callFailed(_ error: RedisError) {
-        let isCluster = state.withLock { state in if case .cluster = state.mode { true } else { false } }
-        if isCluster && (error.isConnectionFailure || error.message.hasPrefix("CLUSTERDOWN")) { scheduleRefresh() }
+    /// failover), so it is refreshed, asking `node` (when known) last; a standalone Redis has no map.
+    func callFailed(_ error: RedisError, on node: RedisAddress? = nil) {
+        guard error.isConnectionFailure || error.message.hasPrefix("CLUSTERDOWN") else { return }
+        let isCluster = state.withLock { state in
+            guard case .cluster = state.mode else { return false }
+            if let node, error.isConnectionFailure { state.failing.insert(node) }
+            return true
+        }
+        if isCluster { scheduleRefresh() }
     }
+
+    /// Whom the next refresh asks, in order: the masters of the current map, then the seeds, then any other node
+    /// made, then those whose calls failed.
+    var refreshCandidates: [RedisAddress] { state.withLock { $0.refreshCandidates(seeds: configuration.seeds) } }
 
     /// Every node this client has made.
     var nodes: [RedisNode] { state.withLock { Array($0.nodes.values) } }
@@ -263,19 +288,11 @@ final class RedisTopology: Sendable {
         }
     }
 
-    /// Asks the masters of the current map, then the seeds, for `CLUSTER SLOTS`; the first full answer wins.
+    /// Asks the `refreshCandidates` for `CLUSTER SLOTS`; the first full answer wins.
     private func refresh() async {
-        let candidates: [RedisAddress] = state.withLock { state in
-            var seen = Set<RedisAddress>(), order: [RedisAddress] = []
-            if case .cluster(let slots) = state.mode {
-                let serving = Set(slots.compactMap { $0.map(ObjectIdentifier.init) })
-                for (address, node) in state.nodes where serving.contains(ObjectIdentifier(node)) {
-                    if seen.insert(address).inserted { order.append(address) }
-                }
-            }
-            for seed in configuration.seeds where seen.insert(seed).inserted { order.append(seed) }
-            for address in state.nodes.keys where seen.insert(address).inserted { order.append(address) }
-            return order
+        let candidates = state.withLock { state in
+            defer { state.failing = [] }
+            return state.refreshCandidates(seeds: configuration.seeds)
         }
         for address in candidates {
             // Closing the client cancels a refresh under way: no map to install, nothing failed.

@@ -253,6 +253,24 @@ import Testing
         await client.close()
     }
 
+    /// The map refresh that follows a node's failed call asks that node last: one that is down would hold the
+    /// refresh for its whole timeout. (Checked on a closed client, whose failures queue no refresh to clear them.)
+    @Test func aRefreshAsksTheNodesWhoseCallsFailedLast() async throws {
+        let client = try clusterClient()
+        #expect(try await client.isCluster())
+        let masters = Set(try await clusterMasters().map(\.port))
+        await client.close()
+        let before = client.topology.refreshCandidates
+        #expect(Set(before.prefix(3).map(\.port)) == masters)
+        for failed in [before[0], before[1]] {
+            client.topology.callFailed(RedisError(.timeout, "no reply in time"), on: failed)
+        }
+        let after = client.topology.refreshCandidates
+        #expect(after.count == before.count)
+        #expect(after.suffix(2) == [before[0], before[1]].sorted { $0.description < $1.description })
+        #expect(after.first == before[2])
+    }
+
     /// A slot map that no longer names a node drops it (a master rescheduled under a new address), so nodes and
     /// their threads do not pile up; the seeds stay.
     @Test func aNodeTheMapNoLongerNamesIsDropped() async throws {
