@@ -383,7 +383,7 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
     /// A request cancelled on a full connection frees its stream when its RST_STREAM is written: the request
     /// waiting for that stream goes at once, not after the next thing the server sends (here nothing, for 15 s).
     @Test func aCancelledRequestsStreamGoesToTheNextAtOnce() async throws {
-        let fixture = try SimulatorFixture(port: 20530, rules: [.delay(tokenPrefix: "5b0", milliseconds: 8_000)],
+        let fixture = try SimulatorFixture(port: 20526, rules: [.delay(tokenPrefix: "5b0", milliseconds: 8_000)],
                                            maxConcurrentStreams: 1)
         let client = try fixture.client(configure: { $0.connectionsPerEndpoint = 1 })
         _ = try await client.send(SimulatorFixture.alert(SimulatorFixture.token()), credentials: fixture.credentials,

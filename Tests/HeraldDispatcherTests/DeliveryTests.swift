@@ -873,11 +873,6 @@ struct DeliveryTests {
         let redis = RedisClient(configuration: try RedisConfiguration(url: try TestEnvironment.redisURL()))
         let app = "budget-" + SecureRandom.hex(4)
         let (settled, statuses, job, key) = try await recordingFanOut(redis, app: app)
-        // A first write loads the write's script on the node: otherwise the lost write would be an `EVALSHA` that
-        // Redis answers `NOSCRIPT` once the blocking script is done, and nothing would be written.
-        let first = SecureRandom.hex(32)
-        await settled.record([SettledPush(token: first, outcome: .delivered, retries: 0)])
-        #expect(settled.pendingCount == 0)
         // A key of another type where the progress record belongs: every write of marks fails, reads go on.
         try await redis.command(["SET", key, "not a hash"])
         for _ in 0..<30 {
@@ -922,6 +917,13 @@ struct DeliveryTests {
         let first = SecureRandom.hex(32)
         await settled.record([SettledPush(token: first, outcome: .delivered, retries: 0)])
         #expect(settled.pendingCount == 0)
+        // Probed from a client of its own, connected before the script starts: a probe timing out on `redis` would
+        // have its next command wait behind the reset (and, in a cluster, behind a map refresh asking the busy
+        // node), never reaching Redis at all.
+        var probing = try RedisConfiguration(url: try TestEnvironment.redisURL())
+        probing.commandTimeout = .milliseconds(300)
+        let prober = RedisClient(configuration: probing)
+        try await eventually("the prober is connected") { (try? await prober.command(["EXISTS", key])) != nil }
         // Two seconds of a script on the progress record's node: the write waits behind it, the client gives up
         // after 300 ms, and Redis runs the write once the script is done.
         var blocking = try RedisConfiguration(url: try TestEnvironment.redisURL())
@@ -933,13 +935,10 @@ struct DeliveryTests {
             while now() - start < 2000000 do end
             return 1
             """), keys: [key], args: [])
-        // Probed from a client of its own: a probe timing out on `redis` would have its next command wait behind
-        // the reset (and, in a cluster, behind a map refresh asking the busy node), never reaching Redis at all.
-        var probing = try RedisConfiguration(url: try TestEnvironment.redisURL())
-        probing.commandTimeout = .milliseconds(100)
-        let prober = RedisClient(configuration: probing)
         try await eventually("the record's node is busy with the script", timeout: .seconds(2)) {
-            do { _ = try await prober.command(["EXISTS", key]); return false } catch { return true }
+            do { _ = try await prober.command(["EXISTS", key]); return false } catch let error as RedisError {
+                return error.code == .timeout
+            }
         }
         let tokens = (0..<3).map { _ in SecureRandom.hex(32) }
         await settled.record(tokens.map { SettledPush(token: $0, outcome: .delivered, retries: 0) })

@@ -89,7 +89,7 @@ struct HTTPWireTests {
                 }
             }
             // Measured on 2 cores: 40–60 ms each; 0.5 s when the flood's connection kept the loop while it had bytes.
-            #expect(waits.sorted()[2] < .milliseconds(250), "\(waits)")
+            #expect(waits.sorted()[2] < .milliseconds(400), "\(waits)")
             _ = try await flood
         }
     }
