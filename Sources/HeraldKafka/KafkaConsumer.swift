@@ -255,15 +255,14 @@ public final class KafkaConsumer: Sendable {
     /// disconnects. Uncommitted records will be delivered again to whoever gets their partitions.
     public func close() async throws(KafkaError) {
         guard !closed.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        let client = self.client
-        // A commit under way finishes first (stop runs the queued jobs).
-        commitThread.stop()
-        defer {
-            thread.stop()
-            client.destroy()
-        }
+        let (client, commitThread) = (self.client, self.commitThread)
+        // All of it blocks (a commit under way, leaving the group, librdkafka's threads ending), so all of it runs
+        // on the consumer's thread, which is then idle and stops at once: none on Swift's cooperative pool.
+        defer { thread.stop() }
         try await thread.run { () throws(KafkaError) in
+            commitThread.stop() // a commit under way finishes first (stop runs the queued jobs)
             let error = rd_kafka_consumer_close(client.handle)
+            client.destroy()
             guard error == RD_KAFKA_RESP_ERR_NO_ERROR else { throw KafkaError(error, message: "leaving the group") }
         }
     }
