@@ -48,7 +48,8 @@ enum ReplayCommand {
         sends exactly the rest. A replay killed outright (SIGKILL, power loss) can send again the jobs handed to
         Kafka but not yet recorded at that moment: at most 5,000 in flight plus one Redis round trip's worth of
         acknowledged ones. A run whose records Redis refuses stops sending (exit 1), and so does one whose job Kafka
-        left unanswered for --ack-timeout, or refused 20 in a row. The job id of a replayed job is
+        left unanswered for --ack-timeout, or refused 20 in a row (such a job may have reached Kafka all the same:
+        a rerun sends it again, so its devices may get it twice). The job id of a replayed job is
         replay-NAME-PARTITION-OFFSET. Do not run the same replay from two places at once. After the topic is
         deleted and created again, its letters reuse old positions: give replays of it a new --name.
 
