@@ -269,7 +269,12 @@ public final class KafkaConsumer: Sendable {
 
     private func run<T: Sendable>(_ body: @escaping @Sendable () throws(KafkaError) -> T) async throws(KafkaError) -> T {
         guard !closed.load(ordering: .acquiring) else { throw .closed("consumer") }
-        return try await thread.run(body)
+        let client = self.client
+        return try await thread.run { () throws(KafkaError) -> T in
+            // A call that passed the check as `close` began is queued behind it: the handle is gone by then.
+            guard !client.isDestroyed else { throw .closed("consumer") }
+            return try body()
+        }
     }
 
     private static func record(from message: UnsafeMutablePointer<rd_kafka_message_t>) -> KafkaRecord {

@@ -91,8 +91,11 @@ final class RDKafkaClient: @unchecked Sendable { // immutable after init; librdk
 
     deinit { destroy() }
 
-    /// Destroys the handle (once). The owner calls it only when nothing can use the handle any more: its thread
-    /// has stopped and new calls are refused.
+    /// Whether `destroy` has run: the handle must not be used.
+    var isDestroyed: Bool { destroyed.load(ordering: .acquiring) }
+
+    /// Destroys the handle (once). The owner calls it only when no other thread can use the handle any more: new
+    /// calls are refused, and those already queued on the thread that destroys it check `isDestroyed` first.
     func destroy() {
         guard !destroyed.exchange(true, ordering: .acquiringAndReleasing) else { return }
         if let consumerQueue { rd_kafka_queue_destroy(consumerQueue) }
