@@ -329,9 +329,9 @@ public final class RedisClient: Sendable {
                 let gather = RedisGather(parts: batches.count, continuation: continuation)
                 for (index, batch) in batches.enumerated() { batch.node.submit(batch.encoder, completion: .part(gather, index)) }
             }
-        } catch let error as RedisError {
-            topology.callFailed(error)
-            throw error
+        } catch let failure as RedisGather.PartFailed {
+            topology.callFailed(failure.error, on: batches[failure.part].node.address)
+            throw failure.error
         }
     }
 

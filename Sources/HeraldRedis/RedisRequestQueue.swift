@@ -47,8 +47,15 @@ struct RedisRequest: Sendable {
 }
 
 /// One caller waiting for the replies of several nodes, sent at once: resumed with every node's replies in order
-/// once all have answered, or with the first error (the other answers are then dropped as they come).
+/// once all have answered, or with the first error, as `PartFailed` (the other answers are then dropped as they
+/// come).
 final class RedisGather: Sendable {
+    /// The call to the node of `part` failed with `error`.
+    struct PartFailed: Error {
+        var part: Int
+        var error: RedisError
+    }
+
     private struct State {
         var continuation: CheckedContinuation<[[RedisValue]], any Error>?
         var replies: [[RedisValue]]
@@ -61,12 +68,12 @@ final class RedisGather: Sendable {
     }
 
     func finish(_ index: Int, _ result: Result<[RedisValue], RedisError>) {
-        let resume = state.withLock { state -> (CheckedContinuation<[[RedisValue]], any Error>, Result<[[RedisValue]], RedisError>)? in
+        let resume = state.withLock { state -> (CheckedContinuation<[[RedisValue]], any Error>, Result<[[RedisValue]], PartFailed>)? in
             guard let continuation = state.continuation else { return nil }
             switch result {
             case .failure(let error):
                 state.continuation = nil
-                return (continuation, .failure(error))
+                return (continuation, .failure(PartFailed(part: index, error: error)))
             case .success(let replies):
                 state.replies[index] = replies
                 state.left -= 1

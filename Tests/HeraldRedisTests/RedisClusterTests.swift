@@ -271,6 +271,21 @@ import Testing
         #expect(after.first == before[2])
     }
 
+    /// A pipeline across nodes fails with the node that failed, so that node too is asked last by the refresh.
+    @Test func aGatherFailsWithThePartThatFailed() async throws {
+        do {
+            _ = try await withCheckedThrowingContinuation { continuation in
+                let gather = RedisGather(parts: 3, continuation: continuation)
+                gather.finish(0, .success([.integer(1)]))
+                gather.finish(2, .failure(RedisError(.timeout, "no reply in time")))
+                gather.finish(1, .success([.integer(2)]))
+            }
+            Issue.record("the gather did not fail")
+        } catch let failure as RedisGather.PartFailed {
+            #expect(failure.part == 2 && failure.error.code == .timeout)
+        }
+    }
+
     /// A slot map that no longer names a node drops it (a master rescheduled under a new address), so nodes and
     /// their threads do not pile up; the seeds stay.
     @Test func aNodeTheMapNoLongerNamesIsDropped() async throws {
