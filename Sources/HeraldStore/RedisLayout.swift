@@ -87,8 +87,9 @@ public enum RedisLayout {
                 let reads = try await redis.pipeline(found.flatMap { [["HGETALL", $0.key], ["PTTL", $0.key]] })
                 // Read as unreadable, a record would only be deleted: an error other than a key of another type
                 // (a node loading or failing over, a refused command) leaves the batch for the next run.
-                for case .error(let message) in reads where !message.hasPrefix("WRONGTYPE") {
-                    throw RedisError.fromReply(message)
+                for case .error(let message) in reads {
+                    let error = RedisError.fromReply(message)
+                    if !error.isAboutTheData { throw error }
                 }
                 let moves = found.enumerated().map { index, old in
                     let fields = reads[index * 2].fieldValues ?? [:]
