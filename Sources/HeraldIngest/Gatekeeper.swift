@@ -62,6 +62,8 @@ struct Gatekeeper: Sendable {
         private let app: String
         /// What counting the request decided, once it has been counted.
         private(set) var decision: RateLimiter.Decision?
+        /// The window the handler was given to count in: a call that failed after it may have counted the request.
+        private(set) var handedOut: RateLimiter.Window?
 
         init(limiter: RateLimiter, principal: Principal, app: String) {
             (self.limiter, self.principal, self.app) = (limiter, principal, app)
@@ -69,8 +71,10 @@ struct Gatekeeper: Sendable {
 
         /// The window to count the request in, for the device token it is about (its counter in `slot`).
         func window(device: String?, in slot: RedisKeys.DeviceCounterSlot = .deviceToken) -> RateLimiter.Window {
-            limiter.window(for: principal.rateLimitKey, device: Gatekeeper.rateLimitDevice(principal, device), in: slot,
-                           app: app)
+            let window = limiter.window(for: principal.rateLimitKey, device: Gatekeeper.rateLimitDevice(principal, device),
+                                        in: slot, app: app)
+            handedOut = window
+            return window
         }
 
         func record(_ decision: RateLimiter.Decision) { self.decision = decision }
@@ -108,9 +112,18 @@ struct Gatekeeper: Sendable {
                 let mapped = Failures.http(error, logger: logger)
                 if mapped is CancellationError { throw mapped }
                 // After a 503 Redis is failing: counting now would only wait for the same deadline again. A request
-                // the handler already counted still says where its window stands.
-                let decision = (mapped as? HTTPError)?.status == 503 ? meter.decision
-                    : try await decision(of: meter, device: device(request), in: deviceSlot)
+                // the handler already counted still says where its window stands; one whose counting call failed
+                // after it may have counted (a script's error past its count) is read, not counted a second time.
+                let decision: RateLimiter.Decision?
+                if let recorded = meter.decision {
+                    decision = recorded
+                } else if (mapped as? HTTPError)?.status == 503 {
+                    decision = nil
+                } else if let window = meter.handedOut {
+                    decision = try? await limiter.standing(window)
+                } else {
+                    decision = try await self.decision(of: meter, device: device(request), in: deviceSlot)
+                }
                 throw counted(mapped, headers: decision.map(Self.headers) ?? [:], request: request)
             }
         }

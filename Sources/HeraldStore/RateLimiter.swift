@@ -186,6 +186,12 @@ public struct RateLimiter: Sendable {
         return window.decision(count: counts.count, ceilingCount: counts.ceiling)
     }
 
+    /// Where `window`'s own counter stands, without counting a request: the headers of a request that a call
+    /// counted before it failed (counting it again would charge it twice).
+    public func standing(_ window: Window) async throws -> Decision {
+        window.decision(count: try await redis.command(["GET", window.counter.redisKey]).int ?? 0)
+    }
+
     /// Counts one request in `window`; returns the counters' values after it (`ceiling` 0 when not counted).
     static func count(_ window: Window, on redis: RedisClient) async throws -> (count: Int64, ceiling: Int64) {
         if window.isCeiling, try await redis.isCluster() {

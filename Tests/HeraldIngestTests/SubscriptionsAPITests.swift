@@ -455,6 +455,26 @@ import Testing
         #expect(secret.status == 200)
     }
 
+    /// A subscribe whose script counted the request and then failed on the data (a channel index of the wrong
+    /// type): the 500 says where the window stands, and the request is counted once, not again by the gatekeeper.
+    @Test func aSubscribeThatFailsAfterCountingIsCountedOnce() async throws {
+        let ingest = try await IngestHarness.start(rateLimit: 100)
+        defer { Task { await ingest.stop() } }
+        let app = ingest.apps.apps[0], device = deviceToken(), broken = "broken:\(SecureRandom.hex(4))"
+        let intoWindow = Int(Date().timeIntervalSince1970) % 60
+        if intoWindow > 50 { try await Task.sleep(for: .seconds(61 - intoWindow)) }
+        _ = try await ingest.redis.command(["SET", StoredKeys(app: app.id).channel(broken), "not an index"])
+        let path = "/v1/apps/\(app.id)/subscriptions"
+        let failed = try await ingest.request("POST", path, key: app.publicKey,
+                                              json: #"{"channel": "\#(broken)", "deviceToken": "\#(device)", "tokenType": "alert"}"#)
+        #expect(failed.status == 500, "\(failed.text)")
+        #expect(failed.headers["ratelimit-remaining"] == "99", "\(failed.headers)")
+        let next = try await ingest.request("POST", path, key: app.publicKey,
+                                            json: #"{"channel": "fine", "deviceToken": "\#(device)", "tokenType": "alert"}"#)
+        #expect(next.status == 201, "\(next.text)")
+        #expect(next.headers["ratelimit-remaining"] == "98", "the failed request counted once: \(next.headers)")
+    }
+
     // MARK: Bounded state
 
     /// 500 subscriptions of one device: the 501st is refused (409, nothing stored) while updates still work, and
