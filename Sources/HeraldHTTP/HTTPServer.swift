@@ -23,6 +23,9 @@ public struct HTTPServerConfiguration: Sendable {
     /// Connections from one client address beyond this many are closed as soon as they are accepted, across
     /// all worker threads; 0 = no such limit (the default: behind a proxy every client shares its address).
     public var maxConnectionsPerAddress: Int
+    /// For `maxConnectionsPerAddress`, IPv6 clients count per network of this prefix length (a subscriber gets a
+    /// whole /64, so counting single addresses would limit nothing). Default 64; 128 counts single addresses.
+    public var ipv6PrefixLength: Int
     /// A handler still running after this long is answered 503 `unavailable` and its task cancelled.
     /// Default 10 s.
     public var requestDeadline: Duration
@@ -33,7 +36,7 @@ public struct HTTPServerConfiguration: Sendable {
 
     public init(address: HostPort, threads: Int = 2, maxBodyBytes: Int = 65_536,
                 connectionTimeout: Duration = .seconds(30), requestReadTimeout: Duration = .seconds(30),
-                maxConnections: Int = 1024, maxConnectionsPerAddress: Int = 0,
+                maxConnections: Int = 1024, maxConnectionsPerAddress: Int = 0, ipv6PrefixLength: Int = 64,
                 requestDeadline: Duration = .seconds(10), shutdownGracePeriod: Duration = .seconds(10),
                 accessLog: Bool = true) {
         self.address = address
@@ -43,6 +46,7 @@ public struct HTTPServerConfiguration: Sendable {
         self.requestReadTimeout = requestReadTimeout
         self.maxConnections = maxConnections
         self.maxConnectionsPerAddress = maxConnectionsPerAddress
+        self.ipv6PrefixLength = ipv6PrefixLength
         self.requestDeadline = requestDeadline
         self.shutdownGracePeriod = shutdownGracePeriod
         self.accessLog = accessLog
@@ -101,9 +105,10 @@ public final class HTTPServer: Service {
     public init(configuration: HTTPServerConfiguration, router: Router, logger: Logger,
                 metrics: MetricsRegistry = .shared) throws(HTTPServerError) {
         guard configuration.threads >= 1, configuration.maxBodyBytes >= 0, configuration.maxConnections >= 1,
-              configuration.maxConnectionsPerAddress >= 0, configuration.requestReadTimeout > .zero else {
+              configuration.maxConnectionsPerAddress >= 0, (1...128).contains(configuration.ipv6PrefixLength),
+              configuration.requestReadTimeout > .zero else {
             throw HTTPServerError(.invalidConfiguration,
-                                  "threads and maxConnections must be at least 1, the read timeout positive")
+                                  "threads and maxConnections must be at least 1, the read timeout positive, the IPv6 prefix length 1–128")
         }
         self.configuration = configuration
         socket = try ListeningSocket(binding: configuration.address)

@@ -46,6 +46,8 @@ public struct IngestConfiguration: Sendable {
     public var maxConnections = 1024
     /// `HERALD_HTTP_MAX_CONNECTIONS_PER_IP`: open connections per client address; 0 = unlimited.
     public var maxConnectionsPerAddress = 0
+    /// `HERALD_HTTP_IPV6_PREFIX_LENGTH`: IPv6 clients share the per-address limit per network of this prefix.
+    public var ipv6PrefixLength = 64
     /// `HERALD_ACCESS_LOG`: one line per request at info level.
     public var accessLog = true
     /// Clock skew allowed when checking OAuth tokens' `exp` and `nbf`.
@@ -59,6 +61,7 @@ public struct IngestConfiguration: Sendable {
         return HTTPServerConfiguration(address: address, threads: threads, maxBodyBytes: maxBodyBytes,
                                        connectionTimeout: idleTimeout, requestReadTimeout: readTimeout,
                                        maxConnections: maxConnections, maxConnectionsPerAddress: maxConnectionsPerAddress,
+                                       ipv6PrefixLength: ipv6PrefixLength,
                                        requestDeadline: requestDeadline, shutdownGracePeriod: requestDeadline + .seconds(1),
                                        accessLog: accessLog)
     }

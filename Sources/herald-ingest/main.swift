@@ -37,6 +37,7 @@ let usage = """
       HERALD_HTTP_READ_TIMEOUT_SECONDS  a whole request must arrive within this long [\(defaults.readTimeout.secondsText)]
       HERALD_HTTP_MAX_CONNECTIONS   open connections; more wait in the accept queue [\(defaults.maxConnections)]
       HERALD_HTTP_MAX_CONNECTIONS_PER_IP  open connections per client address, 0 = unlimited [\(defaults.maxConnectionsPerAddress)]
+      HERALD_HTTP_IPV6_PREFIX_LENGTH  IPv6 clients count per network of this prefix (1-128) [\(defaults.ipv6PrefixLength)]
       HERALD_LOG_LEVEL              debug | info | warning | error [info]
       HERALD_ACCESS_LOG             on | off: a "request" line per request at info [on]
       GLIBC_TUNABLES                when unset, set to glibc.malloc.tcache_count=64 (a larger malloc cache)
@@ -80,6 +81,8 @@ struct IngestSettings {
         configuration.maxConnections = try env.int("HERALD_HTTP_MAX_CONNECTIONS", default: defaults.maxConnections, range: 1...1_000_000)
         configuration.maxConnectionsPerAddress = try env.int("HERALD_HTTP_MAX_CONNECTIONS_PER_IP", default: defaults.maxConnectionsPerAddress,
                                                              range: 0...1_000_000)
+        configuration.ipv6PrefixLength = try env.int("HERALD_HTTP_IPV6_PREFIX_LENGTH", default: defaults.ipv6PrefixLength,
+                                                     range: 1...128)
         appsFile = env.string("HERALD_APPS_FILE", default: "config/apps.json")
         // One connection by default: concurrent calls then share one write and one read loop (automatic
         // pipelining); more connections cost more CPU per request in both herald-ingest and Redis.

@@ -469,3 +469,27 @@ func waitFor(_ condition: () -> Bool, sourceLocation: SourceLocation = #_sourceL
         try await Task.sleep(for: .milliseconds(10))
     }
 }
+
+/// The per-address connection limit counts an IPv6 client by its network, and an IPv4 client the same however a
+/// dual-stack listener writes its address.
+@Suite("Connections per client address")
+struct AddressCounterTests {
+    @Test func ipv6ClientsCountPerNetworkAndMappedIPv4AsIPv4() {
+        #expect(AddressCounter.client("2001:db8:1:2:aaaa:bbbb:cccc:dddd", ipv6PrefixLength: 64) == "2001:db8:1:2::/64")
+        #expect(AddressCounter.client("2001:db8:1:2:aaaa::1", ipv6PrefixLength: 56) == "2001:db8:1::/56")
+        #expect(AddressCounter.client("2001:db8::1", ipv6PrefixLength: 128) == "2001:db8::1/128")
+        #expect(AddressCounter.client("::ffff:10.1.2.3", ipv6PrefixLength: 64) == "10.1.2.3")
+        #expect(AddressCounter.client("10.1.2.3", ipv6PrefixLength: 64) == "10.1.2.3")
+
+        let counter = AddressCounter(limit: 2, ipv6PrefixLength: 64)
+        #expect(counter.admit("2001:db8::1") && counter.admit("2001:db8::ffff:2"))
+        #expect(!counter.admit("2001:db8::1:0:0:3"), "a third address of the same /64 is the same client")
+        #expect(counter.admit("2001:db8:0:1::1"), "another /64 is another client")
+        #expect(counter.admit("::ffff:10.0.0.1") && counter.admit("10.0.0.1"))
+        #expect(!counter.admit("10.0.0.1"))
+        counter.release("::ffff:10.0.0.1")
+        #expect(counter.admit("10.0.0.1"))
+        counter.release("2001:db8::ffff:2")
+        #expect(counter.admit("2001:db8::5"), "a connection of the network closed")
+    }
+}

@@ -15,7 +15,8 @@ final class HTTPWorkers: Sendable {
         parked = ParkedRequests(engine: engine)
         let count = configuration.threads
         let perLoopLimit = (configuration.maxConnections + count - 1) / count
-        let addresses = AddressCounter(limit: configuration.maxConnectionsPerAddress)
+        let addresses = AddressCounter(limit: configuration.maxConnectionsPerAddress,
+                                       ipv6PrefixLength: configuration.ipv6PrefixLength)
         var descriptors = [descriptor]
         for _ in 1..<count {
             let copy = dup(descriptor)
