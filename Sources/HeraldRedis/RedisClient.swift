@@ -6,7 +6,8 @@ import HeraldRuntime
 /// With one server every call goes to it; in a cluster (found by asking the seeds on the first call, see
 /// `RedisTopology`) each command goes to the master serving its key's slot, a pipeline is split by node and its
 /// replies put back in order, a `MOVED` reply is followed (and refreshes the map; a pipeline's commands that moved
-/// are sent again as a pipeline) and an `ASK` reply is followed once with `ASKING`. Each server is a `RedisNode`:
+/// are sent again as a pipeline), an `ASK` reply is followed once with `ASKING`, and a `TRYAGAIN` (a migrating
+/// slot's keys split between two nodes) is sent again after a pause. Each server is a `RedisNode`:
 /// a pool of connection threads plus one non-blocking connection per event loop, with the deadlines, reconnection
 /// and error kinds described there.
 ///
@@ -176,6 +177,7 @@ public final class RedisClient: Sendable {
             switch redirect {
             case .moved(let slot, let address): (node, asking) = (try topology.moved(slot: slot, to: address), false)
             case .ask(_, let address): (node, asking) = (try topology.node(at: address), true)
+            case .tryAgain: try await pauseForMigration()
             }
         }
         throw tooManyRedirections(trail)
@@ -185,6 +187,13 @@ public final class RedisClient: Sendable {
     /// few milliseconds more each time (at most 140 ms in all).
     private func pauseBeforeRedirection(_ attempt: Int) async throws {
         if attempt >= 2 { try await Task.sleep(for: .milliseconds(20 * (attempt - 1))) }
+    }
+
+    /// `TRYAGAIN`: a resharding tool moves a slot's keys a few at a time, so keys of one hash tag are on two nodes
+    /// only between two of its `MIGRATE` calls. Waited out longer than other redirections (50 ms each time, with
+    /// them at most 340 ms over a call's attempts) before the call answers `unavailable`.
+    private func pauseForMigration() async throws {
+        try await Task.sleep(for: .milliseconds(50))
     }
 
     private func tooManyRedirections(_ trail: [String]) -> RedisError {
@@ -225,8 +234,8 @@ public final class RedisClient: Sendable {
         var (replies, nodes) = try await sendByNode(Array(0..<count), slot: slot, isTransaction: isTransaction,
                                                     encode: encode)
         // A transaction fails whole, but its MOVED still says where the slot went; other commands whose slot moved
-        // (or is moving) are sent again where the redirections say: those that moved together, as a pipeline
-        // again; those asked elsewhere one by one.
+        // (or is moving) are sent again where the redirections say: those that moved, or were told to try again,
+        // together as a pipeline again; those asked elsewhere one by one.
         guard replies.contains(where: { RedisCluster.Redirect($0) != nil }) else { return replies }
         guard !isTransaction() else {
             for (reply, node) in zip(replies, nodes) {
@@ -237,12 +246,15 @@ public final class RedisClient: Sendable {
             return replies
         }
         for attempt in 0..<Self.maxRedirects - 1 {
-            var moved: [Int] = []
+            var resend: [Int] = [], migrating = false
             for index in replies.indices {
                 switch RedisCluster.Redirect(replies[index], asked: nodes[index].address) {
                 case .moved(let slot, let address)?:
                     _ = try topology.moved(slot: slot, to: address)
-                    moved.append(index)
+                    resend.append(index)
+                case .tryAgain?:
+                    resend.append(index)
+                    migrating = true
                 case .ask(_, let address)?:
                     var encoder = RESPEncoder()
                     encode(&encoder, index)
@@ -251,10 +263,11 @@ public final class RedisClient: Sendable {
                 case nil: break
                 }
             }
-            guard !moved.isEmpty else { return replies }
+            guard !resend.isEmpty else { return replies }
             try await pauseBeforeRedirection(attempt + 1)
-            let (again, againNodes) = try await sendByNode(moved, slot: slot, isTransaction: { false }, encode: encode)
-            for (position, index) in moved.enumerated() {
+            if migrating { try await pauseForMigration() }
+            let (again, againNodes) = try await sendByNode(resend, slot: slot, isTransaction: { false }, encode: encode)
+            for (position, index) in resend.enumerated() {
                 (replies[index], nodes[index]) = (again[position], againNodes[position])
             }
         }
@@ -306,9 +319,11 @@ public final class RedisClient: Sendable {
         return (try throwingUnavailability(replies), nodes)
     }
 
-    /// The replies, unless Redis answered that it is not serving (`LOADING`…), which answers every command alike.
+    /// The replies, unless Redis answered that it is not serving (`LOADING`…), which answers every command alike
+    /// (not `TRYAGAIN`, about one command's keys: `pipeline` sends those again).
     private func throwingUnavailability(_ replies: [RedisValue]) throws -> [RedisValue] {
-        if let unavailable = replies.lazy.compactMap(RedisError.unavailability(of:)).first {
+        if let unavailable = replies.lazy.filter({ RedisCluster.Redirect($0) == nil })
+            .compactMap(RedisError.unavailability(of:)).first {
             topology.callFailed(unavailable)
             throw unavailable
         }

@@ -81,14 +81,20 @@ public enum RedisCluster {
         case moved(slot: Int, to: RedisAddress)
         /// The slot is migrating: send this one command there, after `ASKING`.
         case ask(slot: Int, to: RedisAddress)
+        /// The slot is migrating and the command's keys are split between the two nodes for a moment (`TRYAGAIN`):
+        /// send it again where it went, a little later.
+        case tryAgain
 
         /// From an error reply, `MOVED 3999 127.0.0.1:6381` or `ASK 3999 127.0.0.1:6381`; nil for other replies.
         /// A node that does not know its own address (`cluster-preferred-endpoint-type unknown-endpoint`, or no
         /// hostname) names none: `MOVED 3999 :6381`, `?:6381`; the host is then `asked`'s, as in `CLUSTER SLOTS`.
         init?(_ reply: RedisValue, asked: RedisAddress? = nil) {
-            guard case .error(let message) = reply, message.hasPrefix("MOVED ") || message.hasPrefix("ASK ") else {
-                return nil
+            guard case .error(let message) = reply else { return nil }
+            if message == "TRYAGAIN" || message.hasPrefix("TRYAGAIN ") {
+                self = .tryAgain
+                return
             }
+            guard message.hasPrefix("MOVED ") || message.hasPrefix("ASK ") else { return nil }
             let words = message.split(separator: " ")
             guard words.count == 3, let slot = Int(words[1]), let colon = words[2].lastIndex(of: ":"),
                   let port = Int(words[2][words[2].index(after: colon)...]) else { return nil }

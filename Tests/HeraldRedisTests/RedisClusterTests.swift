@@ -139,6 +139,55 @@ import Testing
         await client.close()
     }
 
+    /// Keys of one hash tag split between two masters while their slot migrates (the source has one, the target
+    /// the other): a command on both is answered `TRYAGAIN` until the second key moves too. The client sends it
+    /// again a moment later, alone or in a pipeline beside another master's command, instead of failing the call.
+    @Test func aCommandOnKeysSplitByAMigrationIsSentAgain() async throws {
+        let client = try clusterClient()
+        let tag = "{\(freshPrefix())}", first = tag + ":a", second = tag + ":b"
+        let slot = RedisCluster.slot(of: tag)
+        let masters = try await clusterMasters()
+        let source = try #require(masters.first { $0.serves(slot) })
+        let target = try #require(masters.first { $0.id != source.id })
+        let sourceNode = try #require(try await client.masters().first { $0.address.contains(":\(source.port)/") })
+        let elsewhere = try #require((0..<100).lazy.map { _ in freshPrefix() + "elsewhere" }
+            .first { key in !source.serves(RedisCluster.slot(of: key)) })
+        for pipelined in [false, true] {
+            try await client.pipeline([["SET", first, "1", "EX", "60"], ["SET", second, "2", "EX", "60"]])
+            try await startMovingSlot(slot, from: source, to: target, migrating: [first])
+            // The resharding tool's next MIGRATE, while the call waits out TRYAGAIN.
+            let mover = Task {
+                try await Task.sleep(for: .milliseconds(10))
+                _ = try await sourceNode.command(["MIGRATE", "127.0.0.1", String(target.port), second, "0", "5000"])
+            }
+            var failure: (any Error)?
+            do {
+                let both = RedisValue.array([.bulk(Array("1".utf8)), .bulk(Array("2".utf8))])
+                if pipelined {
+                    let replies = try await client.pipeline([["MGET", first, second], ["SET", elsewhere, "x", "EX", "60"]])
+                    #expect(replies == [both, .status("OK")])
+                } else {
+                    #expect(try await client.command(["MGET", first, second]) == both)
+                }
+            } catch { failure = error }
+            do { try await mover.value } catch { failure = failure ?? error }
+            // Back where they were: the source serving the slot as before (a migrating source would redirect them
+            // to the target again), the target handing them over (it serves keys of a slot it imports only after
+            // ASKING), then no longer importing.
+            _ = try await clusterAdmin(source.port, "CLUSTER", "SETSLOT", String(slot), "STABLE")
+            for key in [first, second] {
+                _ = try runTool("redis-cli", ["-p", String(target.port)],
+                                input: Data("ASKING\nMIGRATE 127.0.0.1 \(source.port) \(key) 0 5000\n".utf8))
+            }
+            _ = try await clusterAdmin(target.port, "CLUSTER", "SETSLOT", String(slot), "STABLE")
+            if let failure { throw failure }
+            #expect(try await clusterAdmin(source.port, "CLUSTER", "COUNTKEYSINSLOT", String(slot))
+                        .trimmingCharacters(in: .whitespacesAndNewlines) == "2", "both keys back on the source")
+        }
+        try await client.pipeline([["DEL", first], ["DEL", second], ["DEL", elsewhere]])
+        await client.close()
+    }
+
     /// A pipeline whose slot moved to another master under the client is answered `MOVED` command by command, and
     /// sent again to the new master as a pipeline: a few reads there, not one round trip per command.
     @Test func aPipelineWhoseSlotMovedIsSentAgainTogether() async throws {

@@ -153,6 +153,8 @@ import Testing
         #expect(RedisCluster.Redirect(.error("MOVED 3999 :6381"), asked: asked)
                 == .moved(slot: 3999, to: RedisAddress(host: "10.0.0.7", port: 6381)))
         #expect(RedisCluster.Redirect(.error("ASK 3999 ?:6381"), asked: asked) == .ask(slot: 3999, to: RedisAddress(host: "10.0.0.7", port: 6381)))
+        #expect(RedisCluster.Redirect(.error("TRYAGAIN Multiple keys request during rehashing of slot"), asked: asked) == .tryAgain)
+        #expect(RedisCluster.Redirect(.error("TRYAGAINX"), asked: asked) == nil)
         #expect(RedisCluster.Redirect(.error("ERR MOVED"), asked: asked) == nil)
         #expect(RedisCluster.Redirect(.status("MOVED 1 a:1"), asked: asked) == nil)
     }
