@@ -177,7 +177,7 @@ public final class RedisClient: Sendable {
             switch redirect {
             case .moved(let slot, let address): (node, asking) = (try topology.moved(slot: slot, to: address), false)
             case .ask(_, let address): (node, asking) = (try topology.node(at: address), true)
-            case .tryAgain: try await pauseForMigration()
+            case .tryAgain: if attempt < Self.maxRedirects - 1 { try await pauseForMigration() }
             }
         }
         throw tooManyRedirections(trail)
@@ -189,9 +189,9 @@ public final class RedisClient: Sendable {
         if attempt >= 2 { try await Task.sleep(for: .milliseconds(20 * (attempt - 1))) }
     }
 
-    /// `TRYAGAIN`: a resharding tool moves a slot's keys a few at a time, so keys of one hash tag are on two nodes
-    /// only between two of its `MIGRATE` calls. Waited out longer than other redirections (50 ms each time, with
-    /// them at most 340 ms over a call's attempts) before the call answers `unavailable`.
+    /// `TRYAGAIN`: while a slot migrates, a command whose keys are not all on the node asked (some moved already,
+    /// or not written yet) is refused until the slot has moved. Waited out longer than other redirections (50 ms
+    /// each time; with theirs, at most 320 ms over a call's attempts) before the call answers `unavailable`.
     private func pauseForMigration() async throws {
         try await Task.sleep(for: .milliseconds(50))
     }
@@ -239,8 +239,11 @@ public final class RedisClient: Sendable {
         guard replies.contains(where: { RedisCluster.Redirect($0) != nil }) else { return replies }
         guard !isTransaction() else {
             for (reply, node) in zip(replies, nodes) {
-                if case .moved(let slot, let address)? = RedisCluster.Redirect(reply, asked: node.address) {
-                    _ = try? topology.moved(slot: slot, to: address)
+                switch RedisCluster.Redirect(reply, asked: node.address) {
+                case .moved(let slot, let address)?: _ = try? topology.moved(slot: slot, to: address)
+                // Nothing of it ran (EXECABORT): the caller may send it again, as after `LOADING`.
+                case .tryAgain?: throw RedisError.fromReply(reply.errorMessage ?? "TRYAGAIN")
+                case .ask?, nil: break
                 }
             }
             return replies

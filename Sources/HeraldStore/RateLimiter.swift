@@ -186,10 +186,12 @@ public struct RateLimiter: Sendable {
         return window.decision(count: counts.count, ceilingCount: counts.ceiling)
     }
 
-    /// Where `window`'s own counter stands, without counting a request: the headers of a request that a call
-    /// counted before it failed (counting it again would charge it twice).
+    /// Where `window`'s counters stand, without counting a request: the headers of a request that a call counted
+    /// before it failed (counting it again would charge it twice). On a cluster the ceiling read is the count the
+    /// instances have flushed (`CeilingTally`).
     public func standing(_ window: Window) async throws -> Decision {
-        window.decision(count: try await redis.command(["GET", window.counter.redisKey]).int ?? 0)
+        let counts = try await redis.pipeline(window.redisKeys.map { ["GET", $0] }).map { $0.int ?? 0 }
+        return window.decision(count: counts[0], ceilingCount: counts.count > 1 ? counts[1] : 0)
     }
 
     /// Counts one request in `window`; returns the counters' values after it (`ceiling` 0 when not counted).

@@ -153,27 +153,32 @@ import Testing
         let elsewhere = try #require((0..<100).lazy.map { _ in freshPrefix() + "elsewhere" }
             .first { key in !source.serves(RedisCluster.slot(of: key)) })
         for pipelined in [false, true] {
-            try await client.pipeline([["SET", first, "1", "EX", "60"], ["SET", second, "2", "EX", "60"]])
-            try await startMovingSlot(slot, from: source, to: target, migrating: [first])
-            // The resharding tool's next MIGRATE, while the call waits out TRYAGAIN.
-            let mover = Task {
-                try await Task.sleep(for: .milliseconds(10))
-                _ = try await sourceNode.command(["MIGRATE", "127.0.0.1", String(target.port), second, "0", "5000"])
-            }
             var failure: (any Error)?
             do {
-                let both = RedisValue.array([.bulk(Array("1".utf8)), .bulk(Array("2".utf8))])
-                if pipelined {
-                    let replies = try await client.pipeline([["MGET", first, second], ["SET", elsewhere, "x", "EX", "60"]])
-                    #expect(replies == [both, .status("OK")])
-                } else {
-                    #expect(try await client.command(["MGET", first, second]) == both)
+                try await client.pipeline([["SET", first, "1", "EX", "60"], ["SET", second, "2", "EX", "60"]])
+                let refusedBefore = try await tryAgainReplies(by: source.port)
+                try await startMovingSlot(slot, from: source, to: target, migrating: [first])
+                // The resharding tool's next MIGRATE, while the call waits out TRYAGAIN.
+                let mover = Task {
+                    try await Task.sleep(for: .milliseconds(10))
+                    _ = try await sourceNode.command(["MIGRATE", "127.0.0.1", String(target.port), second, "0", "5000"])
                 }
-            } catch { failure = error }
-            do { try await mover.value } catch { failure = failure ?? error }
-            // Back where they were: the source serving the slot as before (a migrating source would redirect them
-            // to the target again), the target handing them over (it serves keys of a slot it imports only after
-            // ASKING), then no longer importing.
+                do {
+                    let both = RedisValue.array([.bulk(Array("1".utf8)), .bulk(Array("2".utf8))])
+                    if pipelined {
+                        let replies = try await client.pipeline([["MGET", first, second],
+                                                                 ["SET", elsewhere, "x", "EX", "60"]])
+                        #expect(replies == [both, .status("OK")])
+                    } else {
+                        #expect(try await client.command(["MGET", first, second]) == both)
+                    }
+                } catch { failure = error }
+                try await mover.value
+                #expect(try await tryAgainReplies(by: source.port) > refusedBefore, "the call met TRYAGAIN")
+            } catch { failure = failure ?? error }
+            // Back where they were, whatever failed: the source serving the slot as before (a migrating source would
+            // redirect them to the target again), the target handing them over (it serves keys of a slot it
+            // imports only after ASKING), then no longer importing.
             _ = try await clusterAdmin(source.port, "CLUSTER", "SETSLOT", String(slot), "STABLE")
             for key in [first, second] {
                 _ = try runTool("redis-cli", ["-p", String(target.port)],
@@ -404,6 +409,14 @@ import Testing
 
 func clusterAdmin(_ port: Int, _ arguments: String...) async throws -> String {
     try await runTool(["redis-cli", "-p", String(port)] + arguments).output
+}
+
+/// How many `TRYAGAIN` replies the server on `port` has given (`INFO errorstats`).
+func tryAgainReplies(by port: Int) async throws -> Int {
+    let stats = try await clusterAdmin(port, "INFO", "errorstats")
+    guard let line = stats.split(whereSeparator: \.isNewline).first(where: { $0.hasPrefix("errorstat_TRYAGAIN:count=") })
+    else { return 0 }
+    return try #require(Int(line.dropFirst("errorstat_TRYAGAIN:count=".count)))
 }
 
 /// How many times the server on `port` has read from its clients' sockets (`total_reads_processed`).
