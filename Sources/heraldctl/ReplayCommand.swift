@@ -319,17 +319,27 @@ final class Replay {
             }
         }
         counters.waiting.store(toSend.count, ordering: .relaxed)
-        for ((entry, member), built) in zip(toSend, jobs) {
+        for (position, ((entry, member), built)) in zip(toSend, jobs).enumerated() {
+            // Stopping here leaves the rest of the batch, matched but not sent, for the next run.
+            let rest = toSend.count - position
             if options.limit > 0, counters.sent.load(ordering: .relaxed) >= options.limit {
                 summary.stop = .limit
+                summary.leftForNextRun += rest
                 return false
             }
             if stopRequested?.isSet == true {
                 summary.stop = .interrupted
+                summary.leftForNextRun += rest
                 return false
             }
-            if ledger.hasFailed { return stopRecordingFailed() }
-            if let stalled = ledger.stoppedAcknowledging { return stopUnacknowledged(stalled) }
+            if ledger.hasFailed {
+                summary.leftForNextRun += rest
+                return stopRecordingFailed()
+            }
+            if let stalled = ledger.stoppedAcknowledging {
+                summary.leftForNextRun += rest
+                return stopUnacknowledged(stalled)
+            }
             counters.waiting.subtract(1, ordering: .relaxed)
             guard case .success(let job?) = built else {
                 if case .failure = built { skip("invalid_job") } else { skip("not_replayable") }
@@ -497,6 +507,8 @@ struct ReplaySummary {
     var alreadyRepublished = 0
     /// Dead letters of replayed jobs, left out without `--include-replayed`.
     var replayedSkipped = 0
+    /// Matched and read, not sent: the run stopped first (`--limit`, interrupted, an error).
+    var leftForNextRun = 0
     var skipped: [String: Int] = [:]
     var byReason: [String: Int] = [:]
     var failures: [String: Int] = [:]
@@ -535,6 +547,7 @@ struct ReplaySummary {
                 "unreadable": .number(Double(unreadable)),
                 (options.dryRun ? "wouldRepublish" : "republished"): .number(Double(republished)),
                 "alreadyRepublished": .number(Double(alreadyRepublished)),
+                "leftForNextRun": .number(Double(leftForNextRun)),
                 "replayedLeftOut": .number(Double(replayedSkipped)),
                 "skipped": object(skipped), "byReason": object(byReason),
                 "failed": .number(Double(failed)), "failures": object(failures),
@@ -561,6 +574,9 @@ struct ReplaySummary {
             add("already re-published", alreadyRepublished, "by an earlier run of this replay")
             for (reason, count) in skipped.sorted(by: { $0.key < $1.key }) {
                 add("skipped: \(reason)", count, Self.skipExplanations[reason] ?? "")
+            }
+            if leftForNextRun > 0 {
+                add("left for the next run", leftForNextRun, "matching, not sent before the run stopped")
             }
             if failed > 0 {
                 add("not acknowledged", failed, failures.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }

@@ -124,7 +124,11 @@ struct ReplayCommandTests {
         try await harness.publish(tokens.map { harness.deadLetter(token: $0) })
         let limited = try await harness.heraldctl(["replay", "--limit", "2", "--json"])
         #expect(limited.status == 4)
-        #expect(try limited.json()["stopped"]?.stringValue == "limit")
+        let summary = try limited.json()
+        #expect(summary["stopped"]?.stringValue == "limit")
+        // What was read and matched is accounted for: sent, or left (the rest of the batch the limit stopped in).
+        let matched = summary["matched"]?.numberValue, left = summary["leftForNextRun"]?.numberValue ?? 0
+        #expect(summary["republished"]?.numberValue == 2 && left >= 1 && matched == 2 + left, "\(summary)")
         #expect(try await harness.jobs(count: 2).count == 2)
         let rest = try await harness.heraldctl(["replay", "--json"])
         #expect(rest.status == 0)
