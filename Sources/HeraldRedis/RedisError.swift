@@ -27,12 +27,38 @@ public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
     }
 
     public var code: Code
-    /// hiredis' error text for connection errors, or Redis' error reply for server errors.
+    /// hiredis' error text for connection errors, or Redis' error reply for server errors, with every run of 32 or
+    /// more hex digits cut to its first six (`masked`).
     public var message: String
 
     public init(_ code: Code, _ message: String) {
         self.code = code
-        self.message = message
+        self.message = Self.masked(message)
+    }
+
+    /// `text` with each run of 32 or more hex digits cut to its first six and "…": an error of a script names it by
+    /// its SHA-1, and a reply naming a key may hold a push token; errors are logged and written into dead letters,
+    /// which carry neither.
+    static func masked(_ text: String) -> String {
+        let bytes = Array(text.utf8)
+        func isHex(_ byte: UInt8) -> Bool {
+            (48...57).contains(byte) || (65...70).contains(byte) || (97...102).contains(byte)
+        }
+        var output: [UInt8] = [], index = 0, masked = false
+        output.reserveCapacity(bytes.count)
+        while index < bytes.count {
+            var end = index
+            while end < bytes.count, isHex(bytes[end]) { end += 1 }
+            if end - index >= 32 {
+                output += bytes[index..<index + 6] + Array("…".utf8)
+                masked = true
+            } else {
+                output += bytes[index..<end]
+            }
+            if end < bytes.count { output.append(bytes[end]) }
+            index = end + 1
+        }
+        return masked ? String(decoding: output, as: UTF8.self) : text
     }
 
     /// Redis could not be reached, did not answer in time, or refused the credentials: a 503, not a bug.

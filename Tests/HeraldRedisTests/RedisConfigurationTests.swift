@@ -142,6 +142,13 @@ import Testing
         #expect(RedisError(.server, "WRONGTYPE Operation").serverErrorPrefix == "WRONGTYPE")
         #expect(RedisError(.timeout, "slow").isConnectionFailure)
         #expect(!RedisError(.server, "ERR").isConnectionFailure)
+        // A script's SHA-1, or a push token in a key, never reaches a log or a dead letter whole.
+        let sha = "1878131de696bfd5c6ea50125e0caebf2dce59fe", token = String(repeating: "ab", count: 32)
+        let scripted = RedisError.fromReply("WRONGTYPE Operation against a key script: \(sha), on @user_script:34.")
+        #expect(scripted.message == "WRONGTYPE Operation against a key script: 187813…, on @user_script:34.")
+        #expect(scripted.isAboutTheData && scripted.serverErrorPrefix == "WRONGTYPE")
+        #expect(RedisError(.server, "ERR key herald:{a:d:\(token)}:dev").message == "ERR key herald:{a:d:ababab…}:dev")
+        #expect(RedisError(.server, "ERR id \(token.prefix(31))").message == "ERR id \(token.prefix(31))")
     }
 
     @Test func redirectionsNameTheNodeOrLeaveItsHostToTheAskedOne() {
