@@ -1,5 +1,6 @@
 @_exported import HeraldAPNsCore
 import Foundation
+import HeraldRuntime
 
 /// Why a request was refused before it reached the network.
 public enum APNsRequestProblem: Sendable, Equatable, CustomStringConvertible {
@@ -82,7 +83,7 @@ public struct APNsRequest: Sendable {
 
     /// Checks everything APNs would refuse that can be known without asking it.
     public func validate() throws(APNsError) {
-        guard (1...200).contains(deviceToken.utf8.count), Self.allBytes(of: deviceToken, satisfy: Self.isHexDigit) else {
+        guard (1...200).contains(deviceToken.utf8.count), Self.allBytes(of: deviceToken, satisfy: \.isHexDigit) else {
             throw APNsError(.invalidRequest(.invalidDeviceToken), "invalid device token")
         }
         guard !topic.isEmpty, Self.isHeaderValue(topic) else {
@@ -102,11 +103,6 @@ public struct APNsRequest: Sendable {
                 throw APNsError(.invalidRequest(.invalidCollapseID), "invalid collapse id")
             }
         }
-    }
-
-    private static func isHexDigit(_ byte: UInt8) -> Bool {
-        (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) || (UInt8(ascii: "a")...UInt8(ascii: "f")).contains(byte)
-            || (UInt8(ascii: "A")...UInt8(ascii: "F")).contains(byte)
     }
 
     /// Visible ASCII and spaces only: no CR/LF or other control bytes that could split a header.

@@ -69,7 +69,7 @@ public struct SimulatorRule: Sendable, Equatable {
     /// Checks the combination of fields; the message names what is wrong.
     func validate() throws(ConfigurationError) {
         func fail(_ message: String) -> ConfigurationError { ConfigurationError("rules", message) }
-        if let prefix = tokenPrefix, prefix.isEmpty || !prefix.utf8.allSatisfy(isHexDigit) {
+        if let prefix = tokenPrefix, prefix.isEmpty || !prefix.utf8.allSatisfy(\.isHexDigit) {
             throw fail("tokenPrefix must be hex, got \"\(prefix)\"")
         }
         if let times, times < 1 { throw fail("times must be at least 1") }
@@ -150,10 +150,6 @@ public struct SimulatorRule: Sendable, Equatable {
         }
         return rules
     }
-}
-
-func isHexDigit(_ c: UInt8) -> Bool {
-    (c >= 0x30 && c <= 0x39) || (c >= 0x61 && c <= 0x66) || (c >= 0x41 && c <= 0x46)
 }
 
 /// What a request rule decided.

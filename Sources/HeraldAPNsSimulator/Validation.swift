@@ -104,7 +104,7 @@ enum RequestValidator {
     static func isHexToken(_ token: String) -> Bool {
         let utf8 = token.utf8
         guard utf8.count % 2 == 0, tokenBytes.contains(utf8.count / 2) else { return false }
-        return utf8.allSatisfy(isHexDigit)
+        return utf8.allSatisfy(\.isHexDigit)
     }
 
     /// 400 DuplicateHeaders when a header field appears more than once.

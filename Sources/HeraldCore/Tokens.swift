@@ -1,4 +1,5 @@
 import HeraldCrypto
+import HeraldRuntime
 @_exported import HeraldAPNsCore
 
 /// What a device token is for (the subscription API's `tokenType`).
@@ -44,11 +45,5 @@ public enum DeviceToken {
             if byte >= 0x41, byte <= 0x46 { uppercase = true }
         }
         return (true, uppercase)
-    }
-}
-
-extension UInt8 {
-    var isHexDigit: Bool {
-        (0x30...0x39).contains(self) || (0x41...0x46).contains(self) || (0x61...0x66).contains(self)
     }
 }

@@ -81,11 +81,12 @@ public enum RedisCluster {
         case moved(slot: Int, to: RedisAddress)
         /// The slot is migrating: send this one command there, after `ASKING`.
         case ask(slot: Int, to: RedisAddress)
-        /// The slot is migrating and the command's keys are split between the two nodes for a moment (`TRYAGAIN`):
-        /// send it again where it went, a little later.
+        /// The slot is migrating and the command's keys are not all on the node asked (`TRYAGAIN`): send it again
+        /// where it went, a little later.
         case tryAgain
 
-        /// From an error reply, `MOVED 3999 127.0.0.1:6381` or `ASK 3999 127.0.0.1:6381`; nil for other replies.
+        /// From an error reply, `MOVED 3999 127.0.0.1:6381`, `ASK 3999 127.0.0.1:6381` or `TRYAGAIN …`; nil for other
+        /// replies.
         /// A node that does not know its own address (`cluster-preferred-endpoint-type unknown-endpoint`, or no
         /// hostname) names none: `MOVED 3999 :6381`, `?:6381`; the host is then `asked`'s, as in `CLUSTER SLOTS`.
         init?(_ reply: RedisValue, asked: RedisAddress? = nil) {

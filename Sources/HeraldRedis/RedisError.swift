@@ -1,3 +1,5 @@
+import HeraldRuntime
+
 /// Why a Redis call failed.
 ///
 /// `isConnectionFailure` separates "Redis is unreachable or too slow" (answer HTTP 503, retry later) from errors
@@ -41,14 +43,11 @@ public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
     /// which carry neither.
     static func masked(_ text: String) -> String {
         let bytes = Array(text.utf8)
-        func isHex(_ byte: UInt8) -> Bool {
-            (48...57).contains(byte) || (65...70).contains(byte) || (97...102).contains(byte)
-        }
         var output: [UInt8] = [], index = 0, masked = false
         output.reserveCapacity(bytes.count)
         while index < bytes.count {
             var end = index
-            while end < bytes.count, isHex(bytes[end]) { end += 1 }
+            while end < bytes.count, bytes[end].isHexDigit { end += 1 }
             if end - index >= 32 {
                 output += bytes[index..<index + 6] + Array("…".utf8)
                 masked = true

@@ -241,7 +241,7 @@ final class Replay {
         }
         // Should a job given up here still reach Kafka, a rerun sends it again.
         await ledger.waitForAnswers(grace: .seconds(10))
-        if summary.error == nil, let stalled = ledger.stoppedAcknowledging { _ = stopUnacknowledged(stalled) }
+        if summary.error == nil, let stalled = ledger.stoppedAcknowledging { recordUnacknowledged(stalled) }
         ledger.finish()
         if let error = await recorder.value {
             summary.stop = .error
@@ -260,12 +260,7 @@ final class Replay {
 
     /// Handles one batch; false stops the scan.
     private func handle(_ entries: [DLQEntry]) async throws -> Bool {
-        if stopRequested?.isSet == true {
-            summary.stop = .interrupted
-            return false
-        }
-        if ledger.hasFailed { return stopRecordingFailed() }
-        if let stalled = ledger.stoppedAcknowledging { return stopUnacknowledged(stalled) }
+        if stops(atLimit: false) { return false }
         // Tuples of the entry (a class) and not of its dead letter: a letter is a large struct to copy.
         var candidates: [(entry: DLQEntry, member: String)] = []
         for entry in entries {
@@ -320,25 +315,10 @@ final class Replay {
         }
         counters.waiting.store(toSend.count, ordering: .relaxed)
         for (position, ((entry, member), built)) in zip(toSend, jobs).enumerated() {
-            // Stopping here leaves the rest of the batch, matched but not sent, for the next run.
-            let rest = toSend.count - position
-            if options.limit > 0, counters.sent.load(ordering: .relaxed) >= options.limit {
-                summary.stop = .limit
-                summary.leftForNextRun += rest
+            if stops(atLimit: true) {
+                // The rest of the batch, matched but not sent, is left for the next run.
+                summary.leftForNextRun += toSend.count - position
                 return false
-            }
-            if stopRequested?.isSet == true {
-                summary.stop = .interrupted
-                summary.leftForNextRun += rest
-                return false
-            }
-            if ledger.hasFailed {
-                summary.leftForNextRun += rest
-                return stopRecordingFailed()
-            }
-            if let stalled = ledger.stoppedAcknowledging {
-                summary.leftForNextRun += rest
-                return stopUnacknowledged(stalled)
             }
             counters.waiting.subtract(1, ordering: .relaxed)
             guard case .success(let job?) = built else {
@@ -357,19 +337,29 @@ final class Replay {
         return true
     }
 
-    /// The ledger can no longer record what is sent (its error is reported once the scan stops): sending more
-    /// would only add to what a rerun sends again.
-    private func stopRecordingFailed() -> Bool {
-        summary.stop = .error
-        return false
+    /// Whether the scan stops before what comes next, with the reason recorded: interrupted; the ledger no longer
+    /// able to record what is sent (its error is reported once the scan stops; sending more would only add to what a
+    /// rerun sends again); Kafka no longer acknowledging (the rest would time out too); with `atLimit`, `--limit`.
+    private func stops(atLimit: Bool) -> Bool {
+        if atLimit, options.limit > 0, counters.sent.load(ordering: .relaxed) >= options.limit {
+            summary.stop = .limit
+        } else if stopRequested?.isSet == true {
+            summary.stop = .interrupted
+        } else if ledger.hasFailed {
+            summary.stop = .error
+        } else if let stalled = ledger.stoppedAcknowledging {
+            recordUnacknowledged(stalled)
+        } else {
+            return false
+        }
+        return true
     }
 
-    /// Kafka stopped acknowledging the jobs (`ReplayLedger.stoppedAcknowledging`): the rest would time out too.
-    private func stopUnacknowledged(_ stalled: (count: Int, lastError: String)) -> Bool {
+    /// Kafka stopped acknowledging the jobs (`ReplayLedger.stoppedAcknowledging`).
+    private func recordUnacknowledged(_ stalled: (count: Int, lastError: String)) {
         summary.stop = .error
         summary.error = "Kafka stopped acknowledging jobs (the last \(stalled.count) failed, \(stalled.lastError)), so the replay "
             + "stopped sending; run it again once \(connections.jobsTopic) takes writes: it sends what was not acknowledged"
-        return false
     }
 
     private func skip(_ reason: String) {
