@@ -27,5 +27,6 @@ RUN ldconfig
 COPY --from=build /out/ /usr/local/bin/
 USER 10001:10001
 ENV HERALD_APPS_FILE=/etc/herald/apps.json
-EXPOSE 8080 9090
+# herald-ingest's API and (HERALD_INGEST_ADMIN_ADDR, as in k8s/) its metrics; herald-dispatcher's probes and metrics.
+EXPOSE 8080 9091 9090
 CMD ["herald-ingest", "--help"]

@@ -45,7 +45,7 @@ let usage = """
       HERALD_KAFKA_FETCH_MAX_WAIT_MS  how long the broker may hold an empty fetch (latency vs idle fetches) [\(defaults.fetchMaxWait.inMilliseconds)]
       HERALD_KAFKA_FETCH_STALL_SECONDS  for the development broker (Tansu): no records for this long with more on
                                       the broker restarts the consumer with a 4x fetch wait [unset: off]
-      HERALD_BROADCAST_IDLE_SECONDS   a post's broadcast channels are deleted after this long without an update [\(defaults.broadcastIdle.secondsText)]
+      HERALD_BROADCAST_IDLE_SECONDS   a post's broadcast channels are deleted after this long without a create or update [\(defaults.broadcastIdle.secondsText)]
       HERALD_BROADCAST_JANITOR_INTERVAL_SECONDS  how often idle, orphaned and vanished channels are cleaned up [\(defaults.broadcastJanitorInterval.secondsText)]
       HERALD_DRAIN_TIMEOUT_SECONDS    on SIGTERM, time in-flight jobs get to finish [\(defaults.drainTimeout.secondsText)]
       HERALD_LOG_LEVEL                debug | info | warning | error [info]

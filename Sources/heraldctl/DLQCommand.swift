@@ -181,12 +181,14 @@ enum DLQCommand {
         Timestamp.rfc3339(milliseconds: DLQFilter.milliseconds(date) + plus)
     }
 
-    /// Counts, largest first, as aligned lines.
+    /// Counts, largest first, as aligned lines (the numbers right-aligned).
     static func table(_ counts: [String: Int]) -> String {
         let rows = counts.map { (key: $0.key.escapingControls, value: $0.value) }
             .sorted { ($0.value, $1.key) > ($1.value, $0.key) }
         let width = rows.map(\.key.count).max() ?? 0
-        return rows.map { "  " + $0.key.padding(toLength: width, withPad: " ", startingAt: 0) + "  " + String($0.value) }
+        let digits = rows.map { String($0.value).count }.max() ?? 0
+        return rows.map { "  " + $0.key.padding(toLength: width, withPad: " ", startingAt: 0) + "  "
+            + String($0.value).leftPadded(digits) }
             .joined(separator: "\n")
     }
 }
