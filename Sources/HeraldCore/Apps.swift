@@ -47,8 +47,11 @@ public struct App: Sendable {
     /// The HS256 key of this app's channel grants (`channelGrantSecretPath`); loaded by herald-ingest only.
     public var channelGrantSecret: SharedSecret?
 
-    /// True when subscribing to `channel` needs a channel grant.
-    public func isPrivate(channel: String) -> Bool { privateChannelPrefixes.contains { channel.hasPrefix($0) } }
+    /// True when subscribing to `channel` needs a channel grant. Compared as UTF-8 bytes, as Redis keys the
+    /// channel: `hasPrefix` compares characters, so `user:` followed by a combining mark would not start with `user:`.
+    public func isPrivate(channel: String) -> Bool {
+        privateChannelPrefixes.contains { channel.utf8.starts(with: $0.utf8) }
+    }
 
     /// True when `bundleID` is the app's bundle id or one of its extensions (`<bundleId>.<suffix>`).
     ///

@@ -33,11 +33,16 @@ public enum ChannelGrant {
         guard grants(jwt.claims, channel: channel) else { throw Refusal(reason: "the grant does not cover this channel") }
     }
 
+    /// Names are compared as UTF-8 bytes, as Redis keys the channel: String's `==` and `hasPrefix` take two
+    /// spellings of one text (`é` and `e` with a combining accent) for the same, and they are two channels.
     private static func grants(_ claims: [String: JSONValue], channel: String) -> Bool {
-        if let one = claims["channel"]?.stringValue, one == channel { return true }
+        let name = channel.utf8
+        if let one = claims["channel"]?.stringValue, one.utf8.elementsEqual(name) { return true }
         for entry in claims["channels"]?.arrayValue ?? [] {
-            guard let pattern = entry.stringValue, !pattern.isEmpty else { continue }
-            if pattern.hasSuffix("*") ? channel.hasPrefix(pattern.dropLast()) : pattern == channel { return true }
+            guard let pattern = entry.stringValue?.utf8, !pattern.isEmpty else { continue }
+            if pattern.last == UInt8(ascii: "*") ? name.starts(with: pattern.dropLast()) : pattern.elementsEqual(name) {
+                return true
+            }
         }
         return false
     }

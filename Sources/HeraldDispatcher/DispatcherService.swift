@@ -56,11 +56,13 @@ public final class DispatcherService: Service {
         let consumer = try JobConsumer(configuration: configuration, runner: runner, metrics: counters, logger: logger)
         var router = Router()
         let jobsTopic = configuration.jobsTopic
+        let layout = RedisLayoutCheck(redis: redis, logger: logger)
         let readiness = ReadinessMonitor(checks: [
             "redis": { (try? await redis.command(["PING"])) != nil },
+            "redis_layout": { layout.hasPassed },
             "kafka": { (try? await producer.partitionCount(topic: jobsTopic)) ?? 0 > 0 },
             "consumer_group": { consumer.joinedGroup },
-        ], failures: ["consumer_group": "joining"], metrics: metrics)
+        ], failures: ["consumer_group": "joining", "redis_layout": "checking"], metrics: metrics)
         router.addOperations(readiness: readiness)
         router.addMetrics(registry: metrics)
         server = try HTTPServer(configuration: HTTPServerConfiguration(address: configuration.address, threads: 1,
@@ -71,11 +73,12 @@ public final class DispatcherService: Service {
                                           interval: configuration.subscriptionSweepInterval, metrics: metrics, logger: logger)
         let janitor = BroadcastJanitor(apps: apps, broadcaster: broadcaster, interval: configuration.broadcastJanitorInterval,
                                        idle: configuration.broadcastIdle, metrics: metrics, logger: logger)
-        // Stopped newest first: the consumer drains while the operations server still answers.
-        parts = ServiceGroup(services: [RedisLayoutCheck(redis: redis, logger: logger), server, readiness, HeapTrimmer(),
-                                        sweeper, janitor,
-                                        OffsetCommitter(consumer: consumer, interval: configuration.commitInterval),
-                                        consumer],
+        // Stopped newest first: the consumer drains while the operations server still answers. What reads or
+        // writes Herald's keys by itself waits for the layout check.
+        parts = ServiceGroup(services: [layout, server, readiness, HeapTrimmer(),
+                                        layout.gating(sweeper), layout.gating(janitor),
+                                        layout.gating(OffsetCommitter(consumer: consumer, interval: configuration.commitInterval)),
+                                        layout.gating(consumer)],
                              signals: [], gracePeriod: configuration.drainTimeout + .seconds(5), logger: logger)
     }
 

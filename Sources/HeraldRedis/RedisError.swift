@@ -93,8 +93,9 @@ public struct RedisError: Error, Sendable, Hashable, CustomStringConvertible {
     public var isAboutTheData: Bool {
         guard code == .server, !isRefusingWrites else { return false }
         if serverErrorPrefix == "WRONGTYPE" { return true }
-        return message.hasPrefix("ERR user_script:") // Redis 7; Redis 6 wraps it:
-            || message.hasPrefix("ERR Error running script") && message.contains(": user_script:")
+        return message.hasPrefix("ERR user_script:") // Redis 7; Redis 6 wraps it, and a command's error in it:
+            || message.hasPrefix("ERR Error running script")
+                && (message.contains(": user_script:") || message.contains(": WRONGTYPE ") || message.contains(": -WRONGTYPE "))
     }
 
     private static let writeRefusalPrefixes: Set<Substring> = ["OOM", "READONLY", "MISCONF", "NOREPLICAS"]

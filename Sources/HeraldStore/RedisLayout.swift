@@ -206,16 +206,37 @@ public enum RedisLayout {
 
 /// A service's part that checks the key layout at start (`RedisLayout.prepare`, asking again while Redis cannot be
 /// reached) and stops the service, by throwing, on a layout it cannot use. It runs beside the rest rather than
-/// before it, so while Redis is down at start the service still answers (503, not ready) instead of nothing.
+/// before it, so while Redis is down at start the service still answers (503, not ready) instead of nothing; the
+/// parts that act on their own on Herald's keys (the job consumer, sweeps) start only once it passed (`gating`), so
+/// that a job never reads a database of another layout, finds nothing and is committed as done.
 public struct RedisLayoutCheck: Service {
     let redis: RedisClient
     let logger: Logger
+    private let passed = Lock(false)
 
     public init(redis: RedisClient, logger: Logger) { (self.redis, self.logger) = (redis, logger) }
 
     public func run() async throws {
         try await RedisLayout.prepare(redis, logger: logger)
+        passed.withLock { $0 = true }
         await waitForCancellation()
+    }
+
+    /// True once the database is known to hold this version's layout.
+    public var hasPassed: Bool { passed.withLock { $0 } }
+
+    /// `service`, started once the check has passed (never, when it fails or the group stops first).
+    public func gating(_ service: any Service) -> any Service { Gated(check: self, service: service) }
+
+    private struct Gated: Service {
+        let check: RedisLayoutCheck
+        let service: any Service
+
+        func run() async throws {
+            // Only at start, and `prepare` itself asks once a second while Redis is down.
+            while !check.hasPassed { try await Task.sleep(for: .milliseconds(50)) }
+            try await service.run()
+        }
     }
 }
 

@@ -154,6 +154,28 @@ struct AppsFixture {
                 && dispatcher.channelGrantSecret == nil)
     }
 
+    /// Redis keys a channel by its bytes, so the private-prefix and grant checks compare bytes: `user:` followed
+    /// by a combining accent is one character `:\u{301}` to String, and `é` is `e` + U+0301 to `==`.
+    @Test func privateChannelsAndGrantsCompareBytes() throws {
+        let app = try #require(try AppDirectory.parse(Data(Self.apps.utf8), for: .ingest) { _ in "0123456789abcdef" }
+            .apps["shop"])
+        #expect(app.isPrivate(channel: "user:\u{301}alice"), "a combining mark after the prefix")
+        let secret = try #require(app.channelGrantSecret)
+        let now = 1_800_000_000.0
+        func check(_ claims: [String: JSONValue], _ channel: String) -> Bool {
+            var claims = claims
+            (claims["app"], claims["exp"]) = (.string("shop"), .number(now + 60))
+            let token = ChannelGrant.sign(claims: claims, secret: secret)
+            return (try? ChannelGrant.check(token, channel: channel, app: app, now: now, skew: 0)) != nil
+        }
+        #expect(check(["channel": .string("user:Jos\u{e9}")], "user:Jos\u{e9}"))
+        #expect(!check(["channel": .string("user:Jos\u{e9}")], "user:Jose\u{301}"), "another spelling, another channel")
+        #expect(!check(["channels": .array([.string("user:Jos\u{e9}")])], "user:Jose\u{301}"))
+        #expect(check(["channels": .array([.string("user:*")])], "user:\u{301}x"))
+        #expect(!check(["channels": .array([.string("user:e*")])], "user:\u{e9}"), "a prefix of bytes, not of characters")
+        #expect(!check(["channels": .array([.string("user:e\u{301}*")])], "user:\u{e9}x"))
+    }
+
     @Test func secretsAreTrimmedAndMustBeLongEnough() throws {
         let padded = try SharedSecret(bytes: Array(" \t0123456789abcdef\r\n".utf8))
         let plain = try SharedSecret(bytes: Array("0123456789abcdef".utf8))

@@ -241,6 +241,10 @@ struct UnitTests {
         #expect(luaError.flatMap(StoreRefusal.dataError) != nil, "\(String(describing: luaError))")
         // Redis 6's wrapping of a Lua error, and what an operator fixes (as Redis 7 and 6 word them).
         #expect(StoreRefusal.dataError(RedisError(.server, "ERR Error running script (call to f_1): @user_script:1: user_script:1: attempt to compare nil with number")) != nil)
+        for wrapped in ["ERR Error running script (call to f_1): @user_script:1: WRONGTYPE Operation against a key holding the wrong kind of value",
+                        "ERR Error running script (call to f_1): @user_script:1: @user_script: 1: -WRONGTYPE Operation against a key holding the wrong kind of value"] {
+            #expect(StoreRefusal.dataError(RedisError(.server, wrapped)) != nil, "Redis 6's WRONGTYPE in a script: \(wrapped)")
+        }
         for operators in ["ERR The user executing the script can't run this command or subcommand script: 21, on @user_script:1.",
                           "NOPERM this user has no permissions to run the 'hset' command",
                           "OOM command not allowed when used memory > 'maxmemory'. script: 11, on @user_script:1.",

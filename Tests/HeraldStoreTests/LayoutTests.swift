@@ -144,6 +144,40 @@ struct RedisLayoutTests {
         #expect(try await layout1Keys().isEmpty)
     }
 
+    /// The dispatcher's consumer and sweeps run gated by the check: not while Redis cannot be reached, never on
+    /// another layout (the group stops with `LayoutError`), at once on this one.
+    @Test func gatedPartsStartOnlyOnceTheLayoutCheckPassed() async throws {
+        struct Started: Service {
+            let count: Lock<Int>
+            func run() async { count.withLock { $0 += 1 }; await waitForCancellation() }
+        }
+        let logger = Logger(label: "test", minimumLevel: .error)
+        let started = Lock(0)
+        func group(_ client: RedisClient) -> ServiceGroup {
+            let check = RedisLayoutCheck(redis: client, logger: logger)
+            return ServiceGroup(services: [check, check.gating(Started(count: started))], signals: [], logger: logger)
+        }
+        let unreachable = RedisClient(configuration: try RedisConfiguration(url: "redis://127.0.0.1:1/0"))
+        let waiting = Task { try await group(unreachable).run() }
+        try await Task.sleep(for: .milliseconds(1500))
+        #expect(started.withLock { $0 } == 0, "started while Redis could not be reached")
+        waiting.cancel()
+        _ = try? await waiting.value
+        await unreachable.close()
+
+        try await writeLayout1(token(), "news", id: "0123456789abcdef01234567", expiresAt: nil)
+        await #expect(throws: LayoutError.self) { try await group(redis).run() }
+        #expect(started.withLock { $0 } == 0, "started on layout 1")
+
+        _ = try await RedisLayout.migrate(redis)
+        let running = Task { try await group(redis).run() }
+        let deadline = ContinuousClock.now + .seconds(5)
+        while started.withLock({ $0 }) == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(started.withLock { $0 } == 1, "not started on this layout")
+        running.cancel()
+        try await running.value
+    }
+
     /// One subscription as layout 1's upsert script wrote it: the record, the channel index, the device index and
     /// the expiry index, all under `{app}`.
     private func writeLayout1(_ device: String, _ channel: String, id: String, expiresAt: Int64?) async throws {

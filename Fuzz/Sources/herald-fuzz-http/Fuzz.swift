@@ -4,11 +4,12 @@ import HeraldHTTP
 /// The HTTP/1.1 request parser of herald-ingest's server (`HTTPRequestParser.parseHead`, `ChunkedBodyDecoder`,
 /// query splitting) on arbitrary bytes: never crashes or reads past its input, consumes at most what it is given,
 /// keeps the header and body limits, answers the same whether a body arrives at once or in two pieces, and never
-/// calls a head complete before its last byte.
+/// calls a head complete before its last byte; fed a byte at a time with one scan, it answers as a fresh parse.
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let input = UnsafeRawBufferPointer(start: data, count: size)
     let limit = 2048
+    checkResumed(input, limit: limit)
     switch HTTPRequestParser.parseHead(input, limit: limit) {
     case .incomplete:
         require(size < limit, "incomplete at \(size) bytes, over the limit")
@@ -38,6 +39,27 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         }
     }
     return 0
+}
+
+/// Parses the input a byte at a time, each parse going on from the last one's scan (as the server does while a head
+/// arrives): where that first answers other than incomplete, and at the end, a fresh parse answers the same.
+private func checkResumed(_ input: UnsafeRawBufferPointer, limit: Int) {
+    func outcome(_ head: HTTPRequestParser.Head) -> String {
+        switch head {
+        case .incomplete: "incomplete"
+        case .failed(let failure): "failed \(failure.status) \(failure.message)"
+        case .complete(_, let length): "complete \(length)"
+        }
+    }
+    var scan = HTTPRequestParser.HeadScan()
+    var resumed = "incomplete", count = 0
+    while count < input.count, resumed == "incomplete" {
+        count += 1
+        resumed = outcome(HTTPRequestParser.parseHead(UnsafeRawBufferPointer(rebasing: input[..<count]), limit: limit,
+                                                      resuming: &scan))
+    }
+    let fresh = outcome(HTTPRequestParser.parseHead(UnsafeRawBufferPointer(rebasing: input[..<count]), limit: limit))
+    require(resumed == fresh, "\(count) bytes a byte at a time: \(resumed); at once: \(fresh)")
 }
 
 /// Decodes the rest as a chunked body at once and in two pieces (split where its first byte says): same outcome.

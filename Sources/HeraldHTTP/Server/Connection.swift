@@ -39,6 +39,8 @@ final class HTTPConnection {
     var chunked: ChunkedBodyDecoder?
     /// The head of the request whose body is being read.
     var head: HTTPRequestHead?
+    /// How far the head being received has been parsed (reset when it completes or fails).
+    var headScan = HTTPRequestParser.HeadScan()
 
     /// Read buffer: bytes `start..<end` are received and not yet parsed.
     private(set) var buffer: UnsafeMutableRawPointer
@@ -230,15 +232,17 @@ extension WorkerLoop {
     private func step(_ connection: HTTPConnection) -> Bool {
         guard connection.start < connection.end else { return false }
         if case .head = connection.phase {
-            switch HTTPRequestParser.parseHead(connection.buffered, limit: Self.headerLimit) {
+            switch HTTPRequestParser.parseHead(connection.buffered, limit: Self.headerLimit, resuming: &connection.headScan) {
             case .incomplete:
                 return false
             case .failed(let failure):
+                connection.headScan = .init()
                 connection.start = connection.end
                 connection.keepAlive = false
                 sendError(failure.error, on: connection, context: nil)
                 return true
             case .complete(let head, let length):
+                connection.headScan = .init()
                 connection.start += length
                 begin(head, on: connection)
                 return true

@@ -65,23 +65,49 @@ public enum HTTPRequestParser {
     static let headerBlockTooLarge = HTTPParseFailure(
         status: 431, code: "headers_too_large", message: "the request line and headers are too large")
 
+    /// How far an incomplete head has been read: the next parse of the same head, with more bytes behind it,
+    /// goes on from there, so a head arriving a byte at a time costs its length once, not its length squared.
+    /// Offsets are from the start of the buffer given to `parseHead`; a new head starts with a new scan.
+    public struct HeadScan: Sendable {
+        /// Where the request line starts, past blank lines.
+        var start = 0
+        /// Where the search for the block's empty line goes on.
+        var searched = 0
+        /// How far the request line was checked by `rejectEarly`, whether that passed the method, and whether it
+        /// reached the line's end (then nothing more is checked early).
+        var lineChecked = 0
+        var pastMethod = false
+        var lineEnded = false
+
+        public init() {}
+    }
+
     /// Parses the request line and headers at the start of `buffer`. The block, with its final empty line, must
     /// fit in `limit` bytes (else 431). Never reads past `buffer`; a complete head's length is at most its count.
     public static func parseHead(_ buffer: UnsafeRawBufferPointer, limit: Int) -> Head {
+        var scan = HeadScan()
+        return parseHead(buffer, limit: limit, resuming: &scan)
+    }
+
+    /// The same, going on from `scan`: what an earlier call found of this head when `buffer` held fewer bytes.
+    public static func parseHead(_ buffer: UnsafeRawBufferPointer, limit: Int, resuming scan: inout HeadScan) -> Head {
         let bytes = buffer.bindMemory(to: UInt8.self)
         // RFC 9112 §2.2: blank lines before a request line (left over after a body) are ignored.
-        var start = 0
+        var start = scan.start
         while start + 1 < bytes.count, bytes[start] == cr, bytes[start + 1] == lf { start += 2 }
+        scan.start = start
         let window = min(bytes.count, limit)
         var end = -1
-        var index = start
+        // Every position before `index` has been ruled out, by bytes that do not change as more arrive.
+        var index = max(start, scan.searched)
         while index + 3 < window {
             if bytes[index + 3] != lf { index += bytes[index + 3] == cr ? 1 : 4; continue }
             if bytes[index] == cr, bytes[index + 1] == lf, bytes[index + 2] == cr { end = index; break }
             index += 1
         }
         guard end >= 0 else {
-            if let failure = rejectEarly(bytes, from: start) { return .failed(failure) }
+            scan.searched = index
+            if let failure = rejectEarly(bytes, scan: &scan) { return .failed(failure) }
             return bytes.count >= limit ? .failed(headerBlockTooLarge) : .incomplete
         }
         switch parseBlock(bytes, from: start, to: end) {
@@ -91,20 +117,34 @@ public enum HTTPRequestParser {
     }
 
     /// A request line that is already wrong before the header block ends (binary junk, a TLS handshake) is
-    /// refused at once rather than after the header limit or the read timeout.
-    private static func rejectEarly(_ bytes: UnsafeBufferPointer<UInt8>, from start: Int) -> HTTPParseFailure? {
-        var index = start
-        while index < bytes.count, bytes[index] != space {
-            guard isToken(bytes[index]) else {
-                // A CR ending a method, or the buffer: the first half of a blank line whose LF has not arrived.
-                return bytes[index] == cr && (index > start || index + 1 == bytes.count) ? nil : .bad("malformed request line")
+    /// refused at once rather than after the header limit or the read timeout. Checks only the bytes `scan` has
+    /// not checked yet.
+    private static func rejectEarly(_ bytes: UnsafeBufferPointer<UInt8>, scan: inout HeadScan) -> HTTPParseFailure? {
+        guard !scan.lineEnded else { return nil }
+        var index = max(scan.lineChecked, scan.start)
+        if !scan.pastMethod {
+            while index < bytes.count, bytes[index] != space {
+                guard isToken(bytes[index]) else {
+                    guard bytes[index] == cr else { return .bad("malformed request line") }
+                    // A CR ending a method: the full parse judges the line.
+                    if index > scan.start { scan.lineEnded = true; return nil }
+                    // The buffer's last byte: the first half of a blank line whose LF has not arrived.
+                    guard index + 1 == bytes.count else { return .bad("malformed request line") }
+                    scan.lineChecked = index
+                    return nil
+                }
+                index += 1
             }
-            index += 1
+            scan.lineChecked = index
+            guard index < bytes.count else { return nil }
+            scan.pastMethod = true
         }
         while index < bytes.count, bytes[index] != cr {
             guard bytes[index] >= 0x20, bytes[index] < 0x7F else { return .bad("malformed request line") }
             index += 1
         }
+        scan.lineEnded = index < bytes.count
+        scan.lineChecked = index
         return nil
     }
 
