@@ -22,6 +22,7 @@ struct DispatcherMetrics: Sendable {
     let commits: CounterFamily
     let resumedFanOuts: Counter
     let resumedPushesSkipped: Counter
+    let fanOutRescans: Counter
     let fetchStalls: Counter
     let offsetGaps: Counter
     let offsetsMissing: Gauge
@@ -75,6 +76,9 @@ struct DispatcherMetrics: Sendable {
             .labels()
         resumedPushesSkipped = registry.counter("herald_dispatcher_resumed_pushes_skipped_total",
                                                 help: "Pushes a resumed fan-out did not send again: its earlier run had delivered them")
+            .labels()
+        fanOutRescans = registry.counter("herald_dispatcher_fanout_rescans_total",
+                                         help: "Fan-outs that scanned their targets again from the start: the Redis process holding the channel or post changed mid-scan")
             .labels()
         fetchStalls = registry.counter("herald_dispatcher_fetch_stalls_total",
                                        help: "Consumers replaced because a partition's fetches stalled with records left")

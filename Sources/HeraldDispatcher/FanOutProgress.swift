@@ -9,7 +9,7 @@ import HeraldStore
 ///
 /// Key: `herald:{<app>}:fanout:<group>:<topic>:<partition>:<offset>:<jobId>`, a hash per job record (a re-delivered
 /// record finds its own), in the app's slot with the job's status: `cursor` — the scan cursor up to which every push
-/// is settled; `s:<token>` — a push settled past that cursor (marked by the same script that counts it in the job's
+/// is settled, as `<cursor>@<server>` when the Redis process that gave it is known; `s:<token>` — a push settled past that cursor (marked by the same script that counts it in the job's
 /// status), or before it while its mark was not written for sure when the cursor was saved; `b:<channelId>` — a
 /// post's broadcast to that channel settled, `x` when dead-lettered after every attempt
 /// (one request reaches every device on it, so a run again skips it even where the fan-out keeps no other mark);
@@ -23,12 +23,22 @@ struct FanOutProgress: Sendable {
     struct Saved: Sendable {
         var done = false
         var cursor = "0"
+        /// The Redis process `cursor` is good on (`Scripts.scanPage`); nil when not known.
+        var server: String?
         /// Tokens settled past `cursor`.
         var settled: Set<String> = []
         /// Channels whose broadcast is settled.
         var broadcasts: Set<String> = []
         /// Those of them whose broadcast was dead-lettered after every attempt.
         var exhaustedBroadcasts: Set<String> = []
+    }
+
+    /// A cursor and its server as the record keeps them, and back.
+    static func position(cursor: String, server: String?) -> String { server.map { cursor + "@" + $0 } ?? cursor }
+
+    static func position(_ stored: String) -> (cursor: String, server: String?) {
+        guard let at = stored.firstIndex(of: "@") else { return (stored, nil) }
+        return (String(stored[..<at]), String(stored[stored.index(after: at)...]))
     }
 
     func key(app: String, _ source: DeadLetter.Source, job: String) -> String {
@@ -87,7 +97,7 @@ final class SettledPushes: Sendable {
         var saved = FanOutProgress.Saved()
         for (field, value) in fields {
             if field == "done" { saved.done = true }
-            else if field == "cursor" { saved.cursor = value }
+            else if field == "cursor" { (saved.cursor, saved.server) = FanOutProgress.position(value) }
             else if field.hasPrefix("s:") { saved.settled.insert(String(field.dropFirst(2))) }
             else if field.hasPrefix("b:") {
                 saved.broadcasts.insert(String(field.dropFirst(2)))
@@ -118,7 +128,7 @@ final class SettledPushes: Sendable {
     /// Saves the scan cursor and drops the marks of the pushes it covers. A push whose mark is not written for sure
     /// keeps it until a later save: a write whose answer was lost may have counted it, and only the mark tells its
     /// next write so.
-    func advance(cursor: String, covering tokens: [String]) async throws {
+    func advance(cursor: String, server: String?, covering tokens: [String]) async throws {
         let (covered, writtenSince) = state.withLock { s -> ([String], Set<String>) in
             let unsure = Set(s.pending.map(\.token) + s.beingWritten)
             let writtenSince = s.keptMarks.subtracting(unsure)
@@ -131,7 +141,8 @@ final class SettledPushes: Sendable {
         }
         do {
             try await progress.statuses.advanced(app: app, jobID: origin.jobID, progressKey: progressKey,
-                                                 progressTTL: progress.ttl, owner: owner, cursor: cursor,
+                                                 progressTTL: progress.ttl, owner: owner,
+                                                 cursor: FanOutProgress.position(cursor: cursor, server: server),
                                                  covering: covered)
         } catch {
             state.withLock { $0.keptMarks.formUnion(writtenSince) }

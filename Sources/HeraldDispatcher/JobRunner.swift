@@ -88,7 +88,7 @@ struct JobRunner: Sendable {
             }) { cursor in
                 let batch = try await subscriptions.channelBatch(app: plan.app.id, channel: channel, cursor: cursor,
                                                                  count: batchSize)
-                return (batch.cursor, batch.targets)
+                return ScanPage(cursor: batch.cursor, items: batch.targets, server: batch.server)
             } load: { targets in
                 targets.compactMap(plan.push(for:))
             } } catch { return await deadLetterWhole(context, error) }
@@ -111,7 +111,7 @@ struct JobRunner: Sendable {
             }) { cursor in
                 let batch = try await activities.postIDs(app: plan.app.id, postIDHash: post, cursor: cursor,
                                                          count: batchSize)
-                return (batch.cursor, batch.ids)
+                return ScanPage(cursor: batch.cursor, items: batch.ids, server: batch.server)
             } load: { ids in
                 try await activities.pushTargets(app: plan.app.id, postIDHash: post, ids: ids).compactMap(plan.push(for:))
             } } catch { return await deadLetterWhole(context, error) }
@@ -189,7 +189,7 @@ struct JobRunner: Sendable {
     /// throws when Redis keeps refusing.
     private func fanOut<Item: Sendable>(
         _ context: JobContext, beforeSending: (FanOutProgress.Saved) async -> Bool = { _ in true },
-        scan: @escaping @Sendable (String) async throws -> (cursor: String, items: [Item]),
+        scan: @escaping @Sendable (String) async throws -> ScanPage<Item>,
         load: @escaping @Sendable ([Item]) async throws -> [Push]
     ) async throws(StoreRefusal) -> Bool {
         // The first batch is read while the saved progress is looked up: nearly every fan-out has none (one
@@ -205,6 +205,8 @@ struct JobRunner: Sendable {
         guard await beforeSending(saved) else { return false }
         let start = saved.cursor
         let first = start == "0" ? await fromStart : nil
+        // The scan goes on from `nextCursor`, a cursor of the Redis process `scanServer` (nil: not known).
+        var (nextCursor, scanServer) = (start, saved.server)
         let resumed = start != "0" || !saved.settled.isEmpty
         if resumed {
             metrics.resumedFanOuts.increment()
@@ -225,7 +227,8 @@ struct JobRunner: Sendable {
             return left
         }
         let end = await withTaskGroup(of: FanOutEvent<Item>.self) { group -> FanOutEnd in
-            var cursors: [String] = [] // the scan cursor after each batch read, by batch number
+            var cursors: [(cursor: String, server: String?)] = [] // the scan position after each batch read, by batch number
+            var scanFrom = start // the cursor of the scan under way
             var loaded: [Int: [Push]] = [:] // batches read and not launched yet
             var tokens: [Int: [String]] = [:] // every token of a batch read and not settled yet
             var scanning = false
@@ -243,12 +246,14 @@ struct JobRunner: Sendable {
                 loaded[index] = unsent(pushes)
             }
             if let first {
-                cursors.append(first.cursor)
+                cursors.append((first.cursor, first.server))
+                (nextCursor, scanServer) = (first.cursor, first.server)
                 read(0, first.pushes)
                 scanDone = first.cursor == "0"
             }
             func startScan() {
-                let cursor = cursors.last ?? start
+                let cursor = nextCursor
+                scanFrom = cursor
                 scanning = true
                 group.addTask {
                     do { try await batchPermits.acquire(in: .bulk) } catch { return .cancelled }
@@ -278,7 +283,8 @@ struct JobRunner: Sendable {
                 group.addTask {
                     do {
                         try await retrying("save fan-out progress") {
-                            try await context.settled.advance(cursor: position, covering: covered)
+                            try await context.settled.advance(cursor: position.cursor, server: position.server,
+                                                              covering: covered)
                         }
                     } catch let refusal as StoreRefusal {
                         logger.error("Redis refuses the fan-out's progress; going on without it",
@@ -302,8 +308,20 @@ struct JobRunner: Sendable {
                 switch await group.next() {
                 case .scanned(let batch)?:
                     scanning = false
+                    if scanFrom != "0", let server = batch.server, let from = scanServer, server != from {
+                        // Each Redis process hashes with a seed of its own: on another one (a replica promoted, a
+                        // restart, the slot moved) the cursor points anywhere, and going on would skip targets.
+                        batchPermits.release()
+                        metrics.fanOutRescans.increment()
+                        logger.warning("the Redis process holding the fan-out's targets changed mid-scan (a failover, a restart or a moved slot); "
+                                       + "scanning again from the start: pushes already sent may go twice", ["job.id": context.plan.job.id])
+                        (nextCursor, scanServer) = ("0", nil)
+                        break
+                    }
                     let index = cursors.count
-                    cursors.append(batch.cursor)
+                    cursors.append((batch.cursor, batch.server ?? scanServer))
+                    nextCursor = batch.cursor
+                    if let server = batch.server { scanServer = server }
                     scanDone = batch.cursor == "0"
                     if batch.items.isEmpty {
                         read(index, [])
@@ -328,7 +346,7 @@ struct JobRunner: Sendable {
                     }
                     // Everything before this cursor is settled; only worth recording when more remains.
                     guard nextToSettle > before else { break }
-                    if cursors[nextToSettle - 1] == "0" {
+                    if cursors[nextToSettle - 1].cursor == "0" {
                         if !saving { savedUpTo = nextToSettle }
                     } else if saving {
                         toSave = nextToSettle
@@ -364,16 +382,23 @@ struct JobRunner: Sendable {
     static let readAhead = 2
 
     private static func read<Item: Sendable>(
-        from cursor: String, scan: @Sendable (String) async throws -> (cursor: String, items: [Item]),
+        from cursor: String, scan: @Sendable (String) async throws -> ScanPage<Item>,
         load: @Sendable ([Item]) async throws -> [Push]
-    ) async throws -> (cursor: String, pushes: [Push]) {
+    ) async throws -> (cursor: String, server: String?, pushes: [Push]) {
         let batch = try await scan(cursor)
-        return (batch.cursor, batch.items.isEmpty ? [] : try await load(batch.items))
+        return (batch.cursor, batch.server, batch.items.isEmpty ? [] : try await load(batch.items))
+    }
+
+    /// A batch of a fan-out's targets as scanned: the next cursor and the Redis process that gave it (nil: not known).
+    struct ScanPage<Item: Sendable>: Sendable {
+        var cursor: String
+        var items: [Item]
+        var server: String?
     }
 
     /// What a fan-out's child tasks report.
     private enum FanOutEvent<Item: Sendable>: Sendable {
-        case scanned((cursor: String, items: [Item]))
+        case scanned(ScanPage<Item>)
         case loaded(Int, [Push])
         case sent(Int, Bool)
         /// Progress up to this batch number was saved (or the attempt failed and was logged).

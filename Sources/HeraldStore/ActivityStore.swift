@@ -131,19 +131,20 @@ public struct ActivityStore: Sendable {
     }
 
     /// The first half of `postBatch`: the ids of the post's next live registrations (ZSCAN from `cursor`, expired
-    /// ones skipped; a scan from "0" first drops the expired ones) and the next cursor.
+    /// ones skipped; a scan from "0" first drops the expired ones), the next cursor and the Redis process that gave
+    /// it (as `SubscriptionStore.channelBatch`).
     public func postIDs(app: String, postIDHash: String, cursor: String, count: Int = 500,
-                        now: Date = Date()) async throws -> (cursor: String, ids: [String]) {
+                        now: Date = Date()) async throws -> (cursor: String, ids: [String], server: String?) {
         let nowMs = Double(Int64(now.timeIntervalSince1970 * 1000))
         let index = RedisKeys(app: app).post(postIDHash)
         if cursor == "0" { _ = try await redis.command(["ZREMRANGEBYSCORE", index, "-inf", String(Int64(nowMs))]) }
-        let reply = try await redis.command(["ZSCAN", index, cursor, "COUNT", String(count)])
-        guard let parts = reply.array, parts.count == 2, let next = parts[0].string, let flat = parts[1].strings,
-              flat.count % 2 == 0 else { throw StoreError.unexpectedReply("ZSCAN") }
+        let reply = try await redis.run(Scripts.scanPage, keys: [index], args: ["ZSCAN", cursor, String(count)])
+        guard let parts = reply.array, parts.count == 2 || parts.count == 3, let next = parts[0].string,
+              let flat = parts[1].strings, flat.count % 2 == 0 else { throw StoreError.unexpectedReply("ZSCAN") }
         let ids = stride(from: 0, to: flat.count, by: 2).compactMap { i in
             (Double(flat[i + 1]) ?? 0) > nowMs ? flat[i] : nil
         }
-        return (next, ids)
+        return (next, ids, Scripts.server(of: parts))
     }
 
     /// The second half of `postBatch`: these registrations, in one pipelined HGETALL round; ids whose

@@ -5,6 +5,24 @@ import HeraldRedis
 /// the subscription: on a cluster those live in other slots and `SubscriptionStore` writes them in steps of their
 /// own, with the scripts that touch one channel's keys.
 enum Scripts {
+    /// KEYS: a channel's index (a hash) or a post's (a sorted set). ARGV: HSCAN or ZSCAN, the cursor, the count.
+    /// Returns the command's reply, {cursor, items}, and, unless the whole index came at once, the first 12 hex
+    /// digits of the answering Redis process's `run_id` as a third element (none when the ACL refuses `INFO`): a
+    /// cursor is only good on the process that gave it, as each hashes with a seed of its own.
+    static let scanPage = RedisScript(source: """
+        local page = redis.call(ARGV[1], KEYS[1], ARGV[2], 'COUNT', ARGV[3])
+        if ARGV[2] == '0' and page[1] == '0' then return page end
+        local info = redis.pcall('INFO', 'server')
+        if type(info) == 'string' then page[3] = string.sub(string.match(info, 'run_id:(%x+)') or '', 1, 12) end
+        return page
+        """)
+
+    /// The server a `scanPage` reply names, if any.
+    static func server(of page: [RedisValue]) -> String? {
+        guard page.count == 3, let server = page[2].string, !server.isEmpty else { return nil }
+        return server
+    }
+
     /// KEYS: subscription, device index, the device's removed versions, then on a standalone Redis the channel
     /// index, the expiry index and the rate-limit counters.
     /// ARGV: id, channel, token, tokenType, environment, activityID, metadata, now (RFC 3339), now (ms), channel

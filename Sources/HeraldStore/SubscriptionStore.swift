@@ -425,14 +425,16 @@ public struct SubscriptionStore: Sendable {
     /// `cursor` ("0" to start), whose values are the targets themselves (see `ChannelTarget`), so a batch is one
     /// command whatever its size, with no read per subscriber. The next cursor is "0" when the channel is done;
     /// memory stays bounded by `count` whatever the channel's size (a small index, which Redis keeps as a
-    /// listpack, comes whole in one reply).
+    /// listpack, comes whole in one reply). `server` names the Redis process that gave the cursor (see
+    /// `Scripts.scanPage`): the next batch must come from the same one, or the scan starts again.
     public func channelBatch(app: String, channel: String, cursor: String, count: Int = 500, now: Date = Date()) async throws
-        -> (cursor: String, targets: [ChannelTarget]) {
+        -> (cursor: String, targets: [ChannelTarget], server: String?) {
         let nowSeconds = Int64(now.timeIntervalSince1970)
-        let reply = try await redis.command(["HSCAN", RedisKeys(app: app).channel(channel), cursor, "COUNT", String(count)])
+        let reply = try await redis.run(Scripts.scanPage, keys: [RedisKeys(app: app).channel(channel)],
+                                        args: ["HSCAN", cursor, String(count)])
         // Read straight from the reply's bytes: the ids are not needed, and a String per field would be most of
         // a fan-out's cost here.
-        guard case .array(let parts) = reply, parts.count == 2, let next = parts[0].string,
+        guard case .array(let parts) = reply, parts.count == 2 || parts.count == 3, let next = parts[0].string,
               case .array(let fields) = parts[1], fields.count % 2 == 0 else {
             throw StoreError.unexpectedReply("HSCAN")
         }
@@ -449,7 +451,7 @@ public struct SubscriptionStore: Sendable {
             }
             index += 2
         }
-        return (next, targets)
+        return (next, targets, Scripts.server(of: parts))
     }
 
     private func load(keys: RedisKeys, token: String, ids: [String], now: Date) async throws -> [Subscription] {

@@ -948,12 +948,13 @@ struct DeliveryTests {
             try await redis.command(["HEXISTS", key, "s:" + tokens[0]]).int == 1
         }
         func marked(_ token: String) async throws -> Bool { try await redis.command(["HEXISTS", key, "s:" + token]).int == 1 }
-        try await settled.advance(cursor: "42", covering: tokens)
+        try await settled.advance(cursor: "42", server: nil, covering: tokens)
         #expect(try await marked(tokens[0]), "kept while not written for sure")
         let later = SecureRandom.hex(32)
         await settled.record([SettledPush(token: later, outcome: .delivered, retries: 0)]) // writes the three again
         #expect(settled.pendingCount == 0)
-        try await settled.advance(cursor: "84", covering: [later])
+        try await settled.advance(cursor: "84", server: "5eed0f5eed0f", covering: [later])
+        #expect(try await redis.command(["HGET", key, "cursor"]).string == "84@5eed0f5eed0f", "the cursor with its server")
         for token in tokens + [later] { #expect(try await !marked(token), "dropped once written for sure") }
         try await settled.finish()
         let status = try #require(try await statuses.read(app: app, jobID: job.id))

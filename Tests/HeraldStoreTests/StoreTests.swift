@@ -92,9 +92,9 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
                                                                     extra: #", "previousToken": "\#(old)""#))
         let remaining = try await store.list(app: redis.app, deviceToken: old).subscriptions
         #expect(remaining.map(\.tokenType) == [.alert])
-        let (_, channelA) = try await store.channelBatch(app: redis.app, channel: "a", cursor: "0")
+        let (_, channelA, _) = try await store.channelBatch(app: redis.app, channel: "a", cursor: "0")
         #expect(Set(channelA.map(\.deviceToken)) == [old, new])
-        let (_, channelB) = try await store.channelBatch(app: redis.app, channel: "b", cursor: "0")
+        let (_, channelB, _) = try await store.channelBatch(app: redis.app, channel: "b", cursor: "0")
         #expect(channelB.isEmpty)
     }
 
@@ -104,7 +104,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         let alert = token(), update = token()
         _ = try await store.upsert(app: redis.app, try subscription("c", alert, extra: #", "environment": "sandbox""#))
         _ = try await store.upsert(app: redis.app, try subscription("c", update, "liveactivity-update"))
-        let (cursor, targets) = try await store.channelBatch(app: redis.app, channel: "c", cursor: "0")
+        let (cursor, targets, _) = try await store.channelBatch(app: redis.app, channel: "c", cursor: "0")
         #expect(cursor == "0")
         #expect(Set(targets.map(\.deviceToken)) == [alert, update])
         #expect(targets.first { $0.deviceToken == alert } == ChannelTarget(deviceToken: alert, tokenType: .alert,
@@ -120,7 +120,7 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         _ = try await store.upsert(app: redis.app, try subscription("odd", kept))
         let index = RedisKeys(app: redis.app).channel("odd")
         _ = try await redis.client.command(["HSET", index, "x1", "", "x2", "zz" + token(), "x3", "ap"])
-        let (cursor, targets) = try await store.channelBatch(app: redis.app, channel: "odd", cursor: "0")
+        let (cursor, targets, _) = try await store.channelBatch(app: redis.app, channel: "odd", cursor: "0")
         #expect(cursor == "0")
         #expect(targets == [ChannelTarget(deviceToken: kept, tokenType: .alert, environment: .production, activityID: nil)])
     }
@@ -1038,6 +1038,16 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await subscriptions.removeInvalidToken(app: app, deviceToken: device) == 1)
         #expect(try await activities.removeInvalidToken(app: app, pushToken: push) == 1)
         try await channels.remove(app: app, postIDHash: "0123abcd", channel)
+        // A scan past its first page names the Redis process that gave the cursor (`INFO`, in the ACL too), so a
+        // fan-out notices another process (a failover) before its cursor skips targets.
+        let big = RedisKeys(app: app).channel("big")
+        _ = try await admin.client.command(["HSET", big] + (0..<600).flatMap { ["f\($0)", "x"] })
+        let page = try await subscriptions.channelBatch(app: app, channel: "big", cursor: "0", count: 10)
+        #expect(page.cursor != "0" && page.server?.count == 12, "\(page.cursor) \(String(describing: page.server))")
+        #expect(try await subscriptions.channelBatch(app: app, channel: "big", cursor: page.cursor, count: 10).server == page.server)
+        #expect(try await subscriptions.channelBatch(app: app, channel: "order:1:status", cursor: "0").server == nil,
+                "a channel read whole at once needs no server")
+        _ = try await admin.client.command(["DEL", big])
 
         await redis.close()
         _ = try await admin.client.command(["ACL", "DELUSER", user])
