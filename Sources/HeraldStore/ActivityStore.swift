@@ -218,7 +218,12 @@ public struct ActivityStore: Sendable {
         })
         try throwFirstErrorReply(replies)
         // Each entry only as it was read: a registration made again meanwhile wrote a new score, and keeps its entry.
-        let done = zip(entries, replies).filter { $0.1.int != -1 }.map(\.0)
+        // One whose registration was not there is taken only once expired: on a cluster a registration writes its
+        // token entry first and the registration after, and one in between must stay removable by the next 410.
+        let nowMs = Int64(Date().timeIntervalSince1970 * 1000)
+        let done = zip(entries, replies).filter { entry, reply in
+            reply.int == 1 || reply.int == 0 && (Int64(entry.score) ?? 0) <= nowMs
+        }.map(\.0)
         if !done.isEmpty {
             try throwFirstErrorReply(await redis.run(Scripts.removeUnchangedEntry, calls: done.map { ([index], [$0.member, $0.score]) }))
         }

@@ -361,6 +361,31 @@ func subscription(_ channel: String, _ token: String, _ type: String = "alert", 
         #expect(try await redis.client.command(["EXISTS", key]).int == 0)
     }
 
+    /// On a cluster a registration writes its token index entry, then the registration and its post entry: a 410
+    /// between the two finds the entry without its registration, and must leave it (unless expired), so that the
+    /// registration written next can still be removed by a 410.
+    @Test func aTokenEntryWhoseRegistrationIsNotWrittenYetStays() async throws {
+        let redis = try TestRedis()
+        let store = ActivityStore(redis: redis.client)
+        let app = try Self.app(), dead = token(), keys = RedisKeys(app: redis.app)
+        let stored = try await store.register(app: redis.app, user: "u", try input(app, post: "0a1b2c3d", token: dead))
+        let registration = keys.registration(stored.registration.id, post: "0a1b2c3d")
+        // As between the two steps: the token's entry only.
+        _ = try await redis.client.command(["DEL", registration])
+        _ = try await redis.client.command(["ZREM", keys.post("0a1b2c3d"), stored.registration.id])
+        let expired = "0123456789abcdef01234567" + "0e0e0e0e"
+        _ = try await redis.client.command(["ZADD", keys.activityToken(dead), "1000", expired])
+        #expect(try await store.removeInvalidToken(app: redis.app, pushToken: dead) == 0)
+        #expect(try await redis.client.command(["ZSCORE", keys.activityToken(dead), stored.registration.id + "0a1b2c3d"]).string != nil,
+                "the entry of a registration not written yet was taken")
+        #expect(try await redis.client.command(["ZSCORE", keys.activityToken(dead), expired]).string == nil, "an expired entry was kept")
+        // The second step lands: the next 410 removes it, entry and all.
+        _ = try await store.register(app: redis.app, user: "u", try input(app, post: "0a1b2c3d", token: dead))
+        #expect(try await store.removeInvalidToken(app: redis.app, pushToken: dead) == 1)
+        #expect(try await redis.client.command(["EXISTS", keys.activityToken(dead)]).int == 0)
+        #expect(try await store.postBatch(app: redis.app, postIDHash: "0a1b2c3d", cursor: "0").registrations.isEmpty)
+    }
+
     @Test func finalUpdateAndInvalidTokenRemoval() async throws {
         let redis = try TestRedis()
         let store = ActivityStore(redis: redis.client)
