@@ -31,6 +31,8 @@ public final class APNsProviderTokenCache: Sendable {
 
     /// APNs refuses a token an hour old; a kept token is replaced a few minutes before.
     private static let maximumAge: TimeInterval = 55 * 60
+    /// How far behind now every `iat` is at least, so a clock a little ahead of Apple's never sends one from the future.
+    private static let clockMargin: TimeInterval = 60
     private let tokens = Lock<[Key: Token]>([:])
     private let window: TimeInterval
     private let minimumInterval: TimeInterval
@@ -58,7 +60,7 @@ public final class APNsProviderTokenCache: Sendable {
     public func token(for credentials: APNsCredentials) throws(APNsError) -> Token {
         let key = Key(credentials)
         let now = now()
-        let windowStart = ((now.timeIntervalSince1970 - 60) / window).rounded(.down) * window
+        let windowStart = ((now.timeIntervalSince1970 - Self.clockMargin) / window).rounded(.down) * window
         return try tokens.withLock { (all: inout [Key: Token]) throws(APNsError) -> Token in
             if let current = all[key] {
                 let issued = current.issuedAt.timeIntervalSince1970
@@ -77,15 +79,15 @@ public final class APNsProviderTokenCache: Sendable {
 
     /// After APNs answered 403 ExpiredProviderToken to `rejected`: the token to retry with, or `nil` when the
     /// 20-minute rule forbids signing a new one yet. A token another request already replaced is not re-signed.
-    /// The new token's `iat` is the start of the current five minutes (but at least `minimumInterval` after the
-    /// rejected one's), so pods refused the same token within those minutes sign the very same new one.
+    /// The new token's `iat` is the start of the five minutes a minute ago was in (but at least `minimumInterval`
+    /// after the rejected one's), so pods refused the same token within those minutes sign the very same new one.
     public func token(afterRejecting rejected: Token, for credentials: APNsCredentials) throws(APNsError) -> Token? {
         let key = Key(credentials)
-        let now = now()
+        let issuable = now().timeIntervalSince1970 - Self.clockMargin // the latest `iat` to sign now
         return try tokens.withLock { (all: inout [Key: Token]) throws(APNsError) -> Token? in
             if let current = all[key], current != rejected { return current }
-            if let current = all[key], now.timeIntervalSince(current.issuedAt) < minimumInterval { return nil }
-            let fiveMinutes = (now.timeIntervalSince1970 / 300).rounded(.down) * 300
+            if let current = all[key], issuable - current.issuedAt.timeIntervalSince1970 < minimumInterval { return nil }
+            let fiveMinutes = (issuable / 300).rounded(.down) * 300
             let fresh = try sign(credentials, issuedAt: max(fiveMinutes,
                                                             rejected.issuedAt.timeIntervalSince1970 + minimumInterval))
             all[key] = fresh

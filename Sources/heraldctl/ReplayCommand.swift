@@ -46,8 +46,8 @@ enum ReplayCommand {
         "partition:offset", kept 30 days) right after Kafka acknowledged its job, and a run skips what its name
         already sent. Ctrl-C or SIGTERM stops after the jobs in flight are acknowledged and recorded, so a rerun
         sends exactly the rest. A replay killed outright (SIGKILL, power loss) can send again the jobs handed to
-        Kafka but not yet recorded at that moment: at most 5,000 in flight plus one Redis round trip's worth of
-        acknowledged ones. A run whose records Redis refuses stops sending (exit 1), and so does one whose job Kafka
+        Kafka but not yet recorded at that moment: at most 5,000 (sending waits while that many are unanswered or
+        not yet recorded). A run whose records Redis refuses stops sending (exit 1), and so does one whose job Kafka
         left unanswered for --ack-timeout, or refused 20 in a row (such a job may have reached Kafka all the same:
         a rerun sends it again, so its devices may get it twice). The job id of a replayed job is
         replay-NAME-PARTITION-OFFSET. Do not run the same replay from two places at once. After the topic is
@@ -122,10 +122,17 @@ enum ReplayCommand {
 
     private static func run(_ options: Options, filter: DLQFilter, connections: Connections, signing: JobSigning,
                             redis: RedisClient) async throws -> Int32 {
+        let layout: Int?
         do {
             _ = try await redis.command(["PING"])
+            layout = try await RedisLayout.version(of: redis)
         } catch {
             throw connections.explain(error)
+        }
+        // The removed-token check reads this version's keys: on another layout every token would look removed.
+        if let layout, layout != RedisLayout.current {
+            throw OperatorError("Redis holds Herald's key layout \(layout); this heraldctl reads layout \(RedisLayout.current): "
+                                + "run `heraldctl redis migrate` first")
         }
         var producer: KafkaProducer?
         if !options.dryRun {
@@ -262,7 +269,8 @@ final class Replay {
     private func handle(_ entries: [DLQEntry]) async throws -> Bool {
         if stops(atLimit: false) { return false }
         // Tuples of the entry (a class) and not of its dead letter: a letter is a large struct to copy.
-        var candidates: [(entry: DLQEntry, member: String)] = []
+        // `refused`: why it is not sent unless an earlier run of this replay sent it (with `--include-unsigned`).
+        var candidates: [(entry: DLQEntry, member: String, refused: String?)] = []
         for entry in entries {
             guard let letter = entry.letter else {
                 // Counted when it could be one the filters select: not one keyed for another app.
@@ -279,30 +287,31 @@ final class Replay {
             counters.matched.add(1, ordering: .relaxed)
             // Only what this deployment's dispatchers wrote is signed again: anyone else able to write to the
             // topic could otherwise push as any app through a routine replay.
+            var refused: String?
             if case .signed(let secret) = signing, !options.includeUnsigned,
                !JobSignature.verifies(entry.headers, record: entry.record, secrets: [secret]) {
-                skip("unsigned")
-                continue
+                refused = "unsigned"
+            } else if letter.deviceToken == nil && letter.channelId == nil || letter.payload == nil {
+                refused = "not_replayable"
             }
-            guard letter.deviceToken != nil || letter.channelId != nil, letter.payload != nil else {
-                skip("not_replayable")
-                continue
-            }
-            candidates.append((entry, ReplayLedger.member(partition: entry.partition, offset: entry.offset)))
+            candidates.append((entry, ReplayLedger.member(partition: entry.partition, offset: entry.offset), refused))
         }
         guard !candidates.isEmpty else { return true }
         let already = try await ledger.alreadySent(candidates.map(\.member))
-        let live = options.includeRemoved ? nil : try await stillRegistered(candidates.map(\.entry))
+        let live = options.includeRemoved ? nil
+            : try await stillRegistered(candidates.filter { $0.refused == nil && !already.contains($0.member) }.map(\.entry))
         var toSend: [(entry: DLQEntry, member: String)] = []
         defer { counters.waiting.store(0, ordering: .relaxed) }
         for candidate in candidates {
             if already.contains(candidate.member) {
                 summary.alreadyRepublished += 1
                 counters.already.add(1, ordering: .relaxed)
+            } else if let refused = candidate.refused {
+                skip(refused)
             } else if let live, let letter = candidate.entry.letter, let target = ReplayTarget(letter), !live.contains(target) {
                 skip(letter.channelId == nil ? "token_removed" : "channel_removed")
             } else {
-                toSend.append(candidate)
+                toSend.append((candidate.entry, candidate.member))
             }
         }
         let now = Date(), name = options.name
@@ -425,7 +434,10 @@ final class Replay {
                 commands.append(["HGET", redisKeys.broadcast(post), environment.rawValue])
             }
         }
+        guard !commands.isEmpty else { return [] }
         let replies = try await redis.pipeline(commands)
+        // An error (an ACL without SCARD, WRONGTYPE) is no answer: read as 0, every token would look removed.
+        for case .error(let message) in replies { throw RedisError.fromReply(message) }
         var live: Set<ReplayTarget> = []
         for (target, first) in zip(targets, firstReply) {
             switch target.kind {

@@ -36,6 +36,9 @@ final class ReplayLedger: Sendable {
         var recordingFailed = false
         var recorder: CheckedContinuation<Void, Never>?
         var sender: (below: Int, continuation: CheckedContinuation<Void, Never>)?
+
+        /// Sent and not recorded: awaiting the broker's answer, or acknowledged and not yet in Redis.
+        var unrecorded: Int { inFlight + acknowledgedCount - recorded }
     }
 
     init(name: String, redis: RedisClient) {
@@ -123,11 +126,13 @@ final class ReplayLedger: Sendable {
         }
     }
 
-    /// Waits until fewer than `limit` jobs await their acknowledgement.
+    /// Waits until fewer than `limit` jobs are unrecorded: awaiting their acknowledgement, or acknowledged and not yet
+    /// recorded in Redis (a Redis slower than the broker must slow the sending, or a crash would send more again).
+    /// Returns at once when recording has failed.
     func waitForInFlight(below limit: Int) async {
         await withCheckedContinuation { continuation in
             let ready = state.withLock { state -> Bool in
-                if state.inFlight < max(limit, 1) { return true }
+                if state.unrecorded < max(limit, 1) || state.recordingFailed { return true }
                 state.sender = (max(limit, 1), continuation)
                 return false
             }
@@ -156,10 +161,18 @@ final class ReplayLedger: Sendable {
                     let replies = try await redis.pipeline([["SADD", key] + chunk, ["EXPIRE", key, String(Self.retention)]])
                     for case .error(let message) in replies { throw RedisError.fromReply(message) }
                 }
-                state.withLock { $0.recorded += members.count }
+                let wake = state.withLock { state in
+                    state.recorded += members.count
+                    return takeWaiters(&state)
+                }
+                for continuation in wake { continuation.resume() }
             }
         } catch {
-            state.withLock { $0.recordingFailed = true }
+            let wake = state.withLock { state in
+                state.recordingFailed = true
+                return takeWaiters(&state)
+            }
+            for continuation in wake { continuation.resume() }
             throw error
         }
     }
@@ -203,7 +216,7 @@ final class ReplayLedger: Sendable {
             wake.append(recorder)
             state.recorder = nil
         }
-        if let sender = state.sender, state.inFlight < sender.below {
+        if let sender = state.sender, state.unrecorded < sender.below || state.recordingFailed {
             wake.append(sender.continuation)
             state.sender = nil
         }

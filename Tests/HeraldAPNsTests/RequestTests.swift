@@ -304,6 +304,21 @@ import Testing
         #expect(fresh.issuedAt == Date(timeIntervalSince1970: 1_800_000_000 + 20 * 60))
     }
 
+    /// A token signed after a rejection is issued a minute back at least, as a window's is: a pod whose clock is a
+    /// little ahead of Apple's never sends an `iat` from the future.
+    @Test func aTokenSignedAfterARejectionIsNeverIssuedInTheLastMinute() throws {
+        let clock = TestClock()
+        clock.advance(by: 60)
+        let cache = APNsProviderTokenCache(now: { clock.now }, metrics: MetricsRegistry())
+        let first = try cache.token(for: Fixtures.credentials) // issued at the window's start
+        clock.advance(by: 19 * 60 + 30) // 20 minutes and 30 s after `first`'s iat, on the five-minute grid's 20
+        #expect(try cache.token(afterRejecting: first, for: Fixtures.credentials) == nil, "its iat would be 30 s ago")
+        clock.advance(by: 30)
+        let second = try #require(try cache.token(afterRejecting: first, for: Fixtures.credentials))
+        #expect(clock.now.timeIntervalSince(second.issuedAt) >= 60)
+        #expect(second.issuedAt.timeIntervalSince(first.issuedAt) >= 20 * 60)
+    }
+
     @Test func nonES256KeysAreRefused() throws {
         let rsa = APNsCredentials(teamID: "TEAM123456", keyID: "RSAKEY1234", privateKey: try PrivateKey.generateRSA())
         let cache = APNsProviderTokenCache(metrics: MetricsRegistry())

@@ -76,6 +76,30 @@ struct ReplayCommandTests {
         let unsigned = try await harness.heraldctl(["replay", "--include-unsigned", "--name", name, "--json"])
         #expect(try unsigned.json()["republished"]?.numberValue == 2, "\(unsigned.stdout)")
         #expect(try await harness.jobs(count: 8).count == 8)
+        // Run again without the flag: those count as re-published by the earlier run, not as unsigned.
+        let rerun = try await harness.heraldctl(["replay", "--name", name, "--json"])
+        let rerunSummary = try rerun.json()
+        #expect(rerunSummary["alreadyRepublished"]?.numberValue == 8, "\(rerun.stdout)")
+        #expect(rerunSummary["skipped"] == .object(["not_replayable": .number(1)]), "\(rerun.stdout)")
+    }
+
+    /// On a database of another key layout the removed-token check would read keys that are not there, and skip
+    /// every letter as removed: the replay refuses to run, saying what to run first.
+    @Test("replay refuses a database of another key layout")
+    func replayRefusesAnotherLayout() async throws {
+        let harness = try await CtlHarness.make()
+        defer { Task { await harness.close() } }
+        let url = harness.redisURL
+        guard !url.contains(",") else { return } // a cluster has database 0 only
+        let other = String(url[..<url.lastIndex(of: "/")!]) + "/8"
+        let admin = RedisClient(configuration: try RedisConfiguration(url: other))
+        try await admin.command(["SET", RedisLayout.key, "1"])
+        try await harness.publish([harness.deadLetter(token: SecureRandom.hex(32))])
+        let refused = try await harness.heraldctl(["replay", "--json"], environment: ["HERALD_REDIS_URL": other])
+        #expect(refused.status == 1 && refused.stderr.contains("heraldctl redis migrate"), "\(refused.status) \(refused.stderr)")
+        #expect(try await harness.jobs(count: 0).isEmpty, "nothing sent")
+        try await admin.command(["DEL", RedisLayout.key])
+        await admin.close()
     }
 
     @Test("filters choose what is replayed; --dry-run lists it and publishes nothing; exit 0 when all went")
