@@ -198,7 +198,7 @@ extension APNsClient {
     private func exchange(credentials: APNsCredentials, endpoint: APNsEndpoint, body: [UInt8], successBodyLimit: Int,
                           headers: (String) -> HeaderBlock) async throws -> APNsChannelResponse {
         let token = try providerTokens.token(for: credentials)
-        let poolKey = PoolKey(teamID: credentials.teamID, keyID: credentials.keyID, endpoint: endpoint)
+        let poolKey = PoolKey(credentials, endpoint: endpoint)
         let first = APNsChannelResponse(try await perform(headers(token.value), body: body, poolKey: poolKey,
                                                           successBodyLimit: successBodyLimit))
         guard first.disposition == .refreshProviderToken,

@@ -176,8 +176,7 @@ public final class APNsClient: Sendable {
         let raw: RawResponse
         do {
             raw = try await perform(Self.headers(request, token: token.value, endpoint: endpoint), body: request.payload,
-                                    poolKey: PoolKey(teamID: credentials.teamID, keyID: credentials.keyID,
-                                                     endpoint: endpoint))
+                                    poolKey: PoolKey(credentials, endpoint: endpoint))
         } catch let error as APNsError {
             metrics.pushes.labels("error", error.kind).increment()
             throw error
@@ -212,7 +211,7 @@ public final class APNsClient: Sendable {
                          endpoint: APNsEndpoint) async throws -> [Result<APNsResponse, APNsError>] {
         let started = ContinuousClock.now
         let deadline = started + requestTimeout
-        let poolKey = PoolKey(teamID: credentials.teamID, keyID: credentials.keyID, endpoint: endpoint)
+        let poolKey = PoolKey(credentials, endpoint: endpoint)
         let batch = BatchCompletion(count: requests.count)
         let pending = requests.indices.map { index in
             let pending = PendingRequest(headers: Self.headers(requests[index], token: token.value, endpoint: endpoint),

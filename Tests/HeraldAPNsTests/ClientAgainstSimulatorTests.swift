@@ -355,6 +355,15 @@ func outcome(_ client: APNsClient, _ request: APNsRequest,
         #expect(refused.status == 403 && refused.reason == .invalidProviderToken && refused.disposition == .permanent)
         #expect(try fixture.accepted().isEmpty)
         #expect(try fixture.rejected().count == cases.count + 1)
+        // The same ids with another key (an apps file pointing one app at the wrong .p8): a pool of its own, so its
+        // tokens never alternate with the right key's on one connection.
+        let before = await client.connections().count
+        let impostor = APNsCredentials(teamID: fixture.credentials.teamID, keyID: fixture.credentials.keyID,
+                                       privateKey: try PrivateKey.generateP256())
+        let wrongKey = try await client.send(SimulatorFixture.alert(SimulatorFixture.token()), credentials: impostor,
+                                             environment: .production)
+        #expect(wrongKey.status == 403 && wrongKey.reason == .invalidProviderToken)
+        #expect(await client.connections().count > before, "the wrong key's requests went on the right key's connections")
         await client.shutdown()
     }
 

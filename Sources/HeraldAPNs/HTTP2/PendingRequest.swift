@@ -2,11 +2,18 @@ import Foundation
 import HeraldRuntime
 
 /// Identifies a connection pool: one provider key talking to one endpoint (tokens must not be swapped on a
-/// connection, so keys never share connections).
+/// connection, so keys never share connections). The key's fingerprint too, as the token cache keys it: two apps
+/// whose ids match but whose keys differ (one of them misconfigured) must not alternate tokens on a connection.
 struct PoolKey: Hashable, Sendable {
     let teamID: String
     let keyID: String
+    let keyFingerprint: String
     let endpoint: APNsEndpoint
+
+    init(_ credentials: APNsCredentials, endpoint: APNsEndpoint) {
+        (teamID, keyID, keyFingerprint) = (credentials.teamID, credentials.keyID, credentials.privateKey.fingerprint)
+        self.endpoint = endpoint
+    }
 }
 
 /// Header names and values packed in one buffer. Built on the caller's task so the loop thread only points at it.
