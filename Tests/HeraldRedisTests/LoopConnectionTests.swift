@@ -253,8 +253,16 @@ struct LoopConnectionTests {
         #expect(refused?.message.contains("wrong") == false)
         #expect(good.loopConnectionCount == 1 && bad.loopConnectionCount == 1)
 
+        // A database the server does not have: SELECT is refused, and the call's write must not run on database 0.
+        let missing = RedisClient(configuration: try RedisConfiguration(url: "redis://:herald-secret@127.0.0.1:\(server.port)/99",
+                                                                        poolSize: 1))
+        let notSelected = try await harness.onLoop { await errorCode { _ = try await missing.command(["SET", "stray", "x"]) } }
+        #expect(notSelected != nil)
+        #expect(try await server.cli(["-n", "0", "EXISTS", "stray"]).output.contains("0"), "written to database 0")
+
         await good.close()
         await bad.close()
+        await missing.close()
         try await harness.stop()
         try await server.shutdown()
     }

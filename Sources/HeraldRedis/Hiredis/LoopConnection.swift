@@ -39,7 +39,8 @@ final class LoopConnections: Sendable {
 }
 
 /// One non-blocking Redis connection driven by the event loop of the thread that uses it: calls made by tasks
-/// running on that loop append their encoded commands to an output buffer, the loop writes everything buffered
+/// running on that loop append their encoded commands to an output buffer (behind `AUTH`/`SELECT`'s answers on a
+/// new connection), the loop writes everything buffered
 /// during a turn in one `send` at the end of the turn, and replies are parsed with a hiredis reader as the socket turns
 /// readable, then handed to the waiting calls in order. Nothing leaves the loop's thread.
 ///
@@ -87,6 +88,9 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
     private var connectDeadline = ContinuousClock.now
     /// `AUTH`/`SELECT` replies still to be consumed ahead of the calls' replies.
     private var handshakeLeft = 0
+    /// The calls' commands while `AUTH`/`SELECT` are unanswered: written only once both succeeded, so a refused one
+    /// never has them run as the default user or on another database.
+    private var held: [UInt8] = []
     private var output: [UInt8] = []
     private var written = 0
     private var watchingWritable = false
@@ -125,7 +129,7 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
             output.append(contentsOf: handshake.bytes)
             handshakeLeft = handshake.commandCount
         }
-        output.append(contentsOf: payload)
+        if handshakeLeft > 0 { held.append(contentsOf: payload) } else { output.append(contentsOf: payload) }
         waiting.append(Waiting(replyCount: replyCount, deadline: deadline, completion: completion))
         queuedCommands += replyCount
         if mustConnect { connect() }
@@ -350,7 +354,12 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
         if handshakeLeft > 0 {
             let index = handshake.commandCount - handshakeLeft
             handshakeLeft -= 1
-            if case .error(let message) = value { fail(configuration.handshakeError(replyAt: index, message)) }
+            if case .error(let message) = value { return fail(configuration.handshakeError(replyAt: index, message)) }
+            if handshakeLeft == 0, !held.isEmpty {
+                output.append(contentsOf: held)
+                held = []
+                flush()
+            }
             return
         }
         guard head < waiting.count else {
@@ -393,6 +402,7 @@ final class LoopConnection: LoopClient, @unchecked Sendable {
         generation += 1
         handshakeLeft = 0
         output = []
+        held = []
         written = 0
         let failed = waiting[head...]
         waiting = []
