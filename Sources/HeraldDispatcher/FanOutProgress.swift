@@ -9,8 +9,9 @@ import HeraldStore
 ///
 /// Key: `herald:{<app>}:fanout:<group>:<topic>:<partition>:<offset>:<jobId>`, a hash per job record (a re-delivered
 /// record finds its own), in the app's slot with the job's status: `cursor` — the scan cursor up to which every push
-/// is settled, as `<cursor>@<server>` when the Redis process that gave it is known; `s:<token>` — a push settled past that cursor (marked by the same script that counts it in the job's
-/// status), or before it while its mark was not written for sure when the cursor was saved; `b:<channelId>` — a
+/// is settled, as `<cursor>@<server>` when the Redis process that gave it is known; `s:<token>` — a push settled
+/// past that cursor (marked by the same script that counts it in the job's status), or before it while its mark was
+/// not written for sure when the cursor was saved; `b:<channelId>` — a
 /// post's broadcast to that channel settled, `x` when dead-lettered after every attempt
 /// (one request reaches every device on it, so a run again skips it even where the fan-out keeps no other mark);
 /// `done` — the whole fan-out settled (kept an hour, for a record that runs again before its offset was committed).

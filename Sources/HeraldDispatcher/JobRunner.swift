@@ -205,8 +205,8 @@ struct JobRunner: Sendable {
         guard await beforeSending(saved) else { return false }
         let start = saved.cursor
         let first = start == "0" ? await fromStart : nil
-        // The scan goes on from `nextCursor`, a cursor of the Redis process `scanServer` (nil: not known).
-        var (nextCursor, scanServer) = (start, saved.server)
+        // Where the next scan starts: a cursor, and the Redis process it is good on (nil: not known).
+        var next: (cursor: String, server: String?) = (start, saved.server)
         let resumed = start != "0" || !saved.settled.isEmpty
         if resumed {
             metrics.resumedFanOuts.increment()
@@ -228,7 +228,6 @@ struct JobRunner: Sendable {
         }
         let end = await withTaskGroup(of: FanOutEvent<Item>.self) { group -> FanOutEnd in
             var cursors: [(cursor: String, server: String?)] = [] // the scan position after each batch read, by batch number
-            var scanFrom = start // the cursor of the scan under way
             var loaded: [Int: [Push]] = [:] // batches read and not launched yet
             var tokens: [Int: [String]] = [:] // every token of a batch read and not settled yet
             var scanning = false
@@ -246,14 +245,13 @@ struct JobRunner: Sendable {
                 loaded[index] = unsent(pushes)
             }
             if let first {
-                cursors.append((first.cursor, first.server))
-                (nextCursor, scanServer) = (first.cursor, first.server)
+                next = (first.cursor, first.server)
+                cursors.append(next)
                 read(0, first.pushes)
                 scanDone = first.cursor == "0"
             }
             func startScan() {
-                let cursor = nextCursor
-                scanFrom = cursor
+                let cursor = next.cursor
                 scanning = true
                 group.addTask {
                     do { try await batchPermits.acquire(in: .bulk) } catch { return .cancelled }
@@ -308,20 +306,20 @@ struct JobRunner: Sendable {
                 switch await group.next() {
                 case .scanned(let batch)?:
                     scanning = false
-                    if scanFrom != "0", let server = batch.server, let from = scanServer, server != from {
+                    // `next` is still where this batch was scanned from: one scan runs at a time.
+                    if next.cursor != "0", let server = batch.server, let from = next.server, server != from {
                         // Each Redis process hashes with a seed of its own: on another one (a replica promoted, a
                         // restart, the slot moved) the cursor points anywhere, and going on would skip targets.
                         batchPermits.release()
                         metrics.fanOutRescans.increment()
                         logger.warning("the Redis process holding the fan-out's targets changed mid-scan (a failover, a restart or a moved slot); "
                                        + "scanning again from the start: pushes already sent may go twice", ["job.id": context.plan.job.id])
-                        (nextCursor, scanServer) = ("0", nil)
+                        next = ("0", nil)
                         break
                     }
                     let index = cursors.count
-                    cursors.append((batch.cursor, batch.server ?? scanServer))
-                    nextCursor = batch.cursor
-                    if let server = batch.server { scanServer = server }
+                    next = (batch.cursor, batch.server ?? next.server)
+                    cursors.append(next)
                     scanDone = batch.cursor == "0"
                     if batch.items.isEmpty {
                         read(index, [])

@@ -139,12 +139,13 @@ public struct ActivityStore: Sendable {
         let index = RedisKeys(app: app).post(postIDHash)
         if cursor == "0" { _ = try await redis.command(["ZREMRANGEBYSCORE", index, "-inf", String(Int64(nowMs))]) }
         let reply = try await redis.run(Scripts.scanPage, keys: [index], args: ["ZSCAN", cursor, String(count)])
-        guard let parts = reply.array, parts.count == 2 || parts.count == 3, let next = parts[0].string,
-              let flat = parts[1].strings, flat.count % 2 == 0 else { throw StoreError.unexpectedReply("ZSCAN") }
+        guard let page = Scripts.page(reply), let flat = page.items.strings, flat.count % 2 == 0 else {
+            throw StoreError.unexpectedReply("ZSCAN")
+        }
         let ids = stride(from: 0, to: flat.count, by: 2).compactMap { i in
             (Double(flat[i + 1]) ?? 0) > nowMs ? flat[i] : nil
         }
-        return (next, ids, Scripts.server(of: parts))
+        return (page.cursor, ids, page.server)
     }
 
     /// The second half of `postBatch`: these registrations, in one pipelined HGETALL round; ids whose

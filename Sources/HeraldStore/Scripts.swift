@@ -17,10 +17,14 @@ enum Scripts {
         return page
         """)
 
-    /// The server a `scanPage` reply names, if any.
-    static func server(of page: [RedisValue]) -> String? {
-        guard page.count == 3, let server = page[2].string, !server.isEmpty else { return nil }
-        return server
+    /// A `scanPage` reply's parts: the next cursor, the scan's items as Redis gave them, and the server it names;
+    /// nil when the reply is not of that form.
+    static func page(_ reply: RedisValue) -> (cursor: String, items: RedisValue, server: String?)? {
+        guard case .array(let parts) = reply, parts.count == 2 || parts.count == 3, let cursor = parts[0].string else {
+            return nil
+        }
+        let server = parts.count == 3 ? parts[2].string.flatMap { $0.isEmpty ? nil : $0 } : nil
+        return (cursor, parts[1], server)
     }
 
     /// KEYS: subscription, device index, the device's removed versions, then on a standalone Redis the channel

@@ -434,8 +434,7 @@ public struct SubscriptionStore: Sendable {
                                         args: ["HSCAN", cursor, String(count)])
         // Read straight from the reply's bytes: the ids are not needed, and a String per field would be most of
         // a fan-out's cost here.
-        guard case .array(let parts) = reply, parts.count == 2 || parts.count == 3, let next = parts[0].string,
-              case .array(let fields) = parts[1], fields.count % 2 == 0 else {
+        guard let page = Scripts.page(reply), case .array(let fields) = page.items, fields.count % 2 == 0 else {
             throw StoreError.unexpectedReply("HSCAN")
         }
         // An entry not in `ChannelTarget.encoded`'s form (written by hand, say) is skipped rather than thrown: a
@@ -451,7 +450,7 @@ public struct SubscriptionStore: Sendable {
             }
             index += 2
         }
-        return (next, targets, Scripts.server(of: parts))
+        return (page.cursor, targets, page.server)
     }
 
     private func load(keys: RedisKeys, token: String, ids: [String], now: Date) async throws -> [Subscription] {

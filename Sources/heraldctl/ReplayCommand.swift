@@ -85,8 +85,8 @@ enum ReplayCommand {
         case limit, interrupted, error
     }
 
-    /// At most this many jobs wait for their acknowledgement at once (flat memory, bounded resend on a crash).
-    static let maxInFlight = 5_000
+    /// At most this many jobs are sent and not yet recorded at once (flat memory, bounded resend on a crash).
+    static let maxUnrecorded = 5_000
 
     static func run(_ flags: Flags) async throws -> Int32 {
         let filter = try DLQFilter(flags)
@@ -337,7 +337,7 @@ final class Replay {
             await pace()
             if let producer {
                 send(job.bytes, key: job.key, member: member, producer: producer)
-                await ledger.waitForInFlight(below: ReplayCommand.maxInFlight)
+                await ledger.waitForUnrecorded(below: ReplayCommand.maxUnrecorded)
             } else {
                 list(id: ReplayCommand.jobID(name: name, entry: entry), entry: entry)
             }

@@ -37,8 +37,9 @@ final class ReplayLedger: Sendable {
         var recorder: CheckedContinuation<Void, Never>?
         var sender: (below: Int, continuation: CheckedContinuation<Void, Never>)?
 
-        /// Sent and not recorded: awaiting the broker's answer, or acknowledged and not yet in Redis.
-        var unrecorded: Int { inFlight + acknowledgedCount - recorded }
+        /// Fewer than `limit` sent and not recorded (awaiting the broker's answer, or acknowledged and not yet in
+        /// Redis), or recording has failed (the sender then stops).
+        func senderMayGo(below limit: Int) -> Bool { inFlight + acknowledgedCount - recorded < limit || recordingFailed }
     }
 
     init(name: String, redis: RedisClient) {
@@ -65,8 +66,8 @@ final class ReplayLedger: Sendable {
 
     /// The producer's delivery callback (on its thread): must not block.
     func delivered(_ member: String, _ result: Result<KafkaDeliveryReport, KafkaError>) {
-        let wake = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-            guard !state.abandoned else { return [] }
+        update { state in
+            guard !state.abandoned else { return }
             state.inFlight -= 1
             switch result {
             case .success:
@@ -75,20 +76,16 @@ final class ReplayLedger: Sendable {
                 state.failuresInARow = 0
             case .failure(let error): Self.failed(error, &state)
             }
-            return takeWaiters(&state)
         }
-        for continuation in wake { continuation.resume() }
     }
 
     /// The producer refused the job outright (nothing was queued).
     func notSent(_ error: KafkaError) {
-        let wake = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-            guard !state.abandoned else { return [] }
+        update { state in
+            guard !state.abandoned else { return }
             state.inFlight -= 1
             Self.failed(error, &state)
-            return takeWaiters(&state)
         }
-        for continuation in wake { continuation.resume() }
     }
 
     private static func failed(_ error: KafkaError, _ state: inout State) {
@@ -129,10 +126,10 @@ final class ReplayLedger: Sendable {
     /// Waits until fewer than `limit` jobs are unrecorded: awaiting their acknowledgement, or acknowledged and not yet
     /// recorded in Redis (a Redis slower than the broker must slow the sending, or a crash would send more again).
     /// Returns at once when recording has failed.
-    func waitForInFlight(below limit: Int) async {
+    func waitForUnrecorded(below limit: Int) async {
         await withCheckedContinuation { continuation in
             let ready = state.withLock { state -> Bool in
-                if state.unrecorded < max(limit, 1) || state.recordingFailed { return true }
+                if state.senderMayGo(below: max(limit, 1)) { return true }
                 state.sender = (max(limit, 1), continuation)
                 return false
             }
@@ -161,18 +158,10 @@ final class ReplayLedger: Sendable {
                     let replies = try await redis.pipeline([["SADD", key] + chunk, ["EXPIRE", key, String(Self.retention)]])
                     for case .error(let message) in replies { throw RedisError.fromReply(message) }
                 }
-                let wake = state.withLock { state in
-                    state.recorded += members.count
-                    return takeWaiters(&state)
-                }
-                for continuation in wake { continuation.resume() }
+                update { $0.recorded += members.count }
             }
         } catch {
-            let wake = state.withLock { state in
-                state.recordingFailed = true
-                return takeWaiters(&state)
-            }
-            for continuation in wake { continuation.resume() }
+            update { $0.recordingFailed = true }
             throw error
         }
     }
@@ -210,13 +199,22 @@ final class ReplayLedger: Sendable {
         }
     }
 
+    /// Applies `change`, then wakes the recorder and the sender if it let them go on.
+    private func update(_ change: (inout State) -> Void) {
+        let wake = state.withLock { state in
+            change(&state)
+            return takeWaiters(&state)
+        }
+        for continuation in wake { continuation.resume() }
+    }
+
     private func takeWaiters(_ state: inout State) -> [CheckedContinuation<Void, Never>] {
         var wake: [CheckedContinuation<Void, Never>] = []
         if !state.acknowledged.isEmpty, let recorder = state.recorder {
             wake.append(recorder)
             state.recorder = nil
         }
-        if let sender = state.sender, state.unrecorded < sender.below || state.recordingFailed {
+        if let sender = state.sender, state.senderMayGo(below: sender.below) {
             wake.append(sender.continuation)
             state.sender = nil
         }
